@@ -1,0 +1,267 @@
+//! The memory budget: a byte count that reservations draw from and give back.
+//! See `budget.md` for why it is built this way.
+//!
+//! Invariant: the sum of live reservations never exceeds the limit. Every
+//! reservation goes through one compare-and-swap that checks it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::sync::Notify;
+
+#[derive(Clone)]
+pub struct Budget {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    limit: AtomicU64,
+    reserved: AtomicU64,
+    peak_reserved: AtomicU64,
+    released: Notify,
+}
+
+/// What the budget holds right now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct BudgetSnapshot {
+    pub limit_bytes: u64,
+    pub reserved_bytes: u64,
+    pub peak_reserved_bytes: u64,
+}
+
+impl Budget {
+    pub fn new(limit_bytes: u64) -> Budget {
+        Budget {
+            inner: Arc::new(Inner {
+                limit: AtomicU64::new(limit_bytes),
+                reserved: AtomicU64::new(0),
+                peak_reserved: AtomicU64::new(0),
+                released: Notify::new(),
+            }),
+        }
+    }
+
+    pub fn snapshot(&self) -> BudgetSnapshot {
+        BudgetSnapshot {
+            limit_bytes: self.inner.limit.load(Ordering::Acquire),
+            reserved_bytes: self.inner.reserved.load(Ordering::Acquire),
+            peak_reserved_bytes: self.inner.peak_reserved.load(Ordering::Acquire),
+        }
+    }
+
+    /// Reserves `bytes` if they fit under the limit now.
+    pub fn try_reserve(&self, bytes: u64) -> Option<Reservation> {
+        let limit = self.inner.limit.load(Ordering::Acquire);
+        let mut current = self.inner.reserved.load(Ordering::Acquire);
+        loop {
+            let next = current.checked_add(bytes)?;
+            if next > limit {
+                return None;
+            }
+            match self.inner.reserved.compare_exchange_weak(
+                current,
+                next,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    self.inner.peak_reserved.fetch_max(next, Ordering::AcqRel);
+                    return Some(Reservation {
+                        budget: self.clone(),
+                        bytes,
+                    });
+                }
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// Waits until `bytes` fit, then reserves them. Never returns if `bytes`
+    /// exceeds the limit: check [`Budget::can_ever_fit`] first.
+    pub async fn reserve(&self, bytes: u64) -> Reservation {
+        loop {
+            // Register for the wake-up before checking, so a release between
+            // the check and the wait is not missed.
+            let released = self.inner.released.notified();
+            tokio::pin!(released);
+            released.as_mut().enable();
+            if let Some(r) = self.try_reserve(bytes) {
+                return r;
+            }
+            released.await;
+        }
+    }
+
+    pub fn can_ever_fit(&self, bytes: u64) -> bool {
+        bytes <= self.inner.limit.load(Ordering::Acquire)
+    }
+
+    /// Lowers the limit (after the device ran out of memory). Live
+    /// reservations stay; new ones see the lower limit.
+    pub fn shrink_limit(&self, new_limit: u64) {
+        self.inner.limit.fetch_min(new_limit, Ordering::AcqRel);
+    }
+
+    fn release(&self, bytes: u64) {
+        if bytes > 0 {
+            self.inner.reserved.fetch_sub(bytes, Ordering::AcqRel);
+            self.inner.released.notify_waiters();
+        }
+    }
+}
+
+/// Bytes held from the budget until dropped.
+pub struct Reservation {
+    budget: Budget,
+    bytes: u64,
+}
+
+impl Reservation {
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Gives back what is above `bytes` (no-op if already at or under it).
+    pub fn shrink_to(&mut self, bytes: u64) {
+        if bytes < self.bytes {
+            self.budget.release(self.bytes - bytes);
+            self.bytes = bytes;
+        }
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.budget.release(self.bytes);
+    }
+}
+
+impl std::fmt::Debug for Reservation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Reservation({} bytes)", self.bytes)
+    }
+}
+
+/// Free memory where the model runs, in bytes.
+pub fn device_headroom_bytes(device: &candle_core::Device) -> Result<u64, String> {
+    match device {
+        candle_core::Device::Cpu => cpu_headroom_bytes(),
+        #[cfg(feature = "cuda")]
+        candle_core::Device::Cuda(_) => {
+            use candle_core::cuda_backend::cudarc::driver::result::mem_get_info;
+            mem_get_info()
+                .map(|(free, _total)| free as u64)
+                .map_err(|e| format!("cannot read CUDA free memory: {e}"))
+        }
+        #[allow(unreachable_patterns)]
+        other => Err(format!("no headroom measurement for device {other:?}")),
+    }
+}
+
+/// On a CPU: the smaller of MemAvailable and what the cgroup still allows.
+pub fn cpu_headroom_bytes() -> Result<u64, String> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo")
+        .map_err(|e| format!("cannot read /proc/meminfo: {e}"))?;
+    let available = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+        .ok_or("no MemAvailable in /proc/meminfo")?;
+    Ok(match cgroup_room_bytes() {
+        Some(room) => available.min(room),
+        None => available,
+    })
+}
+
+/// The cgroup's limit minus its usage (v2, then v1); None when unlimited.
+fn cgroup_room_bytes() -> Option<u64> {
+    let read = |p: &str| std::fs::read_to_string(p).ok();
+    let num = |s: Option<String>| s.and_then(|s| s.trim().parse::<u64>().ok());
+    if let Some(max) = num(read("/sys/fs/cgroup/memory.max")) {
+        let used = num(read("/sys/fs/cgroup/memory.current")).unwrap_or(0);
+        return Some(max.saturating_sub(used));
+    }
+    let limit = num(read("/sys/fs/cgroup/memory/memory.limit_in_bytes"))?;
+    // v1 reports "unlimited" as a huge number.
+    if limit >= 1 << 60 {
+        return None;
+    }
+    let used = num(read("/sys/fs/cgroup/memory/memory.usage_in_bytes")).unwrap_or(0);
+    Some(limit.saturating_sub(used))
+}
+
+/// This process's resident set size, in bytes.
+pub fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn reservations_never_exceed_the_limit() {
+        let b = Budget::new(100);
+        let r1 = b.try_reserve(60).unwrap();
+        assert!(b.try_reserve(41).is_none());
+        let mut r2 = b.try_reserve(40).unwrap();
+        assert_eq!(b.snapshot().reserved_bytes, 100);
+        r2.shrink_to(10);
+        assert_eq!(b.snapshot().reserved_bytes, 70);
+        drop(r1);
+        assert_eq!(b.snapshot().reserved_bytes, 10);
+        assert_eq!(b.snapshot().peak_reserved_bytes, 100);
+        drop(r2);
+        assert_eq!(b.snapshot().reserved_bytes, 0);
+        assert!(b.try_reserve(u64::MAX).is_none());
+    }
+
+    #[test]
+    fn concurrent_reservations_respect_the_limit() {
+        let b = Budget::new(1000);
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let b = b.clone();
+                std::thread::spawn(move || {
+                    for i in 0..20_000u64 {
+                        if let Some(mut r) = b.try_reserve(1 + i % 97) {
+                            assert!(b.snapshot().reserved_bytes <= 1000);
+                            r.shrink_to(i % 13);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(b.snapshot().reserved_bytes, 0);
+        assert!(b.snapshot().peak_reserved_bytes <= 1000);
+    }
+
+    #[tokio::test]
+    async fn reserve_waits_for_a_release() {
+        let b = Budget::new(10);
+        let held = b.try_reserve(8).unwrap();
+        let b2 = b.clone();
+        let waiter = tokio::spawn(async move { b2.reserve(5).await.bytes() });
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        assert!(!waiter.is_finished());
+        drop(held);
+        assert_eq!(waiter.await.unwrap(), 5);
+    }
+
+    #[test]
+    fn headroom_is_measured() {
+        let h = cpu_headroom_bytes().unwrap();
+        assert!(h > 16 << 20, "headroom {h} looks wrong");
+        assert!(resident_bytes().unwrap() > 0);
+    }
+}

@@ -1,0 +1,284 @@
+//! The consumer's one config struct: every knob, its flag, its env var and its
+//! default. Validated before anything connects; errors name the key, the value
+//! and the fix.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+use sluice_schemas::{Secret, Topology};
+
+/// Where the model runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DeviceKind {
+    Cpu,
+    /// Needs a build with `--features cuda`.
+    Cuda,
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Human,
+    Json,
+}
+
+/// The model and how it runs; shared by the service and the offline `embed`.
+#[derive(Debug, Clone, Args)]
+pub struct ModelConfig {
+    /// Directory with the model's `config.json`, `tokenizer.json` and `model.safetensors`.
+    #[arg(
+        long,
+        env = "SLUICE_MODEL_DIR",
+        default_value = "models/all-minilm-l6-v2"
+    )]
+    pub model_dir: PathBuf,
+    /// The model name jobs must ask for.
+    #[arg(long, env = "SLUICE_MODEL_NAME", default_value = "all-minilm-l6-v2")]
+    pub model_name: String,
+    #[arg(long, env = "SLUICE_DEVICE", value_enum, default_value = "cpu")]
+    pub device: DeviceKind,
+    /// CUDA device ordinal, with `--device cuda`.
+    #[arg(long, env = "SLUICE_CUDA_ORDINAL", default_value_t = 0)]
+    pub cuda_ordinal: usize,
+    /// Tokens per item the model accepts (MiniLM was trained on 256, like
+    /// sentence-transformers' max_seq_length); longer items are truncated or refused.
+    #[arg(long, env = "SLUICE_MAX_TOKENS_PER_ITEM", default_value_t = 256)]
+    pub max_tokens_per_item: usize,
+    /// A batch's padded cost, `items x longest item`, stays at or under this.
+    #[arg(long, env = "SLUICE_MAX_BATCH_TOKENS", default_value_t = 8192)]
+    pub max_batch_tokens: usize,
+}
+
+/// The service's config.
+#[derive(Debug, Clone, Args)]
+pub struct Config {
+    #[command(flatten)]
+    pub model: ModelConfig,
+
+    /// NATS server URL(s), comma-separated.
+    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    pub nats_url: String,
+    /// Prefix worked into every stream, consumer, bucket and subject name, so
+    /// several deployments can share one NATS server. Empty: the standard names.
+    #[arg(long, env = "SLUICE_NAMESPACE", default_value = "")]
+    pub namespace: String,
+
+    /// S3 endpoint URL (SeaweedFS, MinIO, ...). Unset: AWS's default endpoint for the region.
+    #[arg(long, env = "AWS_ENDPOINT_URL")]
+    pub s3_endpoint: Option<String>,
+    #[arg(long, env = "AWS_REGION", default_value = "us-east-1")]
+    pub s3_region: String,
+    /// S3 access key id. Unset: the standard AWS chain (env, profile,
+    /// instance or IRSA role).
+    #[arg(long, env = "AWS_ACCESS_KEY_ID")]
+    pub s3_access_key_id: Option<String>,
+    /// S3 secret key, with --s3-access-key-id.
+    #[arg(long, env = "AWS_SECRET_ACCESS_KEY", hide_env_values = true)]
+    pub s3_secret_access_key: Option<Secret>,
+    /// Bucket that outputs are written to.
+    #[arg(long, env = "SLUICE_OUTPUT_BUCKET", default_value = "sluice")]
+    pub output_bucket: String,
+    /// Key prefix of outputs: an output's key is `<prefix><job id>.npy`.
+    #[arg(long, env = "SLUICE_OUTPUT_PREFIX", default_value = "outputs/")]
+    pub output_prefix: String,
+    /// Outputs up to this many bytes (of float32 data) go inline in the result
+    /// instead of to S3.
+    #[arg(long, env = "SLUICE_INLINE_OUTPUT_MAX_BYTES", default_value_t = 16 * 1024)]
+    pub inline_output_max_bytes: u64,
+
+    /// Memory budget in bytes for everything the consumer holds for jobs (inputs,
+    /// tokens, outputs, and the activation peak of one batch). Unset: a fraction
+    /// of the free device memory measured after the model is loaded.
+    #[arg(long = "memory-budget", env = "SLUICE_MEMORY_BUDGET_BYTES")]
+    pub memory_budget_bytes: Option<u64>,
+    /// The fraction of free device memory taken as the budget when
+    /// `--memory-budget` is unset.
+    #[arg(long, env = "SLUICE_MEMORY_FRACTION", default_value_t = 0.5)]
+    pub memory_fraction: f64,
+
+    /// A batch is sent to the model when full or when its oldest item has waited this long.
+    #[arg(long, env = "SLUICE_MAX_WAIT_MS", default_value_t = 5)]
+    pub max_wait_ms: u64,
+    /// Largest input download (and inline job message) accepted, in bytes.
+    #[arg(long, env = "SLUICE_MAX_INPUT_BYTES", default_value_t = 8 * 1024 * 1024)]
+    pub max_input_bytes: u64,
+    /// Most items one job may hold.
+    #[arg(long, env = "SLUICE_MAX_ITEMS_PER_JOB", default_value_t = 10_000)]
+    pub max_items_per_job: u64,
+    /// Timeout of one input download, in seconds.
+    #[arg(long, env = "SLUICE_FETCH_TIMEOUT_SECS", default_value_t = 30)]
+    pub fetch_timeout_secs: u64,
+    /// Hosts (`host` or `host:port`) input URLs may point at, comma-separated.
+    /// Empty: any host except link-local and cloud metadata addresses.
+    #[arg(long, env = "SLUICE_INPUT_ALLOW_HOSTS", value_delimiter = ',')]
+    pub input_allow_hosts: Vec<String>,
+    /// Allow input URLs on link-local addresses (169.254.0.0/16, fe80::/10),
+    /// where cloud metadata services live. Off unless you know why.
+    #[arg(long, env = "SLUICE_INPUT_ALLOW_LINK_LOCAL", default_value_t = false)]
+    pub input_allow_link_local: bool,
+
+    /// Most messages asked for in one pull.
+    #[arg(long, env = "SLUICE_PULL_MAX_MESSAGES", default_value_t = 64)]
+    pub pull_max_messages: usize,
+    /// How long one pull waits for messages, in milliseconds.
+    #[arg(long, env = "SLUICE_PULL_EXPIRES_MS", default_value_t = 2000)]
+    pub pull_expires_ms: u64,
+    /// Interval of progress acks (`+WPI`) for jobs waiting or running, in
+    /// seconds; keep it well under the consumer's ack_wait.
+    #[arg(long, env = "SLUICE_PROGRESS_INTERVAL_SECS", default_value_t = 10)]
+    pub progress_interval_secs: u64,
+    /// The durable consumer's ack_wait, in seconds (set by `sluice init`); the
+    /// progress interval is checked against it.
+    #[arg(long, env = "SLUICE_ACK_WAIT_SECS", default_value_t = 60)]
+    pub ack_wait_secs: u64,
+    /// First retry delay of a job that failed transiently, in milliseconds;
+    /// doubles per attempt, with jitter.
+    #[arg(long, env = "SLUICE_RETRY_BASE_MS", default_value_t = 1000)]
+    pub retry_base_ms: u64,
+    /// Longest retry delay, in milliseconds.
+    #[arg(long, env = "SLUICE_RETRY_MAX_MS", default_value_t = 60_000)]
+    pub retry_max_ms: u64,
+    /// On SIGTERM/SIGINT, how long in-flight jobs may take to finish, in seconds.
+    #[arg(long, env = "SLUICE_DRAIN_TIMEOUT_SECS", default_value_t = 30)]
+    pub drain_timeout_secs: u64,
+
+    /// Address of the HTTP endpoint (`/healthz`, `/debug/memory`). Port 0 picks one.
+    #[arg(long, env = "SLUICE_HTTP_ADDR", default_value = "127.0.0.1:9464")]
+    pub http_addr: SocketAddr,
+    /// Log format.
+    #[arg(long, env = "SLUICE_LOG_FORMAT", value_enum, default_value = "human")]
+    pub log_format: LogFormat,
+}
+
+/// A config error: which key, which value, and what to do.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid config: {key} = {value}: {fix}")]
+pub struct ConfigError {
+    pub key: &'static str,
+    pub value: String,
+    pub fix: String,
+}
+
+fn bad(key: &'static str, value: impl ToString, fix: impl Into<String>) -> ConfigError {
+    ConfigError {
+        key,
+        value: value.to_string(),
+        fix: fix.into(),
+    }
+}
+
+impl ModelConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.max_tokens_per_item < 3 {
+            return Err(bad(
+                "max_tokens_per_item (--max-tokens-per-item)",
+                self.max_tokens_per_item,
+                "must be at least 3 (two special tokens plus one)",
+            ));
+        }
+        if self.max_batch_tokens < self.max_tokens_per_item {
+            return Err(bad(
+                "max_batch_tokens (--max-batch-tokens)",
+                self.max_batch_tokens,
+                format!(
+                    "must be at least max_tokens_per_item ({}), or an item at the limit could never be batched",
+                    self.max_tokens_per_item
+                ),
+            ));
+        }
+        if self.device == DeviceKind::Cuda && !cfg!(feature = "cuda") {
+            return Err(bad(
+                "device (--device)",
+                "cuda",
+                "this binary was built without CUDA: rebuild with `--features cuda` or use --device cpu",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Config {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.model.validate()?;
+        if !(self.memory_fraction > 0.0 && self.memory_fraction <= 1.0) {
+            return Err(bad(
+                "memory_fraction (--memory-fraction)",
+                self.memory_fraction,
+                "must be in (0, 1]",
+            ));
+        }
+        if self.memory_budget_bytes == Some(0) {
+            return Err(bad(
+                "memory_budget_bytes (--memory-budget)",
+                0,
+                "must be positive; leave it unset to size the budget from free memory",
+            ));
+        }
+        if !self.namespace.is_empty() && !sluice_schemas::names::is_valid_job_id(&self.namespace) {
+            return Err(bad(
+                "namespace (--namespace)",
+                &self.namespace,
+                "use letters, digits, '-' or '_'",
+            ));
+        }
+        for (key, v) in [
+            (
+                "pull_max_messages (--pull-max-messages)",
+                self.pull_max_messages as u64,
+            ),
+            ("pull_expires_ms (--pull-expires-ms)", self.pull_expires_ms),
+            (
+                "progress_interval_secs (--progress-interval-secs)",
+                self.progress_interval_secs,
+            ),
+            ("max_input_bytes (--max-input-bytes)", self.max_input_bytes),
+            (
+                "max_items_per_job (--max-items-per-job)",
+                self.max_items_per_job,
+            ),
+            (
+                "fetch_timeout_secs (--fetch-timeout-secs)",
+                self.fetch_timeout_secs,
+            ),
+            ("ack_wait_secs (--ack-wait-secs)", self.ack_wait_secs),
+        ] {
+            if v == 0 {
+                return Err(bad(key, 0, "must be positive"));
+            }
+        }
+        if self.progress_interval_secs * 2 > self.ack_wait_secs {
+            return Err(bad(
+                "progress_interval_secs (--progress-interval-secs)",
+                self.progress_interval_secs,
+                format!(
+                    "must be at most half of ack_wait_secs ({}), or jobs are redelivered while they run",
+                    self.ack_wait_secs
+                ),
+            ));
+        }
+        if self.s3_access_key_id.is_some() != self.s3_secret_access_key.is_some() {
+            return Err(bad(
+                "s3_access_key_id / s3_secret_access_key",
+                "one of the two",
+                "set both (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY) or neither (to use the AWS chain)",
+            ));
+        }
+        if self.output_bucket.is_empty() {
+            return Err(bad(
+                "output_bucket (--output-bucket)",
+                "",
+                "must not be empty",
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn topology(&self) -> Topology {
+        if self.namespace.is_empty() {
+            Topology::default()
+        } else {
+            Topology::namespaced(&self.namespace)
+        }
+    }
+}

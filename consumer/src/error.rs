@@ -1,0 +1,34 @@
+//! The consumer's one error type for a job: a stable code from the wire
+//! contract (which says whether retrying helps) and a message for people.
+
+use sluice_schemas::{ErrorCode, ErrorInfo};
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct JobError {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl JobError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> JobError {
+        JobError {
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn is_retryable(&self) -> bool {
+        self.code.is_retryable()
+    }
+
+    pub fn info(&self) -> ErrorInfo {
+        ErrorInfo::new(self.code, self.message.clone())
+    }
+}
+
+impl From<ErrorInfo> for JobError {
+    fn from(e: ErrorInfo) -> JobError {
+        JobError::new(e.code, e.message)
+    }
+}

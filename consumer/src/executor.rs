@@ -1,0 +1,77 @@
+//! The executor: runs the model on a dedicated OS thread, one batch at a time,
+//! so inference never blocks the async runtime. Sends each item's vector
+//! straight to its job.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use sluice_schemas::ErrorCode;
+use tokio::sync::mpsc;
+
+use crate::batcher::{Batch, BatchReport, ItemOutcome};
+use crate::error::JobError;
+use crate::model::{EmbeddingModel, ModelError};
+use crate::telemetry::Stats;
+
+pub fn spawn(
+    model: Box<dyn EmbeddingModel>,
+    mut batches: mpsc::Receiver<Batch>,
+    stats: Arc<Stats>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("sluice-executor".into())
+        .spawn(move || {
+            while let Some(batch) = batches.blocking_recv() {
+                run_batch(model.as_ref(), batch, &stats);
+            }
+        })
+}
+
+fn run_batch(model: &dyn EmbeddingModel, batch: Batch, stats: &Stats) {
+    let started = Instant::now();
+    let seqs: Vec<&[u32]> = batch.items.iter().map(|i| i.ids.as_slice()).collect();
+    let result = model.embed(&seqs);
+    let model_ms = started.elapsed().as_secs_f64() * 1e3;
+    stats.record_batch(&batch, model_ms, result.is_ok());
+    let report = BatchReport {
+        id: batch.id,
+        started,
+        model_ms,
+    };
+    match result {
+        Ok(vectors) if vectors.len() == batch.items.len() => {
+            for (item, vector) in batch.items.into_iter().zip(vectors) {
+                // A closed channel means the job gave up; nothing to do.
+                let _ = item.job.send(ItemOutcome::Done {
+                    index: item.index,
+                    vector,
+                    batch: report,
+                });
+            }
+        }
+        other => {
+            let error = match other {
+                Err(ModelError::OutOfMemory(m)) => JobError::new(
+                    ErrorCode::DeviceOutOfMemory,
+                    format!("the device ran out of memory in batch {}: {m}", batch.id),
+                ),
+                Err(ModelError::Failed(m)) => JobError::new(ErrorCode::Internal, m),
+                Ok(v) => JobError::new(
+                    ErrorCode::Internal,
+                    format!(
+                        "bug: the model returned {} vectors for {} items",
+                        v.len(),
+                        batch.items.len()
+                    ),
+                ),
+            };
+            tracing::warn!(batch = batch.id, error = %error, "batch failed");
+            for item in batch.items {
+                let _ = item.job.send(ItemOutcome::Failed {
+                    index: item.index,
+                    error: error.clone(),
+                });
+            }
+        }
+    }
+}

@@ -1,0 +1,532 @@
+//! One job from pull to ack: decode, fetch, tokenize, hand items to the
+//! batcher, gather vectors, write the output, answer, ack. Every way out goes
+//! through [`settle`], the one place that turns an outcome into an ack decision.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, AckKind};
+use base64::Engine;
+use sluice_schemas::names::headers;
+use sluice_schemas::{
+    DeadLetter, ErrorCode, Item, JobResult, JobState, Outcome, Output, StatusRecord, Task, Timings,
+    Usage, VERSION, ValidJob,
+};
+use time::OffsetDateTime;
+use tokio::sync::mpsc;
+
+use crate::batcher::{BatchItem, ItemOutcome};
+use crate::budget::Reservation;
+use crate::error::JobError;
+use crate::model::{TokenizeError, TokenizedItem};
+use crate::service::Shared;
+
+/// What a successful job produced.
+struct Done {
+    output: Output,
+    usage: Usage,
+}
+
+/// How processing ended when it did not fail.
+enum Finished {
+    Done(Done),
+    /// A redelivery (or a re-submit) of a job whose status is already final:
+    /// it was answered before; only the ack was lost.
+    AlreadyFinal(JobState),
+}
+
+/// What we know of a delivery before and after decoding it.
+struct Delivery {
+    attempt: u32,
+    stream_sequence: u64,
+    published: OffsetDateTime,
+    subject: String,
+    traceparent: Option<String>,
+    reply_to: Option<String>,
+    job_id: Option<String>,
+    task: Option<Task>,
+}
+
+/// Handles one delivered job message; `reservation` is the budget it was
+/// admitted under and is released when this returns.
+pub async fn handle(shared: Arc<Shared>, msg: jetstream::Message, mut reservation: Reservation) {
+    let pulled_at = Instant::now();
+    let mut delivery = match msg.info() {
+        Ok(info) => Delivery {
+            attempt: u32::try_from(info.delivered).unwrap_or(u32::MAX),
+            stream_sequence: info.stream_sequence,
+            published: info.published,
+            subject: msg.subject.to_string(),
+            traceparent: header(&msg, headers::TRACEPARENT),
+            reply_to: header(&msg, headers::REPLY_TO),
+            job_id: None,
+            task: None,
+        },
+        Err(e) => {
+            tracing::error!(error = %e, subject = %msg.subject, "bug: a pulled message has no JetStream metadata; leaving it to redelivery");
+            return;
+        }
+    };
+    let keepalive = KeepAlive::start(&shared, &msg);
+    let mut timings = Timings {
+        queue: Some(ms_between(delivery.published, OffsetDateTime::now_utc())),
+        ..Timings::default()
+    };
+    let outcome = process(&shared, &msg, &mut delivery, &mut reservation, &mut timings).await;
+    drop(keepalive);
+    timings.total = Some(pulled_at.elapsed().as_secs_f64() * 1e3);
+    settle(&shared, msg, delivery, outcome, timings).await;
+}
+
+fn header(msg: &jetstream::Message, name: &str) -> Option<String> {
+    msg.headers
+        .as_ref()
+        .and_then(|h| h.get(name))
+        .map(|v| v.as_str().to_string())
+}
+
+fn ms_between(a: OffsetDateTime, b: OffsetDateTime) -> f64 {
+    ((b - a).as_seconds_f64() * 1e3).max(0.0)
+}
+
+/// Sends progress acks while the job waits or runs, so its ack deadline does
+/// not pass; stops when dropped.
+struct KeepAlive(tokio::task::JoinHandle<()>);
+
+impl KeepAlive {
+    fn start(shared: &Shared, msg: &jetstream::Message) -> KeepAlive {
+        let acker = jetstream::message::Acker::new(shared.js.clone(), msg.reply.clone());
+        let every = shared.progress_interval;
+        KeepAlive(tokio::spawn(async move {
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            loop {
+                tick.tick().await;
+                if let Err(e) = acker.ack_with(AckKind::Progress).await {
+                    tracing::debug!(error = %e, "progress ack failed");
+                }
+            }
+        }))
+    }
+}
+
+impl Drop for KeepAlive {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+async fn process(
+    shared: &Shared,
+    msg: &jetstream::Message,
+    delivery: &mut Delivery,
+    reservation: &mut Reservation,
+    timings: &mut Timings,
+) -> Result<Finished, JobError> {
+    let limits = &shared.limits;
+    if msg.payload.len() as u64 > limits.max_input_bytes {
+        return Err(JobError::new(
+            ErrorCode::InputTooLarge,
+            format!(
+                "the job message is {} bytes; this consumer accepts at most {} (max_input_bytes): put large inputs behind a URL",
+                msg.payload.len(),
+                limits.max_input_bytes
+            ),
+        ));
+    }
+    let ValidJob { task, job } = sluice_schemas::Job::decode(&msg.payload)?;
+    delivery.job_id = Some(job.id.clone());
+    delivery.task = Some(task);
+    if task != Task::Embed {
+        return Err(JobError::new(
+            ErrorCode::UnknownTask,
+            format!("this consumer serves the embed task, not {task}"),
+        ));
+    }
+    if job.model != shared.model_name {
+        return Err(JobError::new(
+            ErrorCode::UnknownModel,
+            format!(
+                "unknown model {:?}; this consumer serves {:?}",
+                job.model, shared.model_name
+            ),
+        ));
+    }
+    if let Some(deadline) = job.deadline {
+        let now = OffsetDateTime::now_utc();
+        if deadline <= now {
+            return Err(JobError::new(
+                ErrorCode::DeadlineExceeded,
+                format!(
+                    "the job's deadline passed {:.1} s before it could run",
+                    (now - deadline).as_seconds_f64()
+                ),
+            ));
+        }
+    }
+    match shared.sink.get_status(&job.id).await {
+        Ok(Some(record)) if record.state.is_final() => {
+            return Ok(Finished::AlreadyFinal(record.state));
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(job = %job.id, error = %e, "cannot read the status record"),
+    }
+    shared
+        .sink
+        .put_status(&status(&job.id, JobState::Running, delivery))
+        .await
+        .unwrap_or_else(
+            |e| tracing::warn!(job = %job.id, error = %e, "cannot record the running state"),
+        );
+
+    let started = Instant::now();
+    let fetched = shared
+        .fetcher
+        .items(task, &job.inputs, limits.max_items_per_job)
+        .await?;
+    timings.fetch = Some(started.elapsed().as_secs_f64() * 1e3);
+    if fetched.items.is_empty() {
+        return Err(JobError::new(
+            ErrorCode::InputInvalid,
+            "the job's inputs hold no items",
+        ));
+    }
+
+    let started = Instant::now();
+    let texts: Vec<String> = fetched
+        .items
+        .into_iter()
+        .map(|item| match item {
+            Item::Text(t) => t,
+        })
+        .collect();
+    let tokenizer = Arc::clone(&shared.tokenizer);
+    let truncate = job.parameters.truncate();
+    let tokenized = tokio::task::spawn_blocking(move || tokenizer.encode(texts, truncate))
+        .await
+        .map_err(|e| JobError::new(ErrorCode::Internal, format!("tokenizer task failed: {e}")))?
+        .map_err(|e| match e {
+            TokenizeError::TooLong { .. } => JobError::new(
+                ErrorCode::ItemTooLong,
+                format!("{e}; set parameters.truncate=true to cut it, or split the text"),
+            ),
+            TokenizeError::Failed(m) => JobError::new(ErrorCode::InputInvalid, m),
+        })?;
+    timings.tokenize = Some(started.elapsed().as_secs_f64() * 1e3);
+    let usage = Usage {
+        items: tokenized.len() as u64,
+        tokens: tokenized.iter().map(|t| t.ids.len() as u64).sum(),
+        truncated_items: tokenized.iter().filter(|t| t.truncated).count() as u64,
+    };
+    // The real cost is known now: give back the rest of the worst case.
+    reservation.shrink_to(shared.cost.actual_bytes(usage.items, usage.tokens));
+
+    let vectors = embed(shared, tokenized, timings).await?;
+    let vectors = if job.parameters.normalize() {
+        vectors.into_iter().map(l2_normalize).collect()
+    } else {
+        vectors
+    };
+    let started = Instant::now();
+    let output = shared
+        .sink
+        .store_embeddings(&job.id, vectors, shared.dim, job.output.presign_get_secs)
+        .await?;
+    timings.write = Some(started.elapsed().as_secs_f64() * 1e3);
+    Ok(Finished::Done(Done { output, usage }))
+}
+
+/// Hands the items to the batcher and gathers one vector per item.
+async fn embed(
+    shared: &Shared,
+    tokenized: Vec<TokenizedItem>,
+    timings: &mut Timings,
+) -> Result<Vec<Vec<f32>>, JobError> {
+    let n = tokenized.len();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut ready_at = Instant::now();
+    for (index, item) in tokenized.into_iter().enumerate() {
+        ready_at = Instant::now();
+        let item = BatchItem {
+            ids: item.ids,
+            index,
+            job: tx.clone(),
+            ready_at,
+        };
+        shared.batcher.send(item).await.map_err(|_| {
+            JobError::new(
+                ErrorCode::Internal,
+                "the batcher has stopped (shutting down)",
+            )
+        })?;
+    }
+    drop(tx);
+    let mut vectors: Vec<Option<Vec<f32>>> = vec![None; n];
+    let mut batches = HashSet::new();
+    let mut inference_ms = 0.0;
+    let mut last_start = ready_at;
+    for _ in 0..n {
+        match rx.recv().await {
+            Some(ItemOutcome::Done {
+                index,
+                vector,
+                batch,
+            }) => {
+                if batches.insert(batch.id) {
+                    inference_ms += batch.model_ms;
+                }
+                last_start = last_start.max(batch.started);
+                if let Some(slot) = vectors.get_mut(index) {
+                    *slot = Some(vector);
+                }
+            }
+            Some(ItemOutcome::Failed { error, .. }) => return Err(error),
+            None => {
+                return Err(JobError::new(
+                    ErrorCode::Internal,
+                    "the executor stopped before the job's items were done",
+                ));
+            }
+        }
+    }
+    timings.batch_wait = Some(last_start.saturating_duration_since(ready_at).as_secs_f64() * 1e3);
+    timings.inference = Some(inference_ms);
+    vectors
+        .into_iter()
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| JobError::new(ErrorCode::Internal, "bug: an item got no vector"))
+}
+
+fn l2_normalize(mut v: Vec<f32>) -> Vec<f32> {
+    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+    v.iter_mut().for_each(|x| *x /= norm);
+    v
+}
+
+fn status(job_id: &str, state: JobState, d: &Delivery) -> StatusRecord {
+    StatusRecord {
+        version: VERSION,
+        job_id: job_id.to_string(),
+        state,
+        updated_at: OffsetDateTime::now_utc(),
+        attempts: d.attempt,
+        stream_sequence: Some(d.stream_sequence),
+        output: None,
+        error: None,
+        replays: 0,
+    }
+}
+
+/// The ack decision, in one place: success is answered and double-acked; a
+/// retryable failure with attempts left is Nak'ed with a backoff; anything else
+/// is answered, dead-lettered and Term'ed. A step that cannot complete (NATS or
+/// storage down) leaves the message to be redelivered: nothing is lost.
+async fn settle(
+    shared: &Shared,
+    msg: jetstream::Message,
+    d: Delivery,
+    outcome: Result<Finished, JobError>,
+    timings: Timings,
+) {
+    let finished_at = OffsetDateTime::now_utc();
+    match outcome {
+        Ok(Finished::AlreadyFinal(state)) => {
+            tracing::info!(
+                job = d.job_id.as_deref().unwrap_or("?"),
+                ?state,
+                attempt = d.attempt,
+                "job already answered; acking the redelivery"
+            );
+            shared
+                .stats
+                .jobs_already_final
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if let Err(e) = msg.double_ack().await {
+                tracing::warn!(error = %e, "double ack failed");
+            }
+        }
+        Ok(Finished::Done(done)) => {
+            let Some(job_id) = d.job_id.clone() else {
+                tracing::error!("bug: a finished job has no id");
+                return;
+            };
+            let result = JobResult {
+                version: VERSION,
+                job_id: job_id.clone(),
+                outcome: Outcome::Ok {
+                    output: done.output.clone(),
+                },
+                usage: done.usage.clone(),
+                timings_ms: timings.clone(),
+                attempt: d.attempt,
+                finished_at,
+            };
+            let mut record = status(&job_id, JobState::Done, &d);
+            if let Output::S3(s3) = &done.output {
+                record.output = Some(s3.clone());
+            }
+            let reply_to = d
+                .reply_to
+                .clone()
+                .unwrap_or_else(|| shared.topology.result_subject(&job_id));
+            let answered = async {
+                shared
+                    .sink
+                    .publish_result(&reply_to, &result, d.traceparent.as_deref())
+                    .await?;
+                shared.sink.put_status(&record).await
+            }
+            .await;
+            if let Err(e) = answered {
+                tracing::warn!(job = %job_id, error = %e, "cannot answer a finished job; it will be redelivered");
+                nak(&msg, retry_delay(shared, &d)).await;
+                return;
+            }
+            if let Err(e) = msg.double_ack().await {
+                tracing::warn!(job = %job_id, error = %e, "double ack failed; a redelivery will find the job done");
+            }
+            shared
+                .stats
+                .record_job_ok(done.usage.items, done.usage.tokens);
+            tracing::info!(
+                job = %job_id,
+                outcome = "ok",
+                attempt = d.attempt,
+                items = done.usage.items,
+                tokens = done.usage.tokens,
+                total_ms = timings.total.unwrap_or(0.0),
+                inference_ms = timings.inference.unwrap_or(0.0),
+                "job done"
+            );
+        }
+        Err(error) if error.is_retryable() && i64::from(d.attempt) < shared.max_deliver => {
+            let delay = retry_delay(shared, &d);
+            tracing::warn!(
+                job = d.job_id.as_deref().unwrap_or("?"),
+                code = %error.code,
+                attempt = d.attempt,
+                retry_in_ms = delay.as_millis() as u64,
+                error = %error.message,
+                "job failed; will retry"
+            );
+            shared
+                .stats
+                .jobs_retried
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            nak(&msg, delay).await;
+        }
+        Err(error) => fail(shared, msg, d, error, timings, finished_at).await,
+    }
+}
+
+/// A final failure: error result, dead letter, status, then Term.
+async fn fail(
+    shared: &Shared,
+    msg: jetstream::Message,
+    d: Delivery,
+    error: JobError,
+    timings: Timings,
+    finished_at: OffsetDateTime,
+) {
+    let job_id = d.job_id.clone();
+    let letter = DeadLetter {
+        version: VERSION,
+        job_id: job_id.clone(),
+        error: error.info(),
+        attempts: d.attempt,
+        original_subject: d.subject.clone(),
+        stream_sequence: d.stream_sequence,
+        dead_lettered_at: finished_at,
+        headers: msg
+            .headers
+            .as_ref()
+            .map(|h| {
+                h.iter()
+                    .map(|(k, vs)| {
+                        (
+                            k.to_string(),
+                            vs.iter().map(|v| v.as_str().to_string()).collect(),
+                        )
+                    })
+                    .collect::<BTreeMap<_, _>>()
+            })
+            .unwrap_or_default(),
+        payload_base64: base64::engine::general_purpose::STANDARD.encode(&msg.payload),
+    };
+    let task = d.task.map(Task::as_str).unwrap_or("unknown");
+    if let Err(e) = shared
+        .sink
+        .dead_letter(shared.topology.dlq_subject(task), &letter)
+        .await
+    {
+        tracing::warn!(error = %e, seq = d.stream_sequence, "cannot dead-letter; the job will be redelivered");
+        nak(&msg, retry_delay(shared, &d)).await;
+        return;
+    }
+    if let Some(job_id) = &job_id {
+        let result = JobResult {
+            version: VERSION,
+            job_id: job_id.clone(),
+            outcome: Outcome::Error {
+                error: error.info(),
+            },
+            usage: Usage::default(),
+            timings_ms: timings,
+            attempt: d.attempt,
+            finished_at,
+        };
+        let reply_to = d
+            .reply_to
+            .clone()
+            .unwrap_or_else(|| shared.topology.result_subject(job_id));
+        if let Err(e) = shared
+            .sink
+            .publish_result(&reply_to, &result, d.traceparent.as_deref())
+            .await
+        {
+            tracing::warn!(job = %job_id, error = %e, "cannot publish the error result (it is in the dead-letter stream)");
+        }
+        let mut record = status(job_id, JobState::Failed, &d);
+        record.error = Some(error.info());
+        if let Err(e) = shared.sink.put_status(&record).await {
+            tracing::warn!(job = %job_id, error = %e, "cannot record the failure (it is in the dead-letter stream)");
+        }
+    } else if let Some(reply_to) = &d.reply_to {
+        tracing::debug!(%reply_to, "no job id: the error goes to the dead-letter stream only");
+    }
+    if let Err(e) = msg.ack_with(AckKind::Term).await {
+        tracing::warn!(error = %e, "term failed; a redelivery will be dead-lettered again under the same id");
+    }
+    shared.stats.record_job_failed(error.code);
+    tracing::info!(
+        job = job_id.as_deref().unwrap_or("?"),
+        outcome = "failed",
+        code = %error.code,
+        attempt = d.attempt,
+        seq = d.stream_sequence,
+        error = %error.message,
+        "job failed"
+    );
+}
+
+async fn nak(msg: &jetstream::Message, delay: Duration) {
+    if let Err(e) = msg.ack_with(AckKind::Nak(Some(delay))).await {
+        tracing::warn!(error = %e, "nak failed; the job will be redelivered after ack_wait");
+    }
+}
+
+/// Exponential backoff with jitter, capped.
+fn retry_delay(shared: &Shared, d: &Delivery) -> Duration {
+    let base = shared.retry_base.as_millis() as u64;
+    let cap = shared.retry_max.as_millis() as u64;
+    let exp = base.saturating_mul(1u64 << d.attempt.saturating_sub(1).min(20));
+    let capped = exp.min(cap);
+    // Jitter in [50%, 100%], from bits that differ per message and attempt.
+    let seed = d
+        .stream_sequence
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add(u64::from(d.attempt).wrapping_mul(0xBF58_476D_1CE4_E5B9))
+        ^ u64::from(OffsetDateTime::now_utc().nanosecond());
+    let frac = 0.5 + (seed % 1000) as f64 / 2000.0;
+    Duration::from_millis((capped as f64 * frac) as u64)
+}

@@ -1,0 +1,71 @@
+//! The sluice consumer. The data path, one module per stage:
+//!
+//! ```text
+//! service::admit -> job::handle -> fetch -> model::TextTokenizer -> batcher -> executor -> sink -> ack
+//! (pull within     (one task      (inputs)  (blocking pool)         (token-sum  (model on    (S3, result,
+//!  the budget)      per job)                                         batches)    own thread)  status)
+//! ```
+//!
+//! `main` parses a [`Config`] and calls [`run`]; tests call [`start`].
+
+pub mod alloc;
+pub mod batcher;
+pub mod budget;
+pub mod config;
+pub mod error;
+pub mod executor;
+pub mod fetch;
+pub mod http;
+pub mod job;
+pub mod model;
+pub mod npy;
+pub mod offline;
+pub mod service;
+pub mod sink;
+pub mod telemetry;
+
+use std::time::Duration;
+
+pub use config::{Config, ModelConfig};
+pub use service::{Running, start};
+
+/// Runs the consumer until SIGTERM or SIGINT, then drains and returns.
+pub async fn run(config: Config) -> anyhow::Result<()> {
+    let drain = Duration::from_secs(config.drain_timeout_secs);
+    let running = start(config).await?;
+    tracing::info!(http = %running.http_addr, "consuming");
+    shutdown_signal().await;
+    tracing::info!(
+        drain_secs = drain.as_secs(),
+        "stopping: draining in-flight jobs"
+    );
+    running.shutdown(drain).await
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {},
+                _ = tokio::signal::ctrl_c() => {},
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+/// Sets up logging: human or JSON lines, filtered by `RUST_LOG` (default info).
+pub fn init_logging(format: config::LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        config::LogFormat::Human => builder.try_init(),
+        config::LogFormat::Json => builder.json().try_init(),
+    };
+}

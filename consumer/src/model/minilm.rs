@@ -1,0 +1,110 @@
+//! all-MiniLM-L6-v2 (and other BERT sentence encoders) on candle-transformers'
+//! BERT, with sentence-transformers' pooling: the mean of the last hidden state
+//! over the attention mask. Normalization is the job's choice and happens later.
+
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+use candle_transformers::models::bert::{BertModel, Config as BertConfig};
+
+use super::{EmbeddingModel, ModelError};
+
+pub struct MiniLm {
+    model: BertModel,
+    device: Device,
+    hidden: usize,
+    intermediate: usize,
+    heads: usize,
+    max_tokens_per_item: usize,
+}
+
+impl MiniLm {
+    /// Loads `config.json` and `model.safetensors` from `dir`.
+    pub fn load(dir: &Path, device: Device, max_tokens_per_item: usize) -> Result<MiniLm, String> {
+        let config_path = dir.join("config.json");
+        let config_text = std::fs::read_to_string(&config_path)
+            .map_err(|e| format!("cannot read {}: {e}", config_path.display()))?;
+        let config: BertConfig = serde_json::from_str(&config_text)
+            .map_err(|e| format!("{} is not a BERT config: {e}", config_path.display()))?;
+        if max_tokens_per_item > config.max_position_embeddings {
+            return Err(format!(
+                "max_tokens_per_item {max_tokens_per_item} exceeds the model's {} positions",
+                config.max_position_embeddings
+            ));
+        }
+        let weights = dir.join("model.safetensors");
+        // Reading the file (not mmap) keeps the model free of unsafe code; the
+        // weights are 90 MB.
+        let bytes = std::fs::read(&weights)
+            .map_err(|e| format!("cannot read {}: {e}", weights.display()))?;
+        let vb = VarBuilder::from_buffered_safetensors(bytes, DType::F32, &device)
+            .map_err(|e| format!("cannot load {}: {e}", weights.display()))?;
+        let model = BertModel::load(vb, &config)
+            .map_err(|e| format!("cannot build BERT from {}: {e}", weights.display()))?;
+        Ok(MiniLm {
+            model,
+            device,
+            hidden: config.hidden_size,
+            intermediate: config.intermediate_size,
+            heads: config.num_attention_heads,
+            max_tokens_per_item,
+        })
+    }
+
+    fn forward(&self, batch: &[&[u32]]) -> candle_core::Result<Vec<Vec<f32>>> {
+        let n = batch.len();
+        let len = batch.iter().map(|s| s.len()).max().unwrap_or(0);
+        let mut ids = vec![0u32; n * len];
+        let mut mask = vec![0u32; n * len];
+        for (row, seq) in batch.iter().enumerate() {
+            ids[row * len..row * len + seq.len()].copy_from_slice(seq);
+            mask[row * len..row * len + seq.len()].fill(1);
+        }
+        let ids = Tensor::from_vec(ids, (n, len), &self.device)?;
+        let mask = Tensor::from_vec(mask, (n, len), &self.device)?;
+        let types = ids.zeros_like()?;
+        let hidden = self.model.forward(&ids, &types, Some(&mask))?;
+        let mask = mask.to_dtype(DType::F32)?.unsqueeze(2)?;
+        let summed = hidden.broadcast_mul(&mask)?.sum(1)?;
+        let counts = mask.sum(1)?;
+        let mean = summed.broadcast_div(&counts)?;
+        mean.to_device(&Device::Cpu)?.to_vec2::<f32>()
+    }
+}
+
+impl EmbeddingModel for MiniLm {
+    fn dim(&self) -> usize {
+        self.hidden
+    }
+
+    fn max_tokens_per_item(&self) -> usize {
+        self.max_tokens_per_item
+    }
+
+    fn batch_cost_bytes(&self, items: usize, len: usize) -> u64 {
+        // Live f32 tensors at the peak of one layer, counted generously: the
+        // hidden state and its residual, Q/K/V and their head-major copies, the
+        // attention output, the intermediate and its activation (per token);
+        // scores, scaled, masked and softmaxed attention (per token pair, per
+        // head). Checked against measured peaks in the model tests.
+        let tokens = (items * len) as u64;
+        let per_token = (12 * self.hidden + 3 * self.intermediate) as u64;
+        let per_pair = (4 * self.heads) as u64;
+        4 * (tokens * per_token + tokens * len as u64 * per_pair)
+    }
+
+    fn embed(&self, batch: &[&[u32]]) -> Result<Vec<Vec<f32>>, ModelError> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        if let Some(long) = batch.iter().find(|s| s.len() > self.max_tokens_per_item) {
+            return Err(ModelError::Failed(format!(
+                "bug: a sequence of {} tokens reached the model (limit {})",
+                long.len(),
+                self.max_tokens_per_item
+            )));
+        }
+        Ok(self.forward(batch)?)
+    }
+}

@@ -1,0 +1,62 @@
+//! Models behind one trait, so the service, the offline `embed` command and the
+//! tests drive any of them the same way. A model reports its limits and what a
+//! batch costs in memory, which is what the budget and the batcher plan with.
+
+mod minilm;
+mod tokenizer;
+
+pub use minilm::MiniLm;
+pub use tokenizer::{TextTokenizer, TokenizeError, TokenizedItem};
+
+use candle_core::Device;
+
+use crate::config::{DeviceKind, ModelConfig};
+
+/// An embedding model: token ids in, one mean-pooled vector per item out.
+pub trait EmbeddingModel: Send {
+    /// Length of the vectors.
+    fn dim(&self) -> usize;
+    /// Tokens per item the model accepts.
+    fn max_tokens_per_item(&self) -> usize;
+    /// Peak bytes a forward pass over `items` sequences padded to `len`
+    /// tokens needs beyond the weights: activations, and attention, which grows
+    /// with `len^2`.
+    fn batch_cost_bytes(&self, items: usize, len: usize) -> u64;
+    /// Mean-pooled, unnormalized vectors, one per sequence, in order.
+    fn embed(&self, batch: &[&[u32]]) -> Result<Vec<Vec<f32>>, ModelError>;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// The device ran out of memory: retry later with a smaller budget.
+    #[error("device out of memory: {0}")]
+    OutOfMemory(String),
+    #[error("model failed: {0}")]
+    Failed(String),
+}
+
+impl From<candle_core::Error> for ModelError {
+    fn from(e: candle_core::Error) -> Self {
+        let text = e.to_string();
+        if text.to_lowercase().contains("out of memory") {
+            ModelError::OutOfMemory(text)
+        } else {
+            ModelError::Failed(text)
+        }
+    }
+}
+
+/// Opens the configured device.
+pub fn open_device(config: &ModelConfig) -> candle_core::Result<Device> {
+    match config.device {
+        DeviceKind::Cpu => Ok(Device::Cpu),
+        DeviceKind::Cuda => Device::new_cuda(config.cuda_ordinal),
+    }
+}
+
+/// The batch shape with the highest cost that `max_batch_tokens` allows: items
+/// at the longest length, since attention grows with the square of the length.
+pub fn worst_batch_shape(max_batch_tokens: usize, max_tokens_per_item: usize) -> (usize, usize) {
+    let len = max_tokens_per_item.min(max_batch_tokens).max(1);
+    ((max_batch_tokens / len).max(1), len)
+}

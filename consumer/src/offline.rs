@@ -1,0 +1,112 @@
+//! `sluice-consumer embed`: the model alone on a local JSONL file, batched by
+//! the same queue as the service. For checking a model, and for benchmarks.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use sluice_schemas::{Item, Task};
+use tokio::sync::mpsc;
+
+use crate::batcher::{BatchItem, Queue};
+use crate::config::ModelConfig;
+use crate::{fetch, npy, service};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct EmbedArgs {
+    /// JSONL input: one JSON string or {"text": ...} per line.
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Where to write the float32 `.npy` matrix, shape [items, dim].
+    #[arg(long)]
+    pub output: PathBuf,
+    /// L2-normalize the vectors (like sentence-transformers' default models).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub normalize: bool,
+    #[command(flatten)]
+    pub model: ModelConfig,
+}
+
+/// What a run measured.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct EmbedReport {
+    pub texts: usize,
+    pub real_tokens: u64,
+    pub padded_tokens: u64,
+    pub batches: usize,
+    pub tokenize_secs: f64,
+    pub model_secs: f64,
+    pub total_secs: f64,
+}
+
+pub fn embed_file(args: &EmbedArgs) -> anyhow::Result<EmbedReport> {
+    args.model.validate()?;
+    crate::alloc::tune();
+    let loaded = service::load_model(&args.model)?;
+    let body = std::fs::read(&args.input)
+        .with_context(|| format!("cannot read {}", args.input.display()))?;
+    let mut items = Vec::new();
+    fetch::parse_jsonl(Task::Embed, 0, &body, &mut items, u64::MAX)
+        .map_err(|e| anyhow::anyhow!("{}: {}", args.input.display(), e.message))?;
+    let texts: Vec<String> = items
+        .into_iter()
+        .map(|i| match i {
+            Item::Text(t) => t,
+        })
+        .collect();
+    let n = texts.len();
+
+    let start = Instant::now();
+    let tokenized = loaded
+        .tokenizer
+        .encode(texts, true)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let tokenize_secs = start.elapsed().as_secs_f64();
+    let real_tokens = tokenized.iter().map(|t| t.ids.len() as u64).sum();
+
+    let (tx, _rx) = mpsc::unbounded_channel();
+    let mut queue = Queue::default();
+    let now = Instant::now();
+    for (index, t) in tokenized.into_iter().enumerate() {
+        queue.push(BatchItem {
+            ids: t.ids,
+            index,
+            job: tx.clone(),
+            ready_at: now,
+        });
+    }
+    let mut vectors = vec![Vec::new(); n];
+    let mut batches = 0;
+    let mut padded_tokens = 0u64;
+    let model_start = Instant::now();
+    while !queue.is_empty() {
+        let batch = queue.next_batch(args.model.max_batch_tokens);
+        let longest = batch.iter().map(|i| i.ids.len()).max().unwrap_or(0);
+        padded_tokens += (batch.len() * longest) as u64;
+        let seqs: Vec<&[u32]> = batch.iter().map(|i| i.ids.as_slice()).collect();
+        let out = loaded.model.embed(&seqs)?;
+        for (item, v) in batch.iter().zip(out) {
+            vectors[item.index] = v;
+        }
+        batches += 1;
+    }
+    let model_secs = model_start.elapsed().as_secs_f64();
+    if args.normalize {
+        for v in &mut vectors {
+            let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+            v.iter_mut().for_each(|x| *x /= norm);
+        }
+    }
+    let dim = loaded.model.dim();
+    std::fs::write(&args.output, npy::encode_f32(&vectors, dim))
+        .with_context(|| format!("cannot write {}", args.output.display()))?;
+    Ok(EmbedReport {
+        texts: n,
+        real_tokens,
+        padded_tokens,
+        batches,
+        tokenize_secs,
+        model_secs,
+        total_secs: start.elapsed().as_secs_f64(),
+    })
+}

@@ -1,0 +1,455 @@
+//! Start-up (load the model, size the budget, warm up, connect, bind) and the
+//! admission loop: pull only as many jobs as the budget has room for.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use async_nats::jetstream::{self, consumer::PullConsumer};
+use futures::StreamExt;
+use sluice_schemas::Topology;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+
+use crate::batcher::{self, BatchItem};
+use crate::budget::{Budget, device_headroom_bytes};
+use crate::config::Config;
+use crate::fetch::{FetchPolicy, Fetcher};
+use crate::model::{self, EmbeddingModel, MiniLm, TextTokenizer};
+use crate::sink::Sink;
+use crate::telemetry::Stats;
+use crate::{executor, http, job};
+
+/// Per-job limits from the config.
+pub struct Limits {
+    pub max_input_bytes: u64,
+    pub max_items_per_job: u64,
+}
+
+/// What one job can cost in memory, for admission. See `budget.md`.
+#[derive(Debug, Clone)]
+pub struct JobCost {
+    pub dim: u64,
+    pub max_input_bytes: u64,
+    pub max_items: u64,
+    pub max_tokens_per_item: u64,
+}
+
+impl JobCost {
+    /// Bytes per token held while a job waits: its id, and the batch
+    /// copy of it.
+    const PER_TOKEN: u64 = 8;
+    /// Bytes per item beyond its vector: bookkeeping and channel messages.
+    const PER_ITEM: u64 = 256;
+
+    /// The most a job can hold before its inputs are read: the raw input and
+    /// its parsed copy, and every item at the longest the input allows.
+    pub fn worst_bytes(&self) -> u64 {
+        // A JSONL item takes at least 3 bytes ("" and a newline), and every
+        // item carries two special tokens.
+        let items = self.max_items.min(self.max_input_bytes / 3 + 1);
+        let tokens = (items * self.max_tokens_per_item).min(self.max_input_bytes + 2 * items);
+        3 * self.max_input_bytes + self.actual_bytes(items, tokens)
+    }
+
+    /// What a job holds once tokenized: ids, vectors (and their `.npy` copy).
+    pub fn actual_bytes(&self, items: u64, tokens: u64) -> u64 {
+        tokens * Self::PER_TOKEN + items * (2 * 4 * self.dim + Self::PER_ITEM)
+    }
+}
+
+/// What every job task shares.
+pub struct Shared {
+    pub topology: Topology,
+    pub js: jetstream::Context,
+    pub model_name: String,
+    pub dim: usize,
+    pub limits: Limits,
+    pub cost: JobCost,
+    pub fetcher: Fetcher,
+    pub tokenizer: Arc<TextTokenizer>,
+    pub batcher: mpsc::Sender<BatchItem>,
+    pub sink: Sink,
+    pub stats: Arc<Stats>,
+    pub max_deliver: i64,
+    pub progress_interval: Duration,
+    pub retry_base: Duration,
+    pub retry_max: Duration,
+}
+
+/// The model side of start-up, also used by the offline `embed` command.
+pub struct LoadedModel {
+    pub model: Box<dyn EmbeddingModel>,
+    pub tokenizer: Arc<TextTokenizer>,
+    pub device: candle_core::Device,
+}
+
+pub fn load_model(config: &crate::config::ModelConfig) -> anyhow::Result<LoadedModel> {
+    let device = model::open_device(config).context("cannot open the device")?;
+    let dir = &config.model_dir;
+    if !dir.join("model.safetensors").is_file() {
+        bail!(
+            "no model at {}: run ./scripts/setup (it unpacks all-MiniLM-L6-v2 into models/), or set --model-dir",
+            dir.display()
+        );
+    }
+    let tokenizer = TextTokenizer::load(&dir.join("tokenizer.json"), config.max_tokens_per_item)
+        .map_err(anyhow::Error::msg)?;
+    let model = MiniLm::load(dir, device.clone(), config.max_tokens_per_item)
+        .map_err(anyhow::Error::msg)?;
+    Ok(LoadedModel {
+        model: Box::new(model),
+        tokenizer: Arc::new(tokenizer),
+        device,
+    })
+}
+
+/// A running consumer. Drop does not stop it: call [`Running::shutdown`].
+pub struct Running {
+    pub stats: Arc<Stats>,
+    pub budget: Budget,
+    pub http_addr: std::net::SocketAddr,
+    stop: watch::Sender<bool>,
+    admission: tokio::task::JoinHandle<anyhow::Result<()>>,
+    executor: std::thread::JoinHandle<()>,
+    ready: Arc<AtomicBool>,
+}
+
+impl Running {
+    /// Stops pulling, lets in-flight jobs finish (up to `drain`), then stops.
+    pub async fn shutdown(self, drain: Duration) -> anyhow::Result<()> {
+        self.ready.store(false, Ordering::Release);
+        let _ = self.stop.send(true);
+        let result =
+            match tokio::time::timeout(drain + Duration::from_secs(5), self.admission).await {
+                Ok(joined) => joined.context("admission task panicked")?,
+                Err(_) => Err(anyhow::anyhow!(
+                    "admission did not stop within the drain deadline"
+                )),
+            };
+        // The batcher ends when the last job drops its sender; the executor
+        // when the batcher ends.
+        let _ = tokio::task::spawn_blocking(move || self.executor.join()).await;
+        result
+    }
+
+    /// Waits until the admission loop ends by itself (an unrecoverable error).
+    pub fn is_finished(&self) -> bool {
+        self.admission.is_finished()
+    }
+}
+
+/// Starts the consumer: everything that can fail at start-up fails here, with
+/// a message naming the knob to change.
+pub async fn start(config: Config) -> anyhow::Result<Running> {
+    config.validate()?;
+    crate::alloc::tune();
+    let topology = config.topology();
+    let loaded = load_model(&config.model)?;
+    let model = loaded.model;
+    let dim = model.dim();
+
+    // Budget: explicit, or a fraction of the headroom left after loading the model.
+    let limit = match config.memory_budget_bytes {
+        Some(b) => b,
+        None => {
+            let headroom = device_headroom_bytes(&loaded.device).map_err(anyhow::Error::msg)?;
+            (headroom as f64 * config.memory_fraction) as u64
+        }
+    };
+    let (n, len) =
+        model::worst_batch_shape(config.model.max_batch_tokens, model.max_tokens_per_item());
+    let activation = model.batch_cost_bytes(n, len);
+    let cost = JobCost {
+        dim: dim as u64,
+        max_input_bytes: config.max_input_bytes,
+        max_items: config.max_items_per_job,
+        max_tokens_per_item: model.max_tokens_per_item() as u64,
+    };
+    let worst_job = cost.worst_bytes();
+    if activation + worst_job > limit {
+        bail!(
+            "the memory budget ({} MiB) cannot hold one batch at max_batch_tokens={} ({} MiB of activations \
+             for {n} items x {len} tokens) plus one job at its worst case ({} MiB, from max_input_bytes={} and \
+             max_items_per_job={}): raise --memory-budget (or --memory-fraction), or lower --max-batch-tokens, \
+             --max-input-bytes or --max-items-per-job",
+            limit >> 20,
+            config.model.max_batch_tokens,
+            activation >> 20,
+            worst_job >> 20,
+            config.max_input_bytes,
+            config.max_items_per_job,
+        );
+    }
+    // Warm up with the largest batch the budget allows: it proves the shape
+    // fits and takes the first-call costs out of the first job.
+    let warm = Instant::now();
+    let dummy: Vec<Vec<u32>> = (0..n).map(|_| vec![101u32; len]).collect();
+    let refs: Vec<&[u32]> = dummy.iter().map(Vec::as_slice).collect();
+    model.embed(&refs).map_err(|e| {
+        anyhow::anyhow!(
+            "warm-up with the largest batch ({n} x {len} tokens) failed: {e}; lower --max-batch-tokens or --memory-budget"
+        )
+    })?;
+    drop(dummy);
+    tracing::info!(
+        budget_mib = limit >> 20,
+        activation_mib = activation >> 20,
+        worst_job_kib = worst_job >> 10,
+        warmup_ms = warm.elapsed().as_millis() as u64,
+        "model ready"
+    );
+    // The one batch in flight holds its activations outside the job budget.
+    let budget = Budget::new(limit - activation);
+
+    let nats = async_nats::ConnectOptions::new()
+        .name("sluice-consumer")
+        .retry_on_initial_connect()
+        .connect(config.nats_url.as_str());
+    let nats = tokio::time::timeout(Duration::from_secs(30), nats)
+        .await
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "cannot reach NATS at {} within 30 s (--nats-url / NATS_URL)",
+                config.nats_url
+            )
+        })?
+        .with_context(|| format!("cannot connect to NATS at {}", config.nats_url))?;
+    let js = jetstream::new(nats.clone());
+    let stream = js.get_stream(&topology.job_stream).await.with_context(|| {
+        format!(
+            "job stream {} not found: run `sluice init` first",
+            topology.job_stream
+        )
+    })?;
+    let consumer: PullConsumer = stream.get_consumer(&topology.consumer).await.map_err(|e| {
+        anyhow::anyhow!(
+            "durable consumer {} on stream {} not found ({e}): run `sluice init` first",
+            topology.consumer,
+            topology.job_stream
+        )
+    })?;
+    let max_deliver = stream
+        .consumer_info(&topology.consumer)
+        .await
+        .map(|i| i.config.max_deliver)
+        .unwrap_or(-1);
+    let max_deliver = if max_deliver <= 0 {
+        i64::MAX
+    } else {
+        max_deliver
+    };
+    let status = js
+        .get_key_value(&topology.status_bucket)
+        .await
+        .with_context(|| {
+            format!(
+                "status bucket {} not found: run `sluice init` first",
+                topology.status_bucket
+            )
+        })?;
+
+    let s3 = s3_client(&config).await;
+    s3.head_bucket()
+        .bucket(&config.output_bucket)
+        .send()
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "output bucket {} is not reachable: {} (check --output-bucket, --s3-endpoint and the AWS credentials)",
+                config.output_bucket,
+                aws_sdk_s3::error::DisplayErrorContext(e)
+            )
+        })?;
+
+    let stats = Arc::new(Stats::default());
+    let (item_tx, item_rx) = mpsc::channel(4096);
+    let (batch_tx, batch_rx) = mpsc::channel(1);
+    let executor = executor::spawn(model, batch_rx, Arc::clone(&stats))?;
+    tokio::spawn(batcher::run(
+        item_rx,
+        batch_tx,
+        config.model.max_batch_tokens,
+        Duration::from_millis(config.max_wait_ms),
+    ));
+
+    let shared = Arc::new(Shared {
+        topology,
+        js: js.clone(),
+        model_name: config.model.model_name.clone(),
+        dim,
+        limits: Limits {
+            max_input_bytes: config.max_input_bytes,
+            max_items_per_job: config.max_items_per_job,
+        },
+        cost,
+        fetcher: Fetcher::new(FetchPolicy {
+            allow_hosts: config.input_allow_hosts.clone(),
+            allow_link_local: config.input_allow_link_local,
+            max_bytes: config.max_input_bytes,
+            timeout: Duration::from_secs(config.fetch_timeout_secs),
+        })
+        .map_err(anyhow::Error::msg)?,
+        tokenizer: loaded.tokenizer,
+        batcher: item_tx,
+        sink: Sink {
+            s3,
+            bucket: config.output_bucket.clone(),
+            prefix: config.output_prefix.clone(),
+            inline_max_bytes: config.inline_output_max_bytes,
+            nats,
+            js,
+            status,
+        },
+        stats: Arc::clone(&stats),
+        max_deliver,
+        progress_interval: Duration::from_secs(config.progress_interval_secs),
+        retry_base: Duration::from_millis(config.retry_base_ms),
+        retry_max: Duration::from_millis(config.retry_max_ms),
+    });
+
+    let ready = Arc::new(AtomicBool::new(true));
+    let http_addr = http::serve(
+        config.http_addr,
+        http::State {
+            stats: Arc::clone(&stats),
+            budget: budget.clone(),
+            ready: Arc::clone(&ready),
+        },
+    )
+    .await
+    .with_context(|| format!("cannot listen on {} (--http-addr)", config.http_addr))?;
+
+    let (stop, stop_rx) = watch::channel(false);
+    let admission = tokio::spawn(admit(
+        shared,
+        consumer,
+        budget.clone(),
+        PullPlan {
+            max_messages: config.pull_max_messages,
+            expires: Duration::from_millis(config.pull_expires_ms),
+        },
+        stop_rx,
+    ));
+    Ok(Running {
+        stats,
+        budget,
+        http_addr,
+        stop,
+        admission,
+        executor,
+        ready,
+    })
+}
+
+async fn s3_client(config: &Config) -> aws_sdk_s3::Client {
+    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .region(aws_config::Region::new(config.s3_region.clone()));
+    if let (Some(id), Some(secret)) = (&config.s3_access_key_id, &config.s3_secret_access_key) {
+        loader = loader.credentials_provider(aws_sdk_s3::config::Credentials::new(
+            id,
+            secret.expose(),
+            None,
+            None,
+            "sluice-config",
+        ));
+    }
+    let shared = loader.load().await;
+    let mut builder = aws_sdk_s3::config::Builder::from(&shared);
+    if let Some(endpoint) = &config.s3_endpoint {
+        builder = builder.endpoint_url(endpoint).force_path_style(true);
+    }
+    aws_sdk_s3::Client::from_conf(builder.build())
+}
+
+struct PullPlan {
+    max_messages: usize,
+    expires: Duration,
+}
+
+/// Admission: reserve a job's worst case for each message before asking for
+/// it, pull at most that many, hand each to its own task, and release what
+/// the pull did not fill. Stops pulling when told and waits for in-flight jobs.
+async fn admit(
+    shared: Arc<Shared>,
+    consumer: PullConsumer,
+    budget: Budget,
+    plan: PullPlan,
+    mut stop: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let worst = shared.cost.worst_bytes();
+    let mut jobs = JoinSet::new();
+    let mut backoff = Duration::from_millis(100);
+    'pulling: while !*stop.borrow() {
+        // Reap finished job tasks.
+        while jobs.try_join_next().is_some() {}
+        let first = tokio::select! {
+            r = budget.reserve(worst) => r,
+            _ = stop.changed() => break 'pulling,
+        };
+        let mut reservations = vec![first];
+        while reservations.len() < plan.max_messages {
+            match budget.try_reserve(worst) {
+                Some(r) => reservations.push(r),
+                None => break,
+            }
+        }
+        let pull = consumer
+            .batch()
+            .max_messages(reservations.len())
+            .expires(plan.expires)
+            .messages()
+            .await;
+        let mut messages = match pull {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "pull failed");
+                drop(reservations);
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {},
+                    _ = stop.changed() => break 'pulling,
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        backoff = Duration::from_millis(100);
+        loop {
+            let next = tokio::select! {
+                m = messages.next() => m,
+                _ = stop.changed() => break 'pulling,
+            };
+            match next {
+                Some(Ok(msg)) => {
+                    let Some(reservation) = reservations.pop() else {
+                        tracing::error!(
+                            "bug: a pull delivered more messages than it asked for; leaving it to redelivery"
+                        );
+                        continue;
+                    };
+                    shared.stats.jobs_in_flight.fetch_add(1, Ordering::Relaxed);
+                    let shared = Arc::clone(&shared);
+                    jobs.spawn(async move {
+                        let stats = Arc::clone(&shared.stats);
+                        job::handle(shared, msg, reservation).await;
+                        stats.jobs_in_flight.fetch_sub(1, Ordering::Relaxed);
+                    });
+                }
+                Some(Err(e)) => {
+                    tracing::debug!(error = %e, "pull ended with an error");
+                    break;
+                }
+                None => break,
+            }
+        }
+    }
+    // Draining: in-flight jobs finish; what the pull had not delivered is
+    // released by dropping the reservations.
+    let in_flight = jobs.len();
+    if in_flight > 0 {
+        tracing::info!(in_flight, "draining in-flight jobs");
+    }
+    while jobs.join_next().await.is_some() {}
+    Ok(())
+}

@@ -1,0 +1,176 @@
+//! The sink: writes outputs (inline, or to S3 at a key derived from the job id
+//! so a redelivered job overwrites rather than duplicates), publishes results
+//! to the job's reply subject, keeps the status record, and dead-letters.
+
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::{self, kv};
+use aws_sdk_s3::presigning::PresigningConfig;
+use aws_sdk_s3::primitives::ByteStream;
+use sha2::{Digest, Sha256};
+use sluice_schemas::names::headers;
+use sluice_schemas::{DeadLetter, ErrorCode, JobResult, Outcome, Output, S3Output, StatusRecord};
+
+use crate::error::JobError;
+use crate::npy;
+
+pub struct Sink {
+    pub s3: aws_sdk_s3::Client,
+    pub bucket: String,
+    pub prefix: String,
+    pub inline_max_bytes: u64,
+    pub nats: async_nats::Client,
+    pub js: jetstream::Context,
+    pub status: kv::Store,
+}
+
+fn storage(e: impl std::fmt::Display) -> JobError {
+    JobError::new(ErrorCode::StorageUnavailable, e.to_string())
+}
+
+/// Status and result writes go to NATS; a failure there is retried like storage.
+fn queue(what: &str, e: impl std::fmt::Display) -> JobError {
+    JobError::new(ErrorCode::StorageUnavailable, format!("{what}: {e}"))
+}
+
+impl Sink {
+    /// The S3 key of a job's output.
+    pub fn output_key(&self, job_id: &str) -> String {
+        format!("{}{job_id}.npy", self.prefix)
+    }
+
+    /// Puts the vectors inline when small, else into S3 as `.npy`.
+    pub async fn store_embeddings(
+        &self,
+        job_id: &str,
+        vectors: Vec<Vec<f32>>,
+        dim: usize,
+        presign_get_secs: Option<u32>,
+    ) -> Result<Output, JobError> {
+        let raw_bytes = (vectors.len() * dim * 4) as u64;
+        if raw_bytes <= self.inline_max_bytes {
+            return Ok(Output::Inline {
+                embeddings: vectors,
+            });
+        }
+        let body = npy::encode_f32(&vectors, dim);
+        drop(vectors);
+        let sha256 = hex::encode(Sha256::digest(&body));
+        let key = self.output_key(job_id);
+        let bytes = body.len() as u64;
+        self.s3
+            .put_object()
+            .bucket(&self.bucket)
+            .key(&key)
+            .content_type("application/octet-stream")
+            .metadata("sha256", &sha256)
+            .body(ByteStream::from(body))
+            .send()
+            .await
+            .map_err(|e| {
+                storage(format!(
+                    "writing s3://{}/{key}: {}",
+                    self.bucket,
+                    aws_sdk_s3::error::DisplayErrorContext(e)
+                ))
+            })?;
+        let url = match presign_get_secs {
+            Some(secs) => Some(self.presign_get(&key, secs).await?),
+            None => None,
+        };
+        Ok(Output::S3(S3Output {
+            bucket: self.bucket.clone(),
+            key,
+            bytes,
+            sha256,
+            format: "npy".into(),
+            shape: vec![(raw_bytes / 4 / dim.max(1) as u64), dim as u64],
+            url,
+        }))
+    }
+
+    async fn presign_get(&self, key: &str, secs: u32) -> Result<String, JobError> {
+        let config =
+            PresigningConfig::expires_in(Duration::from_secs(u64::from(secs))).map_err(|e| {
+                JobError::new(
+                    ErrorCode::InvalidParameters,
+                    format!("output.presign_get_secs: {e}"),
+                )
+            })?;
+        let req = self
+            .s3
+            .get_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .presigned(config)
+            .await
+            .map_err(|e| storage(format!("presigning s3://{}/{key}: {e}", self.bucket)))?;
+        Ok(req.uri().to_string())
+    }
+
+    /// Publishes the result (core NATS) to `reply_to`, with the trace context.
+    pub async fn publish_result(
+        &self,
+        reply_to: &str,
+        result: &JobResult,
+        traceparent: Option<&str>,
+    ) -> Result<(), JobError> {
+        let mut h = HeaderMap::new();
+        h.insert(headers::JOB_ID, result.job_id.as_str());
+        let outcome = match &result.outcome {
+            Outcome::Ok { .. } => "ok",
+            Outcome::Error { error } => error.code.as_str(),
+        };
+        h.insert(headers::OUTCOME, outcome);
+        if let Some(tp) = traceparent {
+            h.insert(headers::TRACEPARENT, tp);
+        }
+        let payload = serde_json::to_vec(result).map_err(|e| queue("encoding the result", e))?;
+        self.nats
+            .publish_with_headers(reply_to.to_string(), h, payload.into())
+            .await
+            .map_err(|e| queue("publishing the result", e))?;
+        Ok(())
+    }
+
+    pub async fn get_status(&self, job_id: &str) -> Result<Option<StatusRecord>, JobError> {
+        let entry = self
+            .status
+            .get(job_id)
+            .await
+            .map_err(|e| queue("reading the status record", e))?;
+        Ok(entry.and_then(|bytes| serde_json::from_slice(&bytes).ok()))
+    }
+
+    pub async fn put_status(&self, record: &StatusRecord) -> Result<(), JobError> {
+        let payload = serde_json::to_vec(record).map_err(|e| queue("encoding the status", e))?;
+        self.status
+            .put(&record.job_id, payload.into())
+            .await
+            .map_err(|e| queue("writing the status record", e))?;
+        Ok(())
+    }
+
+    /// Publishes a dead letter and waits for the stream to store it. The
+    /// message id makes a retry of this step idempotent.
+    pub async fn dead_letter(&self, subject: String, letter: &DeadLetter) -> Result<(), JobError> {
+        let mut h = HeaderMap::new();
+        h.insert(
+            headers::MSG_ID,
+            format!("dlq-{}-{}", letter.stream_sequence, letter.attempts).as_str(),
+        );
+        if let Some(id) = &letter.job_id {
+            h.insert(headers::JOB_ID, id.as_str());
+        }
+        let payload =
+            serde_json::to_vec(letter).map_err(|e| queue("encoding the dead letter", e))?;
+        self.js
+            .publish_with_headers(subject, h, payload.into())
+            .await
+            .map_err(|e| queue("publishing the dead letter", e))?
+            .await
+            .map_err(|e| queue("storing the dead letter", e))?;
+        Ok(())
+    }
+}

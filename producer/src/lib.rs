@@ -1,0 +1,289 @@
+//! The sluice producer library: create the topology (`init`), upload inputs
+//! and publish jobs (`submit`), and follow their results and status. The
+//! `sluice` CLI is a thin layer over this.
+//!
+//! ```no_run
+//! # async fn demo() -> anyhow::Result<()> {
+//! use sluice_producer::{Producer, ProducerConfig};
+//! let producer = Producer::connect(&ProducerConfig::default()).await?;
+//! let mut results = producer.subscribe_results().await?;
+//! let job = producer
+//!     .embed_job_from_jsonl("docs-1", b"\"hello\"\n\"world\"\n".to_vec())
+//!     .await?;
+//! producer.submit(&job).await?;
+//! let result = results.next_result().await?;
+//! println!("{}: {:?}", result.job_id, result.outcome);
+//! # Ok(()) }
+//! ```
+
+pub mod provision;
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use async_nats::HeaderMap;
+use async_nats::jetstream::{self, kv};
+use aws_sdk_s3::presigning::PresigningConfig;
+use aws_sdk_s3::primitives::ByteStream;
+use futures::StreamExt;
+use sluice_schemas::names::headers;
+use sluice_schemas::{
+    Input, InputFormat, Job, JobResult, ObjectRef, StatusRecord, Topology, VERSION,
+};
+
+/// Where the producer connects and what it names things.
+#[derive(Debug, Clone)]
+pub struct ProducerConfig {
+    pub nats_url: String,
+    /// Namespace worked into every name (see [`Topology::namespaced`]); empty for the standard names.
+    pub namespace: String,
+    /// S3 endpoint (SeaweedFS, MinIO); None for AWS's default. Credentials come
+    /// from the standard AWS chain (env, profile, instance role).
+    pub s3_endpoint: Option<String>,
+    pub s3_region: String,
+    /// Explicit S3 credentials (access key id, secret); None for the AWS chain.
+    pub s3_credentials: Option<(String, sluice_schemas::Secret)>,
+    /// Bucket for inputs (and, on the consumer, outputs).
+    pub bucket: String,
+    /// Key prefix for uploaded inputs.
+    pub input_prefix: String,
+    /// Lifetime of presigned input URLs.
+    pub presign_secs: u64,
+    /// The model jobs ask for.
+    pub model: String,
+}
+
+impl Default for ProducerConfig {
+    fn default() -> Self {
+        ProducerConfig {
+            nats_url: "nats://127.0.0.1:4222".into(),
+            namespace: String::new(),
+            s3_endpoint: None,
+            s3_region: "us-east-1".into(),
+            s3_credentials: None,
+            bucket: "sluice".into(),
+            input_prefix: "inputs/".into(),
+            presign_secs: 24 * 3600,
+            model: "all-minilm-l6-v2".into(),
+        }
+    }
+}
+
+impl ProducerConfig {
+    pub fn topology(&self) -> Topology {
+        if self.namespace.is_empty() {
+            Topology::default()
+        } else {
+            Topology::namespaced(&self.namespace)
+        }
+    }
+}
+
+pub struct Producer {
+    pub config: ProducerConfig,
+    pub topology: Topology,
+    pub nats: async_nats::Client,
+    pub js: jetstream::Context,
+    pub s3: aws_sdk_s3::Client,
+}
+
+/// Builds an S3 client from the standard AWS chain plus an optional endpoint.
+pub async fn s3_client(
+    endpoint: Option<&str>,
+    region: &str,
+    credentials: Option<&(String, sluice_schemas::Secret)>,
+) -> aws_sdk_s3::Client {
+    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .region(aws_config::Region::new(region.to_string()));
+    if let Some((id, secret)) = credentials {
+        loader = loader.credentials_provider(aws_sdk_s3::config::Credentials::new(
+            id,
+            secret.expose(),
+            None,
+            None,
+            "sluice-config",
+        ));
+    }
+    let shared = loader.load().await;
+    let mut builder = aws_sdk_s3::config::Builder::from(&shared);
+    if let Some(endpoint) = endpoint {
+        builder = builder.endpoint_url(endpoint).force_path_style(true);
+    }
+    aws_sdk_s3::Client::from_conf(builder.build())
+}
+
+impl Producer {
+    pub async fn connect(config: &ProducerConfig) -> Result<Producer> {
+        let nats = tokio::time::timeout(
+            Duration::from_secs(10),
+            async_nats::ConnectOptions::new()
+                .name("sluice-producer")
+                .connect(config.nats_url.as_str()),
+        )
+        .await
+        .map_err(|_| anyhow::anyhow!("cannot reach NATS at {} within 10 s", config.nats_url))?
+        .with_context(|| format!("cannot connect to NATS at {}", config.nats_url))?;
+        let js = jetstream::new(nats.clone());
+        let s3 = s3_client(
+            config.s3_endpoint.as_deref(),
+            &config.s3_region,
+            config.s3_credentials.as_ref(),
+        )
+        .await;
+        Ok(Producer {
+            topology: config.topology(),
+            config: config.clone(),
+            nats,
+            js,
+            s3,
+        })
+    }
+
+    /// Uploads `body` to `bucket/<input_prefix><name>` and returns the input,
+    /// presigned for reading, with its object named so it can be re-signed.
+    pub async fn upload_input(&self, name: &str, body: Vec<u8>) -> Result<Input> {
+        let key = format!("{}{name}", self.config.input_prefix);
+        self.s3
+            .put_object()
+            .bucket(&self.config.bucket)
+            .key(&key)
+            .body(ByteStream::from(body))
+            .send()
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot upload s3://{}/{key}: {}",
+                    self.config.bucket,
+                    aws_sdk_s3::error::DisplayErrorContext(e)
+                )
+            })?;
+        let url = self.presign_get(&self.config.bucket, &key).await?;
+        Ok(Input::Url {
+            url,
+            format: InputFormat::Jsonl,
+            object: Some(ObjectRef {
+                bucket: self.config.bucket.clone(),
+                key,
+            }),
+        })
+    }
+
+    pub async fn presign_get(&self, bucket: &str, key: &str) -> Result<String> {
+        let presigned = self
+            .s3
+            .get_object()
+            .bucket(bucket)
+            .key(key)
+            .presigned(PresigningConfig::expires_in(Duration::from_secs(
+                self.config.presign_secs,
+            ))?)
+            .await
+            .with_context(|| format!("cannot presign s3://{bucket}/{key}"))?;
+        Ok(presigned.uri().to_string())
+    }
+
+    /// An embed job over one uploaded JSONL input.
+    pub async fn embed_job_from_jsonl(&self, id: &str, jsonl: Vec<u8>) -> Result<Job> {
+        let input = self.upload_input(&format!("{id}.jsonl"), jsonl).await?;
+        Ok(self.embed_job(id, vec![input]))
+    }
+
+    /// An embed job with the given inputs and default parameters.
+    pub fn embed_job(&self, id: &str, inputs: Vec<Input>) -> Job {
+        Job {
+            version: VERSION,
+            id: id.to_string(),
+            task: "embed".into(),
+            model: self.config.model.clone(),
+            inputs,
+            parameters: Default::default(),
+            token_estimate: None,
+            deadline: None,
+            submitted_at: Some(time::OffsetDateTime::now_utc()),
+            output: Default::default(),
+        }
+    }
+
+    /// Publishes `job` and waits for the stream to store it. The job id is the
+    /// `Nats-Msg-Id`, so a second submit within the stream's duplicate window
+    /// is dropped by the server (the returned ack says `duplicate`).
+    pub async fn submit(&self, job: &Job) -> Result<jetstream::publish::PublishAck> {
+        let reply_to = self.topology.result_subject(&job.id);
+        self.submit_with(job, &reply_to, None).await
+    }
+
+    pub async fn submit_with(
+        &self,
+        job: &Job,
+        reply_to: &str,
+        traceparent: Option<&str>,
+    ) -> Result<jetstream::publish::PublishAck> {
+        let mut h = HeaderMap::new();
+        h.insert(headers::MSG_ID, job.id.as_str());
+        h.insert(headers::REPLY_TO, reply_to);
+        if let Some(tp) = traceparent {
+            h.insert(headers::TRACEPARENT, tp);
+        }
+        let subject = self.topology.job_subject(&job.task);
+        let ack = self
+            .js
+            .publish_with_headers(subject.clone(), h, job.to_bytes().into())
+            .await
+            .with_context(|| format!("cannot publish to {subject}"))?
+            .await
+            .with_context(|| format!("the job stream did not store the job on {subject}"))?;
+        Ok(ack)
+    }
+
+    /// Subscribes to every result of this namespace. Subscribe before
+    /// submitting: results are plain NATS messages, gone if nobody listens
+    /// (the status bucket keeps the outcome either way).
+    pub async fn subscribe_results(&self) -> Result<Results> {
+        let subject = format!("{}.>", self.topology.result_subject_prefix);
+        let sub = self
+            .nats
+            .subscribe(subject.clone())
+            .await
+            .with_context(|| format!("cannot subscribe to {subject}"))?;
+        Ok(Results { sub })
+    }
+
+    pub async fn status_store(&self) -> Result<kv::Store> {
+        self.js
+            .get_key_value(&self.topology.status_bucket)
+            .await
+            .with_context(|| {
+                format!(
+                    "status bucket {} not found: run `sluice init`",
+                    self.topology.status_bucket
+                )
+            })
+    }
+
+    /// The job's status record, if the consumer (or submit) wrote one.
+    pub async fn status(&self, job_id: &str) -> Result<Option<StatusRecord>> {
+        let store = self.status_store().await?;
+        match store.get(job_id).await? {
+            Some(bytes) => {
+                Ok(Some(serde_json::from_slice(&bytes).with_context(|| {
+                    format!("the status record of {job_id} is not valid")
+                })?))
+            }
+            None => Ok(None),
+        }
+    }
+}
+
+/// A stream of results.
+pub struct Results {
+    sub: async_nats::Subscriber,
+}
+
+impl Results {
+    pub async fn next_result(&mut self) -> Result<JobResult> {
+        let Some(msg) = self.sub.next().await else {
+            bail!("the result subscription closed");
+        };
+        serde_json::from_slice(&msg.payload).context("a result message is not valid")
+    }
+}

@@ -1,0 +1,374 @@
+//! `sluice`: set up a deployment, submit jobs, follow them.
+
+use std::collections::{BTreeMap, HashSet};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use sluice_producer::provision::{self, Settings};
+use sluice_producer::{Producer, ProducerConfig};
+use sluice_schemas::{Input, InputFormat, JobResult, Outcome, Output};
+
+#[derive(Parser)]
+#[command(
+    name = "sluice",
+    version,
+    about = "Submit inference jobs to sluice and follow them."
+)]
+struct Cli {
+    /// NATS server URL.
+    #[arg(
+        long,
+        global = true,
+        env = "NATS_URL",
+        default_value = "nats://127.0.0.1:4222"
+    )]
+    nats_url: String,
+    /// Namespace of stream, consumer, bucket and subject names (empty: the standard names).
+    #[arg(long, global = true, env = "SLUICE_NAMESPACE", default_value = "")]
+    namespace: String,
+    /// S3 endpoint URL (SeaweedFS, MinIO, ...); unset for AWS. Credentials come from the AWS chain.
+    #[arg(long, global = true, env = "AWS_ENDPOINT_URL")]
+    s3_endpoint: Option<String>,
+    #[arg(long, global = true, env = "AWS_REGION", default_value = "us-east-1")]
+    s3_region: String,
+    /// Bucket for inputs and outputs.
+    #[arg(long, global = true, env = "SLUICE_BUCKET", default_value = "sluice")]
+    bucket: String,
+    /// Print JSON for scripts instead of text for people.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create or update the job stream, consumer, dead-letter stream, status bucket and S3 bucket.
+    Init,
+    /// Submit embedding jobs: one job per JSONL file (of texts), per .jsonl file in a
+    /// directory, or from stdin ("-"), or over already-presigned URLs (--url).
+    Submit {
+        /// JSONL files, directories of .jsonl files, or "-" for stdin.
+        paths: Vec<PathBuf>,
+        /// Already-presigned URLs of JSONL inputs, one job each.
+        #[arg(long = "url")]
+        urls: Vec<String>,
+        /// Job id (only with a single input); default: a fresh UUIDv7.
+        #[arg(long)]
+        id: Option<String>,
+        /// The model to ask for.
+        #[arg(long, env = "SLUICE_MODEL", default_value = "all-minilm-l6-v2")]
+        model: String,
+        /// Wait for every job's result.
+        #[arg(long)]
+        wait: bool,
+        /// With --wait: give up after this many seconds.
+        #[arg(long, default_value_t = 600)]
+        timeout_secs: u64,
+        /// With --wait: download S3 outputs into this directory.
+        #[arg(long)]
+        download: Option<PathBuf>,
+    },
+    /// Show a job's status record.
+    Status { id: String },
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("sluice: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<ExitCode> {
+    let config = ProducerConfig {
+        nats_url: cli.nats_url.clone(),
+        namespace: cli.namespace.clone(),
+        s3_endpoint: cli.s3_endpoint.clone(),
+        s3_region: cli.s3_region.clone(),
+        bucket: cli.bucket.clone(),
+        ..ProducerConfig::default()
+    };
+    match cli.command {
+        Command::Init => {
+            let p = Producer::connect(&config).await?;
+            let changes = provision::ensure(
+                &p.js,
+                Some(&p.s3),
+                &config.bucket,
+                &p.topology,
+                &Settings::default(),
+            )
+            .await?;
+            if cli.json {
+                let rows: Vec<String> = changes.iter().map(|c| c.to_string()).collect();
+                println!("{}", serde_json::json!({ "changes": rows }));
+            } else {
+                for c in &changes {
+                    println!("{c}");
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Status { id } => {
+            let p = Producer::connect(&config).await?;
+            match p.status(&id).await? {
+                Some(record) => {
+                    if cli.json {
+                        println!("{}", serde_json::to_string(&record)?);
+                    } else {
+                        println!("{id}: {:?} (attempts {})", record.state, record.attempts);
+                        if let Some(o) = &record.output {
+                            println!("  output: s3://{}/{} ({} bytes)", o.bucket, o.key, o.bytes);
+                        }
+                        if let Some(e) = &record.error {
+                            println!("  error: {} {}", e.code, e.message);
+                        }
+                    }
+                    Ok(ExitCode::SUCCESS)
+                }
+                None => {
+                    eprintln!("sluice: no status for job {id}");
+                    Ok(ExitCode::from(3))
+                }
+            }
+        }
+        Command::Submit {
+            paths,
+            urls,
+            id,
+            model,
+            wait,
+            timeout_secs,
+            download,
+        } => {
+            let config = ProducerConfig { model, ..config };
+            let inputs = collect_inputs(&paths)?;
+            if inputs.is_empty() && urls.is_empty() {
+                bail!(
+                    "nothing to submit: give JSONL files, directories, \"-\" for stdin, or --url"
+                );
+            }
+            if id.is_some() && inputs.len() + urls.len() != 1 {
+                bail!(
+                    "--id applies to a single input; {} given",
+                    inputs.len() + urls.len()
+                );
+            }
+            let p = Producer::connect(&config).await?;
+            let mut results = if wait {
+                Some(p.subscribe_results().await?)
+            } else {
+                None
+            };
+            let mut ids = Vec::new();
+            for (name, body) in inputs {
+                let job_id = id
+                    .clone()
+                    .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+                let input = p
+                    .upload_input(&format!("{job_id}.jsonl"), body)
+                    .await
+                    .with_context(|| format!("uploading {name}"))?;
+                let ack = p.submit(&p.embed_job(&job_id, vec![input])).await?;
+                report_submit(cli.json, &job_id, &name, ack.sequence, ack.duplicate);
+                ids.push(job_id);
+            }
+            for url in urls {
+                if !(url.starts_with("http://") || url.starts_with("https://")) {
+                    bail!("--url {url:?} is not an http:// or https:// URL");
+                }
+                let job_id = id
+                    .clone()
+                    .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+                let input = Input::Url {
+                    url: url.clone(),
+                    format: InputFormat::Jsonl,
+                    object: None,
+                };
+                let ack = p.submit(&p.embed_job(&job_id, vec![input])).await?;
+                report_submit(cli.json, &job_id, "url", ack.sequence, ack.duplicate);
+                ids.push(job_id);
+            }
+            let Some(results) = results.as_mut() else {
+                return Ok(ExitCode::SUCCESS);
+            };
+            let waited = wait_for(results, &ids, Duration::from_secs(timeout_secs)).await;
+            let mut failed = 0;
+            for id in &ids {
+                match waited.get(id) {
+                    Some(r) => {
+                        if matches!(r.outcome, Outcome::Error { .. }) {
+                            failed += 1;
+                        }
+                        if let (
+                            Some(dir),
+                            Outcome::Ok {
+                                output: Output::S3(o),
+                            },
+                        ) = (&download, &r.outcome)
+                        {
+                            download_output(&p, dir, id, &o.bucket, &o.key).await?;
+                        }
+                        report_result(cli.json, r);
+                    }
+                    None => {
+                        failed += 1;
+                        eprintln!(
+                            "sluice: {id}: no result within {timeout_secs} s (see `sluice status {id}`)"
+                        );
+                    }
+                }
+            }
+            Ok(if failed == 0 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
+        }
+    }
+}
+
+/// Reads every input named on the command line: (display name, bytes).
+fn collect_inputs(paths: &[PathBuf]) -> Result<Vec<(String, Vec<u8>)>> {
+    let mut out = Vec::new();
+    for path in paths {
+        if path == Path::new("-") {
+            let mut body = Vec::new();
+            std::io::stdin()
+                .read_to_end(&mut body)
+                .context("reading stdin")?;
+            out.push(("stdin".to_string(), body));
+        } else if path.is_dir() {
+            let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+                .with_context(|| format!("cannot list {}", path.display()))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+                .collect();
+            files.sort();
+            for f in files {
+                let body =
+                    std::fs::read(&f).with_context(|| format!("cannot read {}", f.display()))?;
+                out.push((f.display().to_string(), body));
+            }
+        } else {
+            let body =
+                std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+            out.push((path.display().to_string(), body));
+        }
+    }
+    Ok(out)
+}
+
+async fn wait_for(
+    results: &mut sluice_producer::Results,
+    ids: &[String],
+    timeout: Duration,
+) -> BTreeMap<String, JobResult> {
+    let mut pending: HashSet<&str> = ids.iter().map(String::as_str).collect();
+    let mut got = BTreeMap::new();
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !pending.is_empty() {
+        match tokio::time::timeout_at(deadline, results.next_result()).await {
+            Ok(Ok(r)) => {
+                if pending.remove(r.job_id.as_str()) {
+                    got.insert(r.job_id.clone(), r);
+                }
+            }
+            Ok(Err(e)) => {
+                eprintln!("sluice: {e:#}");
+                break;
+            }
+            Err(_) => break,
+        }
+    }
+    got
+}
+
+async fn download_output(
+    p: &Producer,
+    dir: &Path,
+    id: &str,
+    bucket: &str,
+    key: &str,
+) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let obj =
+        p.s3.get_object()
+            .bucket(bucket)
+            .key(key)
+            .send()
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot get s3://{bucket}/{key}: {}",
+                    aws_sdk_s3::error::DisplayErrorContext(e)
+                )
+            })?;
+    let bytes = obj.body.collect().await?.into_bytes();
+    let path = dir.join(format!("{id}.npy"));
+    std::fs::write(&path, &bytes).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
+}
+
+fn report_submit(json: bool, id: &str, name: &str, seq: u64, duplicate: bool) {
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"event": "submitted", "job_id": id, "input": name, "sequence": seq, "duplicate": duplicate})
+        );
+    } else if duplicate {
+        println!("{id}: {name} was already submitted (duplicate id; not queued again)");
+    } else {
+        println!("{id}: submitted {name} (stream sequence {seq})");
+    }
+}
+
+fn report_result(json: bool, r: &JobResult) {
+    if json {
+        if let Ok(text) = serde_json::to_string(r) {
+            println!("{text}");
+        }
+        return;
+    }
+    let total = r.timings_ms.total.unwrap_or(0.0);
+    match &r.outcome {
+        Outcome::Ok {
+            output: Output::S3(o),
+        } => println!(
+            "{}: ok, {} items, {} tokens, {:.0} ms -> s3://{}/{} ({} bytes, shape {:?})",
+            r.job_id, r.usage.items, r.usage.tokens, total, o.bucket, o.key, o.bytes, o.shape
+        ),
+        Outcome::Ok {
+            output: Output::Inline { embeddings },
+        } => println!(
+            "{}: ok, {} items, {} tokens, {:.0} ms -> inline, {} vectors of {}",
+            r.job_id,
+            r.usage.items,
+            r.usage.tokens,
+            total,
+            embeddings.len(),
+            embeddings.first().map_or(0, Vec::len)
+        ),
+        Outcome::Error { error } => println!(
+            "{}: error {} ({}): {}",
+            r.job_id,
+            error.code,
+            if error.retryable {
+                "retryable"
+            } else {
+                "permanent"
+            },
+            error.message
+        ),
+    }
+}

@@ -1,0 +1,342 @@
+//! The job message: what a publisher puts on `sluice.jobs.<task>`.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use time::OffsetDateTime;
+
+use crate::error_code::{ErrorCode, ErrorInfo};
+use crate::names::is_valid_job_id;
+
+/// The wire version every message of this crate carries.
+pub const VERSION: u32 = 1;
+
+/// The tasks sluice knows. A job names one as a string so that an unknown task
+/// gets its own error code rather than a generic schema violation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Task {
+    Embed,
+    Generate,
+}
+
+impl Task {
+    pub const ALL: [Task; 2] = [Task::Embed, Task::Generate];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Task::Embed => "embed",
+            Task::Generate => "generate",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Task> {
+        Task::ALL.into_iter().find(|t| t.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for Task {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A job: one or more inputs, each a presigned URL to a file of items or a small
+/// inline list of items, run as one unit and answered with one result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Job {
+    /// Always [`VERSION`].
+    pub version: u32,
+    /// Unique per job; also sent as `Nats-Msg-Id`, so a re-submit is de-duplicated.
+    /// Letters, digits, `-` and `_`, at most 128.
+    pub id: String,
+    /// `embed` or `generate`.
+    pub task: String,
+    /// The model to run, e.g. `all-minilm-l6-v2`.
+    pub model: String,
+    /// The inputs; their items are concatenated in order.
+    pub inputs: Vec<Input>,
+    #[serde(default, skip_serializing_if = "Parameters::is_default")]
+    pub parameters: Parameters,
+    /// The publisher's estimate of the job's total tokens, used for admission
+    /// before the inputs are fetched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_estimate: Option<u64>,
+    /// After this instant the job is not run; it is answered `deadline_exceeded`.
+    #[serde(
+        default,
+        with = "time::serde::rfc3339::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub deadline: Option<OffsetDateTime>,
+    /// When the publisher created the job.
+    #[serde(
+        default,
+        with = "time::serde::rfc3339::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub submitted_at: Option<OffsetDateTime>,
+    #[serde(default, skip_serializing_if = "OutputOptions::is_default")]
+    pub output: OutputOptions,
+}
+
+/// Where a job's items come from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Input {
+    /// A presigned (or public) HTTP(S) URL to a file of items.
+    Url {
+        url: String,
+        format: InputFormat,
+        /// Where the object lives, so the URL can be re-signed on replay.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        object: Option<ObjectRef>,
+    },
+    /// A small list of items carried in the message itself.
+    Inline { items: Vec<Value> },
+}
+
+/// The format of a URL input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InputFormat {
+    /// One item per line: a JSON string, or an object such as `{"text": "..."}`.
+    Jsonl,
+}
+
+/// An object in S3.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ObjectRef {
+    pub bucket: String,
+    pub key: String,
+}
+
+/// Task parameters. Each applies to some tasks; one given to a task it does not
+/// apply to is rejected with `invalid_parameters`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Parameters {
+    /// embed: cut items longer than the model's limit (default true, like
+    /// sentence-transformers); when false such an item fails the job with
+    /// `item_too_long`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truncate: Option<bool>,
+    /// embed: L2-normalize the vectors (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub normalize: Option<bool>,
+}
+
+impl Parameters {
+    pub fn is_default(&self) -> bool {
+        *self == Parameters::default()
+    }
+    pub fn truncate(&self) -> bool {
+        self.truncate.unwrap_or(true)
+    }
+    pub fn normalize(&self) -> bool {
+        self.normalize.unwrap_or(true)
+    }
+}
+
+/// How the result's output should be delivered.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputOptions {
+    /// When set, an output written to S3 comes with a presigned GET URL valid
+    /// this many seconds (for clients without S3 credentials).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub presign_get_secs: Option<u32>,
+}
+
+impl OutputOptions {
+    pub fn is_default(&self) -> bool {
+        *self == OutputOptions::default()
+    }
+}
+
+/// One item of a job, parsed from a JSONL line or an inline list entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Item {
+    /// A text to embed.
+    Text(String),
+}
+
+impl Item {
+    /// Reads one item as `task` expects it: for `embed`, a JSON string or an
+    /// object `{"text": "..."}`. The error says what was found instead.
+    pub fn from_value(task: Task, value: Value) -> Result<Item, String> {
+        match (task, value) {
+            (Task::Embed, Value::String(s)) => Ok(Item::Text(s)),
+            (Task::Embed, Value::Object(mut map)) => match map.remove("text") {
+                Some(Value::String(s)) if map.is_empty() => Ok(Item::Text(s)),
+                Some(Value::String(_)) => Err(format!(
+                    "an embed item object has only the key \"text\", found also {:?}",
+                    map.keys().collect::<Vec<_>>()
+                )),
+                _ => Err("an embed item must be a JSON string or {\"text\": \"...\"}".into()),
+            },
+            (Task::Embed, other) => Err(format!(
+                "an embed item must be a JSON string or {{\"text\": \"...\"}}, found {}",
+                kind_of(&other)
+            )),
+            (Task::Generate, _) => Err("the generate task is not served yet".into()),
+        }
+    }
+}
+
+fn kind_of(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// A job decoded and checked: the task is known and every field is sane.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidJob {
+    pub task: Task,
+    pub job: Job,
+}
+
+impl Job {
+    /// Decodes a job message, telling apart the ways it can be wrong: not JSON
+    /// (`malformed_message`), a version this code does not speak
+    /// (`unsupported_version`), an unknown task (`unknown_task`), a shape that
+    /// breaks the schema (`schema_violation`) or bad parameters
+    /// (`invalid_parameters`). The message names the field.
+    pub fn decode(payload: &[u8]) -> Result<ValidJob, ErrorInfo> {
+        let value: Value = serde_json::from_slice(payload).map_err(|e| {
+            ErrorInfo::new(
+                ErrorCode::MalformedMessage,
+                format!("the job message is not valid JSON: {e}"),
+            )
+        })?;
+        let Value::Object(map) = &value else {
+            return Err(ErrorInfo::new(
+                ErrorCode::SchemaViolation,
+                format!("a job must be a JSON object, found {}", kind_of(&value)),
+            ));
+        };
+        match map.get("version") {
+            Some(Value::Number(n)) if n.as_u64() == Some(u64::from(VERSION)) => {}
+            Some(Value::Number(n)) => {
+                return Err(ErrorInfo::new(
+                    ErrorCode::UnsupportedVersion,
+                    format!(
+                        "job version {n} is not supported; this consumer speaks version {VERSION}"
+                    ),
+                ));
+            }
+            Some(other) => {
+                return Err(ErrorInfo::new(
+                    ErrorCode::SchemaViolation,
+                    format!(
+                        "`version` must be the integer {VERSION}, found {}",
+                        kind_of(other)
+                    ),
+                ));
+            }
+            None => {
+                return Err(ErrorInfo::new(
+                    ErrorCode::SchemaViolation,
+                    "missing field `version` (the integer 1)",
+                ));
+            }
+        }
+        let task = match map.get("task") {
+            Some(Value::String(t)) => Task::parse(t).ok_or_else(|| {
+                ErrorInfo::new(
+                    ErrorCode::UnknownTask,
+                    format!(
+                        "unknown task {t:?}; known tasks: {}",
+                        Task::ALL.map(Task::as_str).join(", ")
+                    ),
+                )
+            })?,
+            _ => {
+                return Err(ErrorInfo::new(
+                    ErrorCode::SchemaViolation,
+                    "missing or non-string field `task` (\"embed\" or \"generate\")",
+                ));
+            }
+        };
+        let job: Job = serde_path_to_error::deserialize(value).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            let at = if path == "." {
+                String::new()
+            } else {
+                format!(" at `{path}`")
+            };
+            ErrorInfo::new(
+                ErrorCode::SchemaViolation,
+                format!("invalid job{at}: {inner}"),
+            )
+        })?;
+        job.check(task)?;
+        Ok(ValidJob { task, job })
+    }
+
+    /// The checks serde cannot express.
+    fn check(&self, task: Task) -> Result<(), ErrorInfo> {
+        let violation = |m: String| Err(ErrorInfo::new(ErrorCode::SchemaViolation, m));
+        if !is_valid_job_id(&self.id) {
+            return violation(format!(
+                "invalid job id {:?}: use 1-128 letters, digits, '-' or '_'",
+                self.id
+            ));
+        }
+        if self.model.is_empty() {
+            return violation("`model` must not be empty".into());
+        }
+        if self.inputs.is_empty() {
+            return violation("`inputs` must hold at least one input".into());
+        }
+        for (i, input) in self.inputs.iter().enumerate() {
+            match input {
+                Input::Url { url, .. } => {
+                    if !(url.starts_with("http://") || url.starts_with("https://")) {
+                        return violation(format!(
+                            "inputs[{i}].url must be an http:// or https:// URL, found {:?}",
+                            truncate_for_message(url)
+                        ));
+                    }
+                }
+                Input::Inline { items } if items.is_empty() => {
+                    return violation(format!("inputs[{i}].items must not be empty"));
+                }
+                Input::Inline { .. } => {}
+            }
+        }
+        if task == Task::Generate && self.parameters.truncate.is_some() {
+            return Err(ErrorInfo::new(
+                ErrorCode::InvalidParameters,
+                "parameter `truncate` applies to the embed task only",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The job as it goes on the wire.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        // Serializing these plain types cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+/// Cuts a user-supplied string for an error message (a URL may be kilobytes).
+pub fn truncate_for_message(s: &str) -> String {
+    const MAX: usize = 120;
+    if s.len() <= MAX {
+        return s.to_string();
+    }
+    let mut end = MAX;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &s[..end])
+}

@@ -1,0 +1,28 @@
+//! The sluice wire contract. Publishers in any language follow the JSON Schema
+//! files in `schemas/json/`; these serde types are the Rust side of the same
+//! contract, and a test keeps the two in agreement. No I/O here.
+
+mod error_code;
+mod job;
+pub mod names;
+pub mod secret;
+pub use names::Topology;
+pub use secret::Secret;
+mod result;
+
+pub use error_code::{ErrorCode, ErrorInfo};
+pub use job::{
+    Input, InputFormat, Item, Job, ObjectRef, OutputOptions, Parameters, Task, VERSION, ValidJob,
+    truncate_for_message,
+};
+pub use result::{
+    DeadLetter, JobResult, JobState, Outcome, Output, S3Output, StatusRecord, Timings, Usage,
+};
+
+/// The JSON Schema files, embedded so tools can print or serve them.
+pub mod json_schema {
+    pub const JOB: &str = include_str!("../json/job.schema.json");
+    pub const RESULT: &str = include_str!("../json/result.schema.json");
+    pub const STATUS: &str = include_str!("../json/status.schema.json");
+    pub const DEAD_LETTER: &str = include_str!("../json/dead_letter.schema.json");
+}

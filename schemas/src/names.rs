@@ -1,0 +1,110 @@
+//! Subjects, stream and bucket names, and header names: the one place they live.
+
+/// The JetStream stream that holds jobs waiting to run (work-queue retention).
+pub const JOB_STREAM: &str = "SLUICE_JOBS";
+/// Jobs are published to `sluice.jobs.<task>`, e.g. `sluice.jobs.embed`.
+pub const JOB_SUBJECT_PREFIX: &str = "sluice.jobs";
+/// The durable pull consumer every sluice consumer process binds to.
+pub const JOB_CONSUMER: &str = "sluice-workers";
+/// The dead-letter stream (limits retention, so it can be browsed and replayed).
+pub const DLQ_STREAM: &str = "SLUICE_DLQ";
+/// Dead letters are published to `sluice.dlq.<task>`.
+pub const DLQ_SUBJECT_PREFIX: &str = "sluice.dlq";
+/// The KV bucket holding one status record per job, keyed by job id.
+pub const STATUS_BUCKET: &str = "sluice-status";
+/// Where results go when a publisher names no reply subject: `sluice.results.<job id>`.
+pub const RESULT_SUBJECT_PREFIX: &str = "sluice.results";
+
+/// The names of the streams, consumer, bucket and subjects one sluice
+/// deployment uses. [`Topology::default`] is the production set above; a
+/// namespaced one lets several deployments (or parallel tests) share a NATS server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Topology {
+    pub job_stream: String,
+    pub job_subject_prefix: String,
+    pub consumer: String,
+    pub dlq_stream: String,
+    pub dlq_subject_prefix: String,
+    pub status_bucket: String,
+    pub result_subject_prefix: String,
+}
+
+impl Default for Topology {
+    fn default() -> Self {
+        Topology {
+            job_stream: JOB_STREAM.into(),
+            job_subject_prefix: JOB_SUBJECT_PREFIX.into(),
+            consumer: JOB_CONSUMER.into(),
+            dlq_stream: DLQ_STREAM.into(),
+            dlq_subject_prefix: DLQ_SUBJECT_PREFIX.into(),
+            status_bucket: STATUS_BUCKET.into(),
+            result_subject_prefix: RESULT_SUBJECT_PREFIX.into(),
+        }
+    }
+}
+
+impl Topology {
+    /// The default names with `ns` worked in: `SLUICE_JOBS_<ns>`, `<ns>.sluice.jobs`, ...
+    /// `ns` must be a valid job-id-like token.
+    pub fn namespaced(ns: &str) -> Topology {
+        Topology {
+            job_stream: format!("{JOB_STREAM}_{ns}"),
+            job_subject_prefix: format!("{ns}.{JOB_SUBJECT_PREFIX}"),
+            consumer: format!("{JOB_CONSUMER}-{ns}"),
+            dlq_stream: format!("{DLQ_STREAM}_{ns}"),
+            dlq_subject_prefix: format!("{ns}.{DLQ_SUBJECT_PREFIX}"),
+            status_bucket: format!("{STATUS_BUCKET}-{ns}"),
+            result_subject_prefix: format!("{ns}.{RESULT_SUBJECT_PREFIX}"),
+        }
+    }
+
+    /// The subject a job of `task` is published to.
+    pub fn job_subject(&self, task: &str) -> String {
+        format!("{}.{task}", self.job_subject_prefix)
+    }
+
+    /// The filter that matches every job subject.
+    pub fn job_subjects(&self) -> String {
+        format!("{}.>", self.job_subject_prefix)
+    }
+
+    /// The subject a dead letter of `task` is published to.
+    pub fn dlq_subject(&self, task: &str) -> String {
+        format!("{}.{task}", self.dlq_subject_prefix)
+    }
+
+    pub fn dlq_subjects(&self) -> String {
+        format!("{}.>", self.dlq_subject_prefix)
+    }
+
+    /// The default result subject of a job.
+    pub fn result_subject(&self, job_id: &str) -> String {
+        format!("{}.{job_id}", self.result_subject_prefix)
+    }
+}
+
+/// Header names carried on job, result and dead-letter messages.
+pub mod headers {
+    /// JetStream de-duplication id: the job id on a job message.
+    pub const MSG_ID: &str = "Nats-Msg-Id";
+    /// Where the result goes. A JetStream publish's own reply subject carries the
+    /// PubAck, so the job's reply subject travels in this header instead.
+    pub const REPLY_TO: &str = "Sluice-Reply-To";
+    /// The job id, also on results and dead letters.
+    pub const JOB_ID: &str = "Sluice-Job-Id";
+    /// W3C trace context, carried from publisher to result.
+    pub const TRACEPARENT: &str = "traceparent";
+    pub const TRACESTATE: &str = "tracestate";
+    /// On a result message: `ok` or the error code.
+    pub const OUTCOME: &str = "Sluice-Outcome";
+}
+
+/// A job id is used as a NATS subject token, a KV key and part of an S3 key, so
+/// it is restricted to characters that are safe in all three.
+pub fn is_valid_job_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 128
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}

@@ -1,0 +1,173 @@
+//! The result message (published to the job's reply subject), the status record
+//! (kept per job in the status KV bucket) and the dead-letter entry.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+
+use crate::error_code::ErrorInfo;
+
+/// The answer to one job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobResult {
+    /// Always [`crate::VERSION`].
+    pub version: u32,
+    pub job_id: String,
+    /// `"status": "ok"` with `output`, or `"status": "error"` with `error`.
+    #[serde(flatten)]
+    pub outcome: Outcome,
+    #[serde(default)]
+    pub usage: Usage,
+    #[serde(default)]
+    pub timings_ms: Timings,
+    /// Which delivery of the job produced this result (1 for the first).
+    pub attempt: u32,
+    #[serde(with = "time::serde::rfc3339")]
+    pub finished_at: OffsetDateTime,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum Outcome {
+    Ok { output: Output },
+    Error { error: ErrorInfo },
+}
+
+/// Where the output is.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Output {
+    /// Small outputs travel in the result itself.
+    Inline {
+        /// embed: one vector per item, in item order.
+        embeddings: Vec<Vec<f32>>,
+    },
+    /// Large outputs are written to S3 at a key derived from the job id.
+    S3(S3Output),
+}
+
+/// An output object in S3.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct S3Output {
+    pub bucket: String,
+    pub key: String,
+    /// Size of the object in bytes.
+    pub bytes: u64,
+    /// Lowercase hex SHA-256 of the object's bytes.
+    pub sha256: String,
+    /// `npy` (embed: float32, shape `[items, dim]`).
+    pub format: String,
+    /// The array's shape, for `npy`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shape: Vec<u64>,
+    /// A presigned GET URL, when the job asked for one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+}
+
+/// What the job consumed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Usage {
+    pub items: u64,
+    /// Real (unpadded) tokens after truncation.
+    pub tokens: u64,
+    /// Items that were cut to the model's limit.
+    #[serde(default)]
+    pub truncated_items: u64,
+}
+
+/// Milliseconds spent in each stage. A stage the job did not reach is absent.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Timings {
+    /// From publish (the stream's timestamp) to the consumer pulling the job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fetch: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenize: Option<f64>,
+    /// From the last item being ready to the last batch starting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_wait: Option<f64>,
+    /// Sum of the model time of the batches that held the job's items.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inference: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write: Option<f64>,
+    /// From pulling the job to publishing its result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total: Option<f64>,
+}
+
+/// The lifecycle state of a job in the status bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    Queued,
+    Running,
+    Done,
+    Failed,
+    Cancelled,
+}
+
+impl JobState {
+    /// Done, failed and cancelled are final: nothing overwrites them except a replay.
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            JobState::Done | JobState::Failed | JobState::Cancelled
+        )
+    }
+}
+
+/// One record per job in the status KV bucket, keyed by job id.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StatusRecord {
+    pub version: u32,
+    pub job_id: String,
+    pub state: JobState,
+    #[serde(with = "time::serde::rfc3339")]
+    pub updated_at: OffsetDateTime,
+    /// Deliveries so far.
+    #[serde(default)]
+    pub attempts: u32,
+    /// The job message's sequence in the job stream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_sequence: Option<u64>,
+    /// On done: where the output is (S3 only; inline outputs are in the result).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<S3Output>,
+    /// On failed: why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorInfo>,
+    /// How many times the job was replayed from the dead-letter stream.
+    #[serde(default)]
+    pub replays: u32,
+}
+
+/// A job that will not be retried, as kept in the dead-letter stream.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeadLetter {
+    pub version: u32,
+    /// Absent when the message was too broken to read an id from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_id: Option<String>,
+    pub error: ErrorInfo,
+    /// Deliveries made before giving up.
+    pub attempts: u32,
+    pub original_subject: String,
+    pub stream_sequence: u64,
+    #[serde(with = "time::serde::rfc3339")]
+    pub dead_lettered_at: OffsetDateTime,
+    /// The original message's headers, name to values.
+    #[serde(default)]
+    pub headers: BTreeMap<String, Vec<String>>,
+    /// The original payload, base64 (standard alphabet, padded).
+    pub payload_base64: String,
+}

@@ -1,0 +1,428 @@
+//! Keeps the JSON Schema files and the serde types in agreement: every example in
+//! a schema decodes, every Rust value validates, round trips are lossless, and
+//! invalid jobs are refused by both sides.
+
+use std::collections::BTreeMap;
+
+use jsonschema::{Registry, Validator};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use sluice_schemas::*;
+use time::macros::datetime;
+
+fn parse(text: &str) -> Value {
+    serde_json::from_str(text).unwrap()
+}
+
+/// A validator for `schema`, with the other schema files registered so that
+/// cross-file `$ref`s resolve offline.
+fn validator(schema: &str) -> Validator {
+    let result = parse(json_schema::RESULT);
+    let registry = Registry::new()
+        .add("https://sluice.dev/schemas/v1/result.schema.json", result)
+        .unwrap()
+        .prepare()
+        .unwrap();
+    jsonschema::options()
+        .with_registry(&registry)
+        .should_validate_formats(true)
+        .build(&parse(schema))
+        .unwrap()
+}
+
+fn assert_valid(v: &Validator, instance: &Value) {
+    let errors: Vec<String> = v.iter_errors(instance).map(|e| e.to_string()).collect();
+    assert!(errors.is_empty(), "{instance} is invalid: {errors:?}");
+}
+
+/// Each example in the schema validates, decodes into `T`, and comes back
+/// from `T` as the same JSON.
+fn check_examples<T: Serialize + DeserializeOwned + std::fmt::Debug>(schema: &str) {
+    let v = validator(schema);
+    let examples = parse(schema)["examples"].as_array().cloned().unwrap();
+    assert!(!examples.is_empty(), "every schema file carries an example");
+    for example in examples {
+        assert_valid(&v, &example);
+        let decoded: T = serde_json::from_value(example.clone())
+            .unwrap_or_else(|e| panic!("example {example} does not decode: {e}"));
+        let back = serde_json::to_value(&decoded).unwrap();
+        assert_eq!(back, example, "round trip changed the example");
+        assert_valid(&v, &back);
+    }
+}
+
+#[test]
+fn schema_examples_validate_decode_and_round_trip() {
+    check_examples::<Job>(json_schema::JOB);
+    check_examples::<JobResult>(json_schema::RESULT);
+    check_examples::<StatusRecord>(json_schema::STATUS);
+    check_examples::<DeadLetter>(json_schema::DEAD_LETTER);
+}
+
+#[test]
+fn job_examples_pass_the_strict_decoder() {
+    for example in parse(json_schema::JOB)["examples"].as_array().unwrap() {
+        let payload = serde_json::to_vec(example).unwrap();
+        Job::decode(&payload).unwrap();
+    }
+}
+
+fn s3_output() -> S3Output {
+    S3Output {
+        bucket: "sluice".into(),
+        key: "outputs/job-1.npy".into(),
+        bytes: 1664,
+        sha256: "ab".repeat(32),
+        format: "npy".into(),
+        shape: vec![4, 384],
+        url: Some("http://127.0.0.1:8333/sluice/outputs/job-1.npy?X-Amz-Signature=1".into()),
+    }
+}
+
+fn sample_job() -> Job {
+    Job {
+        version: VERSION,
+        id: "job-1".into(),
+        task: "embed".into(),
+        model: "all-minilm-l6-v2".into(),
+        inputs: vec![
+            Input::Url {
+                url: "https://s3.example/b/k.jsonl?X-Amz-Signature=1".into(),
+                format: InputFormat::Jsonl,
+                object: Some(ObjectRef {
+                    bucket: "b".into(),
+                    key: "k.jsonl".into(),
+                }),
+            },
+            Input::Inline {
+                items: vec![json!("a text"), json!({"text": "another"})],
+            },
+        ],
+        parameters: Parameters {
+            truncate: Some(false),
+            normalize: Some(true),
+        },
+        token_estimate: Some(99),
+        deadline: Some(datetime!(2026-11-29 18:00:00.5 UTC)),
+        submitted_at: Some(datetime!(2026-11-29 17:00:00 UTC)),
+        output: OutputOptions {
+            presign_get_secs: Some(60),
+        },
+    }
+}
+
+fn round_trip<T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug>(
+    v: &Validator,
+    value: &T,
+) {
+    let json = serde_json::to_value(value).unwrap();
+    assert_valid(v, &json);
+    let back: T = serde_json::from_value(json).unwrap();
+    assert_eq!(&back, value);
+}
+
+#[test]
+fn every_rust_value_validates_and_round_trips() {
+    let job = validator(json_schema::JOB);
+    round_trip(&job, &sample_job());
+    let minimal = Job {
+        inputs: vec![Input::Inline {
+            items: vec![json!("x")],
+        }],
+        parameters: Parameters::default(),
+        token_estimate: None,
+        deadline: None,
+        submitted_at: None,
+        output: OutputOptions::default(),
+        ..sample_job()
+    };
+    round_trip(&job, &minimal);
+
+    let result = validator(json_schema::RESULT);
+    let ok_s3 = JobResult {
+        version: VERSION,
+        job_id: "job-1".into(),
+        outcome: Outcome::Ok {
+            output: Output::S3(s3_output()),
+        },
+        usage: Usage {
+            items: 4,
+            tokens: 40,
+            truncated_items: 1,
+        },
+        timings_ms: Timings {
+            queue: Some(1.5),
+            fetch: Some(2.0),
+            tokenize: Some(0.25),
+            batch_wait: Some(3.0),
+            inference: Some(10.0),
+            write: Some(4.0),
+            total: Some(21.0),
+        },
+        attempt: 2,
+        finished_at: datetime!(2026-11-29 17:00:01.123 UTC),
+    };
+    round_trip(&result, &ok_s3);
+    let ok_inline = JobResult {
+        outcome: Outcome::Ok {
+            output: Output::Inline {
+                embeddings: vec![vec![0.5, -0.25], vec![1.0, 0.0]],
+            },
+        },
+        timings_ms: Timings::default(),
+        ..ok_s3.clone()
+    };
+    round_trip(&result, &ok_inline);
+    for code in ErrorCode::ALL {
+        let failed = JobResult {
+            outcome: Outcome::Error {
+                error: ErrorInfo::new(code, format!("{code} happened")),
+            },
+            usage: Usage::default(),
+            ..ok_s3.clone()
+        };
+        round_trip(&result, &failed);
+    }
+
+    let status = validator(json_schema::STATUS);
+    let record = StatusRecord {
+        version: VERSION,
+        job_id: "job-1".into(),
+        state: JobState::Done,
+        updated_at: datetime!(2026-11-29 17:00:01 UTC),
+        attempts: 1,
+        stream_sequence: Some(5),
+        output: Some(s3_output()),
+        error: None,
+        replays: 0,
+    };
+    round_trip(&status, &record);
+    let failed = StatusRecord {
+        state: JobState::Failed,
+        output: None,
+        error: Some(ErrorInfo::new(ErrorCode::InputTooLarge, "too big")),
+        ..record.clone()
+    };
+    round_trip(&status, &failed);
+
+    let dlq = validator(json_schema::DEAD_LETTER);
+    let letter = DeadLetter {
+        version: VERSION,
+        job_id: None,
+        error: ErrorInfo::new(ErrorCode::MalformedMessage, "not JSON"),
+        attempts: 1,
+        original_subject: "sluice.jobs.embed".into(),
+        stream_sequence: 9,
+        dead_lettered_at: datetime!(2026-11-29 17:00:02 UTC),
+        headers: BTreeMap::from([("Nats-Msg-Id".to_string(), vec!["x".to_string()])]),
+        payload_base64: "bm90IGpzb24=".into(),
+    };
+    round_trip(&dlq, &letter);
+}
+
+#[test]
+fn error_codes_in_schema_match_rust() {
+    let result = parse(json_schema::RESULT);
+    let in_schema: Vec<&str> = result["$defs"]["error"]["properties"]["code"]["enum"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    let in_rust: Vec<&str> = ErrorCode::ALL.iter().map(|c| c.as_str()).collect();
+    assert_eq!(in_schema, in_rust);
+    for code in ErrorCode::ALL {
+        assert_eq!(serde_json::to_value(code).unwrap(), json!(code.as_str()));
+    }
+}
+
+#[test]
+fn tasks_in_schema_match_rust() {
+    let job = parse(json_schema::JOB);
+    let in_schema: Vec<&str> = job["properties"]["task"]["enum"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(in_schema, Task::ALL.map(Task::as_str));
+}
+
+/// Invalid jobs: each is refused by the JSON Schema and by the Rust decoder,
+/// with the expected code and a message that names the problem.
+#[test]
+fn invalid_jobs_are_refused_by_schema_and_decoder() {
+    let v = validator(json_schema::JOB);
+    let good = serde_json::to_value(sample_job()).unwrap();
+    let with = |path: &[&str], value: Value| {
+        let mut job = good.clone();
+        let mut at = &mut job;
+        for key in &path[..path.len() - 1] {
+            at = &mut at[*key];
+        }
+        at[path[path.len() - 1]] = value;
+        job
+    };
+    let without = |key: &str| {
+        let mut job = good.clone();
+        job.as_object_mut().unwrap().remove(key);
+        job
+    };
+    let cases: Vec<(&str, Value, ErrorCode, &str)> = vec![
+        (
+            "missing id",
+            without("id"),
+            ErrorCode::SchemaViolation,
+            "missing field `id`",
+        ),
+        (
+            "missing version",
+            without("version"),
+            ErrorCode::SchemaViolation,
+            "version",
+        ),
+        (
+            "version 2",
+            with(&["version"], json!(2)),
+            ErrorCode::UnsupportedVersion,
+            "version 2",
+        ),
+        (
+            "version as string",
+            with(&["version"], json!("1")),
+            ErrorCode::SchemaViolation,
+            "version",
+        ),
+        (
+            "unknown task",
+            with(&["task"], json!("classify")),
+            ErrorCode::UnknownTask,
+            "classify",
+        ),
+        (
+            "id with a dot",
+            with(&["id"], json!("a.b")),
+            ErrorCode::SchemaViolation,
+            "invalid job id",
+        ),
+        (
+            "empty id",
+            with(&["id"], json!("")),
+            ErrorCode::SchemaViolation,
+            "invalid job id",
+        ),
+        (
+            "empty model",
+            with(&["model"], json!("")),
+            ErrorCode::SchemaViolation,
+            "model",
+        ),
+        (
+            "no inputs",
+            with(&["inputs"], json!([])),
+            ErrorCode::SchemaViolation,
+            "inputs",
+        ),
+        (
+            "ftp url",
+            with(
+                &["inputs"],
+                json!([{"type": "url", "url": "ftp://x/y", "format": "jsonl"}]),
+            ),
+            ErrorCode::SchemaViolation,
+            "http",
+        ),
+        (
+            "unknown input format",
+            with(
+                &["inputs"],
+                json!([{"type": "url", "url": "http://x/y", "format": "csv"}]),
+            ),
+            ErrorCode::SchemaViolation,
+            "csv",
+        ),
+        (
+            "unknown input type",
+            with(&["inputs"], json!([{"type": "s3", "bucket": "b"}])),
+            ErrorCode::SchemaViolation,
+            "s3",
+        ),
+        (
+            "empty inline list",
+            with(&["inputs"], json!([{"type": "inline", "items": []}])),
+            ErrorCode::SchemaViolation,
+            "items",
+        ),
+        (
+            "unknown parameter",
+            with(&["parameters", "truncat"], json!(false)),
+            ErrorCode::SchemaViolation,
+            "truncat",
+        ),
+        (
+            "unknown field",
+            with(&["priority"], json!(3)),
+            ErrorCode::SchemaViolation,
+            "priority",
+        ),
+        (
+            "deadline not a date",
+            with(&["deadline"], json!("tomorrow")),
+            ErrorCode::SchemaViolation,
+            "deadline",
+        ),
+        (
+            "negative token estimate",
+            with(&["token_estimate"], json!(-5)),
+            ErrorCode::SchemaViolation,
+            "token_estimate",
+        ),
+    ];
+    for (name, job, code, needle) in cases {
+        assert!(!v.is_valid(&job), "{name}: the schema accepted {job}");
+        let err = Job::decode(&serde_json::to_vec(&job).unwrap())
+            .expect_err(&format!("{name}: the decoder accepted {job}"));
+        assert_eq!(err.code, code, "{name}: {}", err.message);
+        assert!(
+            err.message.contains(needle),
+            "{name}: message {:?} does not mention {needle:?}",
+            err.message
+        );
+        assert!(!err.retryable, "{name}: a bad message is never retryable");
+    }
+
+    for (name, payload) in [
+        ("not JSON", &b"{\"version\": 1,"[..]),
+        ("not UTF-8", &b"\xff\xfe{}"[..]),
+    ] {
+        let err = Job::decode(payload).unwrap_err();
+        assert_eq!(err.code, ErrorCode::MalformedMessage, "{name}");
+        assert!(
+            err.message.contains("not valid JSON"),
+            "{name}: {}",
+            err.message
+        );
+    }
+    let err = Job::decode(b"[1, 2]").unwrap_err();
+    assert_eq!(err.code, ErrorCode::SchemaViolation);
+    assert!(err.message.contains("JSON object"), "{}", err.message);
+}
+
+#[test]
+fn items_are_read_with_clear_errors() {
+    assert_eq!(
+        Item::from_value(Task::Embed, json!("hi")),
+        Ok(Item::Text("hi".into()))
+    );
+    assert_eq!(
+        Item::from_value(Task::Embed, json!({"text": "hi"})),
+        Ok(Item::Text("hi".into()))
+    );
+    let err = Item::from_value(Task::Embed, json!(42)).unwrap_err();
+    assert!(err.contains("found a number"), "{err}");
+    let err = Item::from_value(Task::Embed, json!({"text": "a", "extra": 1})).unwrap_err();
+    assert!(err.contains("extra"), "{err}");
+    let err = Item::from_value(Task::Embed, json!({"txt": "a"})).unwrap_err();
+    assert!(err.contains("{\"text\""), "{err}");
+}

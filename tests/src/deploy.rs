@@ -1,0 +1,210 @@
+//! A whole sluice deployment for a test: servers, a namespaced topology made
+//! by `sluice init`'s code, a producer, and consumers in this process or as
+//! child processes of the real binary.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use sluice_consumer::Config;
+use sluice_producer::provision::{self, Settings};
+use sluice_producer::{Producer, ProducerConfig};
+use sluice_schemas::{Secret, Topology};
+
+use crate::{Owned, Servers, models_dir, unique_name};
+
+pub struct Deployment {
+    pub servers: Servers,
+    pub namespace: String,
+    pub topology: Topology,
+    pub bucket: String,
+    pub producer: Producer,
+}
+
+#[derive(Parser)]
+struct ConfigArgs {
+    #[command(flatten)]
+    config: Config,
+}
+
+impl Deployment {
+    pub async fn start() -> Result<Deployment> {
+        Deployment::start_with(Settings::default()).await
+    }
+
+    pub async fn start_with(settings: Settings) -> Result<Deployment> {
+        let servers = Servers::start().await?;
+        let namespace = unique_name("t");
+        let bucket = servers.s3.bucket("sluice").await?;
+        let producer = Producer::connect(&ProducerConfig {
+            nats_url: servers.nats.url(),
+            namespace: namespace.clone(),
+            s3_endpoint: Some(servers.s3.endpoint()),
+            s3_credentials: Some((
+                servers.s3.access_key.clone(),
+                Secret::new(servers.s3.secret_key.clone()),
+            )),
+            bucket: bucket.clone(),
+            ..ProducerConfig::default()
+        })
+        .await?;
+        provision::ensure(
+            &producer.js,
+            Some(&producer.s3),
+            &bucket,
+            &producer.topology,
+            &settings,
+        )
+        .await?;
+        Ok(Deployment {
+            topology: producer.topology.clone(),
+            servers,
+            namespace,
+            bucket,
+            producer,
+        })
+    }
+
+    /// The flags that point a consumer at this deployment.
+    pub fn consumer_args(&self) -> Vec<String> {
+        let model = models_dir().join("all-minilm-l6-v2");
+        vec![
+            format!("--nats-url={}", self.servers.nats.url()),
+            format!("--namespace={}", self.namespace),
+            format!("--s3-endpoint={}", self.servers.s3.endpoint()),
+            format!("--s3-access-key-id={}", self.servers.s3.access_key),
+            format!("--s3-secret-access-key={}", self.servers.s3.secret_key),
+            format!("--output-bucket={}", self.bucket),
+            format!("--model-dir={}", model.display()),
+            "--http-addr=127.0.0.1:0".into(),
+            "--memory-budget=1500000000".into(),
+            "--progress-interval-secs=5".into(),
+        ]
+    }
+
+    /// A consumer config for this deployment, with `extra` flags on top.
+    pub fn consumer_config(&self, extra: &[&str]) -> Config {
+        let mut args = vec!["sluice-consumer".to_string()];
+        args.extend(self.consumer_args());
+        args.extend(extra.iter().map(|s| s.to_string()));
+        ConfigArgs::parse_from(args).config
+    }
+
+    /// Starts a consumer in this process.
+    pub async fn start_consumer(&self, extra: &[&str]) -> Result<sluice_consumer::Running> {
+        sluice_consumer::start(self.consumer_config(extra)).await
+    }
+
+    /// Starts the real `sluice-consumer` binary as a child process.
+    pub async fn spawn_consumer(&self, extra: &[&str]) -> Result<ConsumerProcess> {
+        let bin = consumer_binary()?;
+        let dir = tempfile::Builder::new()
+            .prefix("sluice-consumer-")
+            .tempdir()?;
+        let log = dir.path().join("consumer.log");
+        let mut cmd = Command::new(bin);
+        cmd.args(self.consumer_args())
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .env_remove("NATS_URL")
+            .stdin(Stdio::null());
+        let process = Owned::spawn(cmd, log.clone())?;
+        let mut child = ConsumerProcess {
+            process,
+            log,
+            _dir: dir,
+            http: None,
+        };
+        child.http = Some(child.wait_ready().await?);
+        Ok(child)
+    }
+}
+
+/// The consumer binary next to this test binary (`target/<profile>/`).
+pub fn consumer_binary() -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .context("cannot locate the target directory")?;
+    let bin = profile_dir.join("sluice-consumer");
+    if !bin.is_file() {
+        bail!(
+            "{} not found: build it first (`cargo build -p sluice-consumer`; scripts/test does)",
+            bin.display()
+        );
+    }
+    Ok(bin)
+}
+
+/// A consumer running as a child process; killed on drop.
+pub struct ConsumerProcess {
+    process: Owned,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+    http: Option<String>,
+}
+
+impl ConsumerProcess {
+    pub fn pid(&self) -> Option<u32> {
+        self.process.pid()
+    }
+
+    pub fn log_tail(&self) -> String {
+        self.process.log_tail()
+    }
+
+    /// Base URL of its HTTP endpoint.
+    pub fn http(&self) -> &str {
+        self.http.as_deref().unwrap_or("")
+    }
+
+    /// Waits for the "consuming" log line and reads the HTTP address from it.
+    async fn wait_ready(&mut self) -> Result<String> {
+        let until = Instant::now() + Duration::from_secs(120);
+        while Instant::now() < until {
+            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+            if let Some(line) = text.lines().find(|l| l.contains("consuming")) {
+                let addr = line
+                    .split("http=")
+                    .nth(1)
+                    .and_then(|s| s.split_whitespace().next())
+                    .context("no http= in the consuming line")?;
+                return Ok(format!("http://{addr}"));
+            }
+            if let Some(status) = self.process.exited() {
+                bail!(
+                    "consumer exited ({status}) before it was ready:\n{}",
+                    self.log_tail()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        bail!("consumer not ready after 120 s:\n{}", self.log_tail())
+    }
+
+    /// GETs a path of its HTTP endpoint.
+    pub async fn get(&self, path: &str) -> Result<String> {
+        Ok(reqwest::get(format!("{}{path}", self.http()))
+            .await?
+            .text()
+            .await?)
+    }
+
+    /// Resident memory of the process, in bytes.
+    pub fn resident_bytes(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()?)).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map(|kb| kb * 1024)
+    }
+
+    /// SIGTERM, then wait up to `grace`; returns whether it exited by itself.
+    pub fn terminate(&mut self, grace: Duration) -> Option<std::process::ExitStatus> {
+        self.process.terminate(grace)
+    }
+}

