@@ -7,6 +7,9 @@
 /// Called once at start-up, before the model allocates.
 #[allow(unsafe_code)]
 pub fn tune() {
+    if std::env::var_os("SLUICE_NO_MALLOPT").is_some() {
+        return;
+    }
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only changes allocator parameters; it is called before
     // the executor thread starts and takes plain integers.

@@ -125,10 +125,10 @@ impl Queue {
             let Some((&seq, &len)) = self.by_age.first_key_value() else {
                 return batch;
             };
-            if let Some(item) = self.take((len, seq)) {
-                if !item.job.is_closed() {
-                    break (len, seq, item);
-                }
+            if let Some(item) = self.take((len, seq))
+                && !item.job.is_closed()
+            {
+                break (len, seq, item);
             }
         };
         let (len0, seq0, item) = first;
@@ -148,20 +148,20 @@ impl Queue {
             };
             // The nearer length first; a shorter one never raises the padding.
             let mut candidates = [below, above];
-            if let (Some(b), Some(a)) = (below, above) {
-                if a.0 - len0 < len0 - b.0 {
-                    candidates = [above, below];
-                }
+            if let (Some(b), Some(a)) = (below, above)
+                && a.0 - len0 < len0 - b.0
+            {
+                candidates = [above, below];
             }
             let Some(key) = candidates.into_iter().flatten().find(|&(len, _)| fits(len)) else {
                 return batch;
             };
-            if let Some(item) = self.take(key) {
-                if !item.job.is_closed() {
-                    shortest = shortest.min(key.0);
-                    longest = longest.max(key.0);
-                    batch.push(item);
-                }
+            if let Some(item) = self.take(key)
+                && !item.job.is_closed()
+            {
+                shortest = shortest.min(key.0);
+                longest = longest.max(key.0);
+                batch.push(item);
             }
         }
     }

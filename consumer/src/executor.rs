@@ -9,25 +9,28 @@ use sluice_schemas::ErrorCode;
 use tokio::sync::mpsc;
 
 use crate::batcher::{Batch, BatchReport, ItemOutcome};
+use crate::budget::Budget;
 use crate::error::JobError;
 use crate::model::{EmbeddingModel, ModelError};
 use crate::telemetry::Stats;
 
+/// Starts the executor thread. It ends when the batcher hangs up.
 pub fn spawn(
     model: Box<dyn EmbeddingModel>,
     mut batches: mpsc::Receiver<Batch>,
     stats: Arc<Stats>,
+    budget: Budget,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name("sluice-executor".into())
         .spawn(move || {
             while let Some(batch) = batches.blocking_recv() {
-                run_batch(model.as_ref(), batch, &stats);
+                run_batch(model.as_ref(), batch, &stats, &budget);
             }
         })
 }
 
-fn run_batch(model: &dyn EmbeddingModel, batch: Batch, stats: &Stats) {
+fn run_batch(model: &dyn EmbeddingModel, batch: Batch, stats: &Stats, budget: &Budget) {
     let started = Instant::now();
     let seqs: Vec<&[u32]> = batch.items.iter().map(|i| i.ids.as_slice()).collect();
     let result = model.embed(&seqs);
@@ -51,10 +54,20 @@ fn run_batch(model: &dyn EmbeddingModel, batch: Batch, stats: &Stats) {
         }
         other => {
             let error = match other {
-                Err(ModelError::OutOfMemory(m)) => JobError::new(
-                    ErrorCode::DeviceOutOfMemory,
-                    format!("the device ran out of memory in batch {}: {m}", batch.id),
-                ),
+                Err(ModelError::OutOfMemory(m)) => {
+                    // Something else took device memory: admit less from now on.
+                    let limit = budget.snapshot().limit_bytes;
+                    budget.shrink_limit(limit / 10 * 8);
+                    tracing::warn!(
+                        old_mib = limit >> 20,
+                        new_mib = (limit / 10 * 8) >> 20,
+                        "device out of memory: shrinking the budget"
+                    );
+                    JobError::new(
+                        ErrorCode::DeviceOutOfMemory,
+                        format!("the device ran out of memory in batch {}: {m}", batch.id),
+                    )
+                }
                 Err(ModelError::Failed(m)) => JobError::new(ErrorCode::Internal, m),
                 Ok(v) => JobError::new(
                     ErrorCode::Internal,

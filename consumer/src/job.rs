@@ -14,7 +14,7 @@ use sluice_schemas::{
     Usage, VERSION, ValidJob,
 };
 use time::OffsetDateTime;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use crate::batcher::{BatchItem, ItemOutcome};
 use crate::budget::Reservation;
@@ -49,8 +49,14 @@ struct Delivery {
 }
 
 /// Handles one delivered job message; `reservation` is the budget it was
-/// admitted under and is released when this returns.
-pub async fn handle(shared: Arc<Shared>, msg: jetstream::Message, mut reservation: Reservation) {
+/// admitted under and is released when this returns. When `abort` turns true
+/// (the drain deadline passed) the job stops where it is and is Nak'ed.
+pub async fn handle(
+    shared: Arc<Shared>,
+    msg: jetstream::Message,
+    mut reservation: Reservation,
+    mut abort: watch::Receiver<bool>,
+) {
     let pulled_at = Instant::now();
     let mut delivery = match msg.info() {
         Ok(info) => Delivery {
@@ -73,10 +79,29 @@ pub async fn handle(shared: Arc<Shared>, msg: jetstream::Message, mut reservatio
         queue: Some(ms_between(delivery.published, OffsetDateTime::now_utc())),
         ..Timings::default()
     };
-    let outcome = process(&shared, &msg, &mut delivery, &mut reservation, &mut timings).await;
+    let outcome = tokio::select! {
+        outcome = process(&shared, &msg, &mut delivery, &mut reservation, &mut timings) => outcome,
+        () = aborted(&mut abort) => {
+            tracing::info!(job = delivery.job_id.as_deref().unwrap_or("?"), "drain deadline: Nak'ing the job for redelivery");
+            nak_now(&msg).await;
+            return;
+        }
+    };
     drop(keepalive);
     timings.total = Some(pulled_at.elapsed().as_secs_f64() * 1e3);
     settle(&shared, msg, delivery, outcome, timings).await;
+}
+
+/// Resolves once `abort` turns true; never if its sender goes away.
+async fn aborted(abort: &mut watch::Receiver<bool>) {
+    loop {
+        if *abort.borrow_and_update() {
+            return;
+        }
+        if abort.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 fn header(msg: &jetstream::Message, name: &str) -> Option<String> {
@@ -165,6 +190,12 @@ async fn process(
         }
     }
     match shared.sink.get_status(&job.id).await {
+        Ok(Some(record)) if record.state == JobState::Cancelled => {
+            return Err(JobError::new(
+                ErrorCode::Cancelled,
+                "the job was cancelled before it ran",
+            ));
+        }
         Ok(Some(record)) if record.state.is_final() => {
             return Ok(Finished::AlreadyFinal(record.state));
         }
@@ -369,18 +400,19 @@ async fn settle(
                 .reply_to
                 .clone()
                 .unwrap_or_else(|| shared.topology.result_subject(&job_id));
-            let answered = async {
-                shared
-                    .sink
-                    .publish_result(&reply_to, &result, d.traceparent.as_deref())
-                    .await?;
-                shared.sink.put_status(&record).await
-            }
-            .await;
-            if let Err(e) = answered {
-                tracing::warn!(job = %job_id, error = %e, "cannot answer a finished job; it will be redelivered");
+            // Status first: it is durable (a JetStream write), and a redelivery
+            // that finds it final only acks, so a result is never published twice.
+            if let Err(e) = shared.sink.put_status(&record).await {
+                tracing::warn!(job = %job_id, error = %e, "cannot record a finished job; it will be redelivered");
                 nak(&msg, retry_delay(shared, &d)).await;
                 return;
+            }
+            if let Err(e) = shared
+                .sink
+                .publish_result(&reply_to, &result, d.traceparent.as_deref())
+                .await
+            {
+                tracing::warn!(job = %job_id, error = %e, "cannot publish the result; the status record holds the outcome");
             }
             if let Err(e) = msg.double_ack().await {
                 tracing::warn!(job = %job_id, error = %e, "double ack failed; a redelivery will find the job done");
@@ -419,7 +451,7 @@ async fn settle(
     }
 }
 
-/// A final failure: error result, dead letter, status, then Term.
+/// A final failure: dead letter, error result, status, then Term.
 async fn fail(
     shared: &Shared,
     msg: jetstream::Message,
@@ -428,42 +460,78 @@ async fn fail(
     timings: Timings,
     finished_at: OffsetDateTime,
 ) {
-    let job_id = d.job_id.clone();
-    let letter = DeadLetter {
-        version: VERSION,
-        job_id: job_id.clone(),
-        error: error.info(),
-        attempts: d.attempt,
-        original_subject: d.subject.clone(),
-        stream_sequence: d.stream_sequence,
-        dead_lettered_at: finished_at,
-        headers: msg
-            .headers
-            .as_ref()
-            .map(|h| {
-                h.iter()
-                    .map(|(k, vs)| {
-                        (
-                            k.to_string(),
-                            vs.iter().map(|v| v.as_str().to_string()).collect(),
-                        )
-                    })
-                    .collect::<BTreeMap<_, _>>()
-            })
-            .unwrap_or_default(),
-        payload_base64: base64::engine::general_purpose::STANDARD.encode(&msg.payload),
-    };
-    let task = d.task.map(Task::as_str).unwrap_or("unknown");
-    if let Err(e) = shared
-        .sink
-        .dead_letter(shared.topology.dlq_subject(task), &letter)
-        .await
+    if let Err(e) = give_up(
+        shared,
+        &d,
+        msg.headers.as_ref(),
+        &msg.payload,
+        &error,
+        timings,
+        finished_at,
+    )
+    .await
     {
         tracing::warn!(error = %e, seq = d.stream_sequence, "cannot dead-letter; the job will be redelivered");
         nak(&msg, retry_delay(shared, &d)).await;
         return;
     }
+    if let Err(e) = msg.ack_with(AckKind::Term).await {
+        tracing::warn!(error = %e, "term failed; a redelivery will be dead-lettered again under the same id");
+    }
+}
+
+/// Everything a final failure does before the message leaves the stream:
+/// the dead letter (awaited; an error here means the message must stay), then
+/// the error result and the failed status (best effort: the dead letter holds
+/// the job). A cancelled job is answered but not dead-lettered.
+async fn give_up(
+    shared: &Shared,
+    d: &Delivery,
+    headers: Option<&async_nats::HeaderMap>,
+    payload: &[u8],
+    error: &JobError,
+    timings: Timings,
+    finished_at: OffsetDateTime,
+) -> Result<(), JobError> {
+    let job_id = d.job_id.clone();
+    let dead_letter = error.code != ErrorCode::Cancelled;
+    if dead_letter {
+        let letter = DeadLetter {
+            version: VERSION,
+            job_id: job_id.clone(),
+            error: error.info(),
+            attempts: d.attempt,
+            original_subject: d.subject.clone(),
+            stream_sequence: d.stream_sequence,
+            dead_lettered_at: finished_at,
+            headers: headers
+                .map(|h| {
+                    h.iter()
+                        .map(|(k, vs)| {
+                            (
+                                k.to_string(),
+                                vs.iter().map(|v| v.as_str().to_string()).collect(),
+                            )
+                        })
+                        .collect::<BTreeMap<_, _>>()
+                })
+                .unwrap_or_default(),
+            payload_base64: base64::engine::general_purpose::STANDARD.encode(payload),
+        };
+        let task = d.task.map(Task::as_str).unwrap_or("unknown");
+        shared
+            .sink
+            .dead_letter(shared.topology.dlq_subject(task), &letter)
+            .await?;
+    }
     if let Some(job_id) = &job_id {
+        if dead_letter {
+            let mut record = status(job_id, JobState::Failed, d);
+            record.error = Some(error.info());
+            if let Err(e) = shared.sink.put_status(&record).await {
+                tracing::warn!(job = %job_id, error = %e, "cannot record the failure (it is in the dead-letter stream)");
+            }
+        }
         let result = JobResult {
             version: VERSION,
             job_id: job_id.clone(),
@@ -486,16 +554,6 @@ async fn fail(
         {
             tracing::warn!(job = %job_id, error = %e, "cannot publish the error result (it is in the dead-letter stream)");
         }
-        let mut record = status(job_id, JobState::Failed, &d);
-        record.error = Some(error.info());
-        if let Err(e) = shared.sink.put_status(&record).await {
-            tracing::warn!(job = %job_id, error = %e, "cannot record the failure (it is in the dead-letter stream)");
-        }
-    } else if let Some(reply_to) = &d.reply_to {
-        tracing::debug!(%reply_to, "no job id: the error goes to the dead-letter stream only");
-    }
-    if let Err(e) = msg.ack_with(AckKind::Term).await {
-        tracing::warn!(error = %e, "term failed; a redelivery will be dead-lettered again under the same id");
     }
     shared.stats.record_job_failed(error.code);
     tracing::info!(
@@ -507,6 +565,67 @@ async fn fail(
         error = %error.message,
         "job failed"
     );
+    Ok(())
+}
+
+/// The backstop for jobs that ran out of deliveries without the consumer
+/// seeing the last one (a crash, or a timeout on the final delivery): the
+/// server's MAX_DELIVERIES advisory names the stream sequence; the message is
+/// read back, dead-lettered and then deleted from the work queue.
+pub async fn dead_letter_exhausted(
+    shared: &Shared,
+    stream: &jetstream::stream::Stream,
+    sequence: u64,
+    deliveries: u32,
+) -> Result<(), JobError> {
+    let msg = match stream.get_raw_message(sequence).await {
+        Ok(m) => m,
+        Err(e) => {
+            // Already gone (acked or dead-lettered elsewhere): nothing to do.
+            tracing::debug!(seq = sequence, error = %e, "exhausted message no longer in the stream");
+            return Ok(());
+        }
+    };
+    let decoded = sluice_schemas::Job::decode(&msg.payload).ok();
+    let get = |name: &str| msg.headers.get(name).map(|v| v.as_str().to_string());
+    let d = Delivery {
+        attempt: deliveries,
+        stream_sequence: sequence,
+        published: msg.time,
+        subject: msg.subject.to_string(),
+        traceparent: get(headers::TRACEPARENT),
+        reply_to: get(headers::REPLY_TO),
+        job_id: decoded.as_ref().map(|v| v.job.id.clone()),
+        task: decoded.as_ref().map(|v| v.task),
+    };
+    let error = JobError::new(
+        ErrorCode::MaxDeliveriesExceeded,
+        format!(
+            "the job was delivered {deliveries} times without an answer (the consumer crashed or timed out each time)"
+        ),
+    );
+    give_up(
+        shared,
+        &d,
+        Some(&msg.headers),
+        &msg.payload,
+        &error,
+        Timings::default(),
+        OffsetDateTime::now_utc(),
+    )
+    .await?;
+    if let Err(e) = stream.delete_message(sequence).await {
+        tracing::warn!(seq = sequence, error = %e, "cannot delete the dead-lettered message from the job stream");
+    }
+    Ok(())
+}
+
+/// Gives a message back for immediate redelivery (drain, or a delivery that
+/// was never admitted).
+pub async fn nak_now(msg: &jetstream::Message) {
+    if let Err(e) = msg.ack_with(AckKind::Nak(None)).await {
+        tracing::warn!(error = %e, "nak failed; the job will be redelivered after ack_wait");
+    }
 }
 
 async fn nak(msg: &jetstream::Message, delay: Duration) {

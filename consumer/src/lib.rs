@@ -8,6 +8,7 @@
 //!
 //! `main` parses a [`Config`] and calls [`run`]; tests call [`start`].
 
+pub mod advisory;
 pub mod alloc;
 pub mod batcher;
 pub mod budget;
@@ -61,8 +62,10 @@ async fn shutdown_signal() {
 pub fn init_logging(format: config::LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     let _ = match format {
         config::LogFormat::Human => builder.try_init(),

@@ -110,31 +110,27 @@ pub struct Running {
     pub stats: Arc<Stats>,
     pub budget: Budget,
     pub http_addr: std::net::SocketAddr,
-    stop: watch::Sender<bool>,
+    stop: watch::Sender<Option<Duration>>,
     admission: tokio::task::JoinHandle<anyhow::Result<()>>,
     executor: std::thread::JoinHandle<()>,
     ready: Arc<AtomicBool>,
 }
 
 impl Running {
-    /// Stops pulling, lets in-flight jobs finish (up to `drain`), then stops.
+    /// Drains: stops pulling (and goes unready), Naks what the last pull still
+    /// delivers, lets in-flight jobs finish for up to `drain`, then Naks the
+    /// jobs still running so they are redelivered at once elsewhere.
     pub async fn shutdown(self, drain: Duration) -> anyhow::Result<()> {
         self.ready.store(false, Ordering::Release);
-        let _ = self.stop.send(true);
-        let result =
-            match tokio::time::timeout(drain + Duration::from_secs(5), self.admission).await {
-                Ok(joined) => joined.context("admission task panicked")?,
-                Err(_) => Err(anyhow::anyhow!(
-                    "admission did not stop within the drain deadline"
-                )),
-            };
+        let _ = self.stop.send(Some(drain));
+        let result = self.admission.await.context("admission task panicked")?;
         // The batcher ends when the last job drops its sender; the executor
-        // when the batcher ends.
+        // when the batcher ends (after the batch it is running, if any).
         let _ = tokio::task::spawn_blocking(move || self.executor.join()).await;
         result
     }
 
-    /// Waits until the admission loop ends by itself (an unrecoverable error).
+    /// True when the admission loop has ended by itself (a bug).
     pub fn is_finished(&self) -> bool {
         self.admission.is_finished()
     }
@@ -266,7 +262,8 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let stats = Arc::new(Stats::default());
     let (item_tx, item_rx) = mpsc::channel(4096);
     let (batch_tx, batch_rx) = mpsc::channel(1);
-    let executor = executor::spawn(model, batch_rx, Arc::clone(&stats))?;
+
+    let executor = executor::spawn(model, batch_rx, Arc::clone(&stats), budget.clone())?;
     tokio::spawn(batcher::run(
         item_rx,
         batch_tx,
@@ -298,7 +295,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             bucket: config.output_bucket.clone(),
             prefix: config.output_prefix.clone(),
             inline_max_bytes: config.inline_output_max_bytes,
-            nats,
+            nats: nats.clone(),
             js,
             status,
         },
@@ -308,6 +305,19 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         retry_base: Duration::from_millis(config.retry_base_ms),
         retry_max: Duration::from_millis(config.retry_max_ms),
     });
+
+    let advisories = crate::advisory::subscribe(
+        &shared.sink.nats,
+        &shared.topology.job_stream,
+        &shared.topology.consumer,
+    )
+    .await
+    .context("cannot subscribe to the MAX_DELIVERIES advisories")?;
+    tokio::spawn(crate::advisory::run(
+        Arc::downgrade(&shared),
+        stream,
+        advisories,
+    ));
 
     let ready = Arc::new(AtomicBool::new(true));
     let http_addr = http::serve(
@@ -321,7 +331,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     .await
     .with_context(|| format!("cannot listen on {} (--http-addr)", config.http_addr))?;
 
-    let (stop, stop_rx) = watch::channel(false);
+    let (stop, stop_rx) = watch::channel(None);
     let admission = tokio::spawn(admit(
         shared,
         consumer,
@@ -370,18 +380,19 @@ struct PullPlan {
 
 /// Admission: reserve a job's worst case for each message before asking for
 /// it, pull at most that many, hand each to its own task, and release what
-/// the pull did not fill. Stops pulling when told and waits for in-flight jobs.
+/// the pull did not fill. On stop: drain (see [`Running::shutdown`]).
 async fn admit(
     shared: Arc<Shared>,
     consumer: PullConsumer,
     budget: Budget,
     plan: PullPlan,
-    mut stop: watch::Receiver<bool>,
+    mut stop: watch::Receiver<Option<Duration>>,
 ) -> anyhow::Result<()> {
     let worst = shared.cost.worst_bytes();
     let mut jobs = JoinSet::new();
+    let (abort_tx, abort) = watch::channel(false);
     let mut backoff = Duration::from_millis(100);
-    'pulling: while !*stop.borrow() {
+    'pulling: while stop.borrow().is_none() {
         // Reap finished job tasks.
         while jobs.try_join_next().is_some() {}
         let first = tokio::select! {
@@ -418,21 +429,30 @@ async fn admit(
         loop {
             let next = tokio::select! {
                 m = messages.next() => m,
-                _ = stop.changed() => break 'pulling,
+                _ = stop.changed() => {
+                    // What this pull still delivers goes back at once.
+                    let deadline = tokio::time::Instant::now() + plan.expires + Duration::from_secs(1);
+                    while let Ok(Some(Ok(msg))) = tokio::time::timeout_at(deadline, messages.next()).await {
+                        job::nak_now(&msg).await;
+                    }
+                    break 'pulling;
+                }
             };
             match next {
                 Some(Ok(msg)) => {
                     let Some(reservation) = reservations.pop() else {
                         tracing::error!(
-                            "bug: a pull delivered more messages than it asked for; leaving it to redelivery"
+                            "bug: a pull delivered more messages than it asked for; Nak'ing it"
                         );
+                        job::nak_now(&msg).await;
                         continue;
                     };
                     shared.stats.jobs_in_flight.fetch_add(1, Ordering::Relaxed);
                     let shared = Arc::clone(&shared);
+                    let abort = abort.clone();
                     jobs.spawn(async move {
                         let stats = Arc::clone(&shared.stats);
-                        job::handle(shared, msg, reservation).await;
+                        job::handle(shared, msg, reservation, abort).await;
                         stats.jobs_in_flight.fetch_sub(1, Ordering::Relaxed);
                     });
                 }
@@ -444,12 +464,18 @@ async fn admit(
             }
         }
     }
-    // Draining: in-flight jobs finish; what the pull had not delivered is
-    // released by dropping the reservations.
+    let drain = stop.borrow().unwrap_or_default();
     let in_flight = jobs.len();
-    if in_flight > 0 {
-        tracing::info!(in_flight, "draining in-flight jobs");
+    tracing::info!(in_flight, drain_secs = drain.as_secs_f64(), "draining");
+    let finished =
+        tokio::time::timeout(drain, async { while jobs.join_next().await.is_some() {} }).await;
+    if finished.is_err() {
+        tracing::warn!(
+            still_running = jobs.len(),
+            "drain deadline passed: Nak'ing the jobs still running for redelivery elsewhere"
+        );
+        let _ = abort_tx.send(true);
+        while jobs.join_next().await.is_some() {}
     }
-    while jobs.join_next().await.is_some() {}
     Ok(())
 }

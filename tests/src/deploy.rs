@@ -67,10 +67,11 @@ impl Deployment {
         })
     }
 
-    /// The flags that point a consumer at this deployment.
-    pub fn consumer_args(&self) -> Vec<String> {
+    /// The flags that point a consumer at this deployment, then `extra`
+    /// (which may override the test defaults for the budget and intervals).
+    pub fn consumer_args(&self, extra: &[&str]) -> Vec<String> {
         let model = models_dir().join("all-minilm-l6-v2");
-        vec![
+        let mut args = vec![
             format!("--nats-url={}", self.servers.nats.url()),
             format!("--namespace={}", self.namespace),
             format!("--s3-endpoint={}", self.servers.s3.endpoint()),
@@ -79,16 +80,26 @@ impl Deployment {
             format!("--output-bucket={}", self.bucket),
             format!("--model-dir={}", model.display()),
             "--http-addr=127.0.0.1:0".into(),
-            "--memory-budget=1500000000".into(),
-            "--progress-interval-secs=5".into(),
-        ]
+        ];
+        for default in [
+            "--memory-budget=1500000000",
+            "--progress-interval-secs=5",
+            // Keeps the start-up warm-up (the largest batch) short on 2 cores.
+            "--max-batch-tokens=2048",
+        ] {
+            let flag = default.split('=').next().unwrap_or(default);
+            if !extra.iter().any(|e| e.starts_with(flag)) {
+                args.push(default.into());
+            }
+        }
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args
     }
 
     /// A consumer config for this deployment, with `extra` flags on top.
     pub fn consumer_config(&self, extra: &[&str]) -> Config {
         let mut args = vec!["sluice-consumer".to_string()];
-        args.extend(self.consumer_args());
-        args.extend(extra.iter().map(|s| s.to_string()));
+        args.extend(self.consumer_args(extra));
         ConfigArgs::parse_from(args).config
     }
 
@@ -105,8 +116,7 @@ impl Deployment {
             .tempdir()?;
         let log = dir.path().join("consumer.log");
         let mut cmd = Command::new(bin);
-        cmd.args(self.consumer_args())
-            .args(extra)
+        cmd.args(self.consumer_args(extra))
             .env("RUST_LOG", "info")
             .env_remove("NATS_URL")
             .stdin(Stdio::null());
@@ -195,12 +205,7 @@ impl ConsumerProcess {
 
     /// Resident memory of the process, in bytes.
     pub fn resident_bytes(&self) -> Option<u64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()?)).ok()?;
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .map(|kb| kb * 1024)
+        crate::resident_bytes_of(self.pid()?)
     }
 
     /// SIGTERM, then wait up to `grace`; returns whether it exited by itself.

@@ -62,6 +62,16 @@ pub fn free_port() -> u16 {
         .expect("bind an ephemeral loopback port")
 }
 
+/// Resident memory of process `pid`, in bytes.
+pub fn resident_bytes_of(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+}
+
 /// A name no other test in this run (or a parallel run) uses.
 pub fn unique_name(prefix: &str) -> String {
     static NEXT: AtomicU32 = AtomicU32::new(0);

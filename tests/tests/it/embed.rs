@@ -65,10 +65,13 @@ async fn embed_job_via_presigned_url_matches_reference_and_small_job_comes_inlin
     assert_eq!(o.key, "outputs/ref-all.npy");
     assert_eq!(o.shape, vec![texts.len() as u64, 384]);
     assert_eq!(r.usage.items, texts.len() as u64);
-    assert_eq!(
-        r.usage.truncated_items, 3,
-        "three reference texts exceed 256 tokens"
-    );
+    let over_limit = reference
+        .items
+        .iter()
+        .filter(|i| i.tokens_untruncated > 256)
+        .count();
+    assert!(over_limit >= 2, "the reference set exercises truncation");
+    assert_eq!(r.usage.truncated_items, over_limit as u64);
     assert_eq!(r.attempt, 1);
     for stage in [
         r.timings_ms.fetch,
