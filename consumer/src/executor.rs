@@ -88,3 +88,73 @@ fn run_batch(model: &dyn EmbeddingModel, batch: Batch, stats: &Stats, budget: &B
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::time::Instant;
+
+    use super::*;
+    use crate::batcher::BatchItem;
+
+    /// A model whose device is always out of memory.
+    struct Exhausted;
+
+    impl EmbeddingModel for Exhausted {
+        fn dim(&self) -> usize {
+            4
+        }
+        fn max_tokens_per_item(&self) -> usize {
+            16
+        }
+        fn batch_cost_bytes(&self, items: usize, len: usize) -> u64 {
+            (items * len) as u64
+        }
+        fn embed(&self, _: &[&[u32]]) -> Result<Vec<Vec<f32>>, ModelError> {
+            Err(ModelError::OutOfMemory("CUDA_ERROR_OUT_OF_MEMORY".into()))
+        }
+    }
+
+    #[tokio::test]
+    async fn out_of_memory_fails_the_batch_retryably_and_shrinks_the_budget() {
+        let budget = Budget::new(1000);
+        let stats = Arc::new(Stats::default());
+        let (tx, rx) = mpsc::channel(1);
+        let thread = spawn(Box::new(Exhausted), rx, Arc::clone(&stats), budget.clone()).unwrap();
+        let (job_tx, mut job_rx) = mpsc::unbounded_channel();
+        let items = (0..3)
+            .map(|index| BatchItem {
+                ids: vec![1, 2, 3],
+                index,
+                job: job_tx.clone(),
+                ready_at: Instant::now(),
+            })
+            .collect();
+        tx.send(Batch { id: 7, items }).await.unwrap();
+        for _ in 0..3 {
+            match job_rx.recv().await.unwrap() {
+                ItemOutcome::Failed { error, .. } => {
+                    assert_eq!(error.code, ErrorCode::DeviceOutOfMemory);
+                    assert!(
+                        error.is_retryable(),
+                        "an OOM is retried (Nak), not dead-lettered"
+                    );
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(
+            budget.snapshot().limit_bytes,
+            800,
+            "the budget shrinks by a fifth"
+        );
+        drop(tx);
+        thread.join().unwrap();
+        assert_eq!(
+            stats
+                .batches_failed
+                .load(std::sync::atomic::Ordering::Relaxed),
+            1
+        );
+    }
+}

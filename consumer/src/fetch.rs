@@ -159,6 +159,9 @@ impl Fetcher {
             .trim_end_matches(']')
             .to_ascii_lowercase();
         let port = url.port_or_known_default().unwrap_or(0);
+        if !self.policy.allow_link_local {
+            self.check_not_link_local(index, &host, port).await?;
+        }
         if !self.policy.allow_hosts.is_empty() {
             let with_port = format!("{host}:{port}");
             let listed = self
@@ -173,9 +176,26 @@ impl Fetcher {
                 )));
             }
         }
-        if self.policy.allow_link_local {
-            return Ok(());
-        }
+        Ok(())
+    }
+}
+
+impl Fetcher {
+    /// Refuses link-local and cloud-metadata hosts, by name and by what the
+    /// name resolves to.
+    async fn check_not_link_local(
+        &self,
+        index: usize,
+        host: &str,
+        port: u16,
+    ) -> Result<(), JobError> {
+        let not_allowed = |why: String| {
+            JobError::new(
+                ErrorCode::InputNotAllowed,
+                format!("inputs[{index}]: {why}"),
+            )
+        };
+        let host = host.to_string();
         if host == "metadata.google.internal" || host == "metadata" {
             return Err(not_allowed(format!(
                 "host {host} is a cloud metadata service"

@@ -46,6 +46,8 @@ struct Delivery {
     reply_to: Option<String>,
     job_id: Option<String>,
     task: Option<Task>,
+    /// Replays recorded in the job's status, carried into every status write.
+    replays: u32,
 }
 
 /// Handles one delivered job message; `reservation` is the budget it was
@@ -68,6 +70,7 @@ pub async fn handle(
             reply_to: header(&msg, headers::REPLY_TO),
             job_id: None,
             task: None,
+            replays: 0,
         },
         Err(e) => {
             tracing::error!(error = %e, subject = %msg.subject, "bug: a pulled message has no JetStream metadata; leaving it to redelivery");
@@ -87,9 +90,16 @@ pub async fn handle(
             return;
         }
     };
-    drop(keepalive);
+    keepalive.stop().await;
     timings.total = Some(pulled_at.elapsed().as_secs_f64() * 1e3);
     settle(&shared, msg, delivery, outcome, timings).await;
+}
+
+/// The `id` of a job message that may be invalid otherwise, if it is a valid id.
+fn peek_job_id(payload: &[u8]) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_slice(payload).ok()?;
+    let id = value.get("id")?.as_str()?;
+    sluice_schemas::names::is_valid_job_id(id).then(|| id.to_string())
 }
 
 /// Resolves once `abort` turns true; never if its sender goes away.
@@ -117,13 +127,13 @@ fn ms_between(a: OffsetDateTime, b: OffsetDateTime) -> f64 {
 
 /// Sends progress acks while the job waits or runs, so its ack deadline does
 /// not pass; stops when dropped.
-struct KeepAlive(tokio::task::JoinHandle<()>);
+struct KeepAlive(Option<tokio::task::JoinHandle<()>>);
 
 impl KeepAlive {
     fn start(shared: &Shared, msg: &jetstream::Message) -> KeepAlive {
         let acker = jetstream::message::Acker::new(shared.js.clone(), msg.reply.clone());
         let every = shared.progress_interval;
-        KeepAlive(tokio::spawn(async move {
+        KeepAlive(Some(tokio::spawn(async move {
             let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
             loop {
                 tick.tick().await;
@@ -131,13 +141,26 @@ impl KeepAlive {
                     tracing::debug!(error = %e, "progress ack failed");
                 }
             }
-        }))
+        })))
+    }
+}
+
+impl KeepAlive {
+    /// Stops it and waits until it has stopped, so that no progress ack of
+    /// this delivery can follow the ack decision.
+    async fn stop(mut self) {
+        if let Some(task) = self.0.take() {
+            task.abort();
+            let _ = task.await;
+        }
     }
 }
 
 impl Drop for KeepAlive {
     fn drop(&mut self) {
-        self.0.abort();
+        if let Some(task) = self.0.take() {
+            task.abort();
+        }
     }
 }
 
@@ -159,6 +182,8 @@ async fn process(
             ),
         ));
     }
+    // Even a job that fails to decode is answered on its id if one can be read.
+    delivery.job_id = peek_job_id(&msg.payload);
     let ValidJob { task, job } = sluice_schemas::Job::decode(&msg.payload)?;
     delivery.job_id = Some(job.id.clone());
     delivery.task = Some(task);
@@ -199,7 +224,8 @@ async fn process(
         Ok(Some(record)) if record.state.is_final() => {
             return Ok(Finished::AlreadyFinal(record.state));
         }
-        Ok(_) => {}
+        Ok(Some(record)) => delivery.replays = record.replays,
+        Ok(None) => {}
         Err(e) => tracing::warn!(job = %job.id, error = %e, "cannot read the status record"),
     }
     shared
@@ -344,7 +370,7 @@ fn status(job_id: &str, state: JobState, d: &Delivery) -> StatusRecord {
         stream_sequence: Some(d.stream_sequence),
         output: None,
         error: None,
-        replays: 0,
+        replays: d.replays,
     }
 }
 
@@ -402,10 +428,20 @@ async fn settle(
                 .unwrap_or_else(|| shared.topology.result_subject(&job_id));
             // Status first: it is durable (a JetStream write), and a redelivery
             // that finds it final only acks, so a result is never published twice.
-            if let Err(e) = shared.sink.put_status(&record).await {
-                tracing::warn!(job = %job_id, error = %e, "cannot record a finished job; it will be redelivered");
-                nak(&msg, retry_delay(shared, &d)).await;
-                return;
+            match shared.sink.finish_status(&record).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::info!(job = %job_id, attempt = d.attempt, "another delivery finished the job first; not answering twice");
+                    if let Err(e) = msg.double_ack().await {
+                        tracing::warn!(error = %e, "double ack failed");
+                    }
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(job = %job_id, error = %e, "cannot record a finished job; it will be redelivered");
+                    nak(&msg, retry_delay(shared, &d)).await;
+                    return;
+                }
             }
             if let Err(e) = shared
                 .sink
@@ -495,6 +531,15 @@ async fn give_up(
 ) -> Result<(), JobError> {
     let job_id = d.job_id.clone();
     let dead_letter = error.code != ErrorCode::Cancelled;
+    if let Some(id) = &job_id
+        && dead_letter
+        && let Ok(Some(record)) = shared.sink.get_status(id).await
+        && record.state.is_final()
+    {
+        // Another delivery already answered this job: this failure is stale.
+        tracing::info!(job = %id, state = ?record.state, "job already answered; dropping a stale failure");
+        return Ok(());
+    }
     if dead_letter {
         let letter = DeadLetter {
             version: VERSION,
@@ -528,8 +573,12 @@ async fn give_up(
         if dead_letter {
             let mut record = status(job_id, JobState::Failed, d);
             record.error = Some(error.info());
-            if let Err(e) = shared.sink.put_status(&record).await {
-                tracing::warn!(job = %job_id, error = %e, "cannot record the failure (it is in the dead-letter stream)");
+            match shared.sink.finish_status(&record).await {
+                Ok(true) => {}
+                Ok(false) => return Ok(()),
+                Err(e) => {
+                    tracing::warn!(job = %job_id, error = %e, "cannot record the failure (it is in the dead-letter stream)")
+                }
             }
         }
         let result = JobResult {
@@ -597,6 +646,7 @@ pub async fn dead_letter_exhausted(
         reply_to: get(headers::REPLY_TO),
         job_id: decoded.as_ref().map(|v| v.job.id.clone()),
         task: decoded.as_ref().map(|v| v.task),
+        replays: 0,
     };
     let error = JobError::new(
         ErrorCode::MaxDeliveriesExceeded,

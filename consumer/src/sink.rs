@@ -143,6 +143,61 @@ impl Sink {
         Ok(entry.and_then(|bytes| serde_json::from_slice(&bytes).ok()))
     }
 
+    /// Writes a final status unless one is already there, by compare-and-swap:
+    /// of two deliveries of the same job running at once (a stale Nak or ack
+    /// timeout can cause that), only one finishes it. Returns whether this
+    /// write won; the loser must not answer the job again.
+    pub async fn finish_status(&self, record: &StatusRecord) -> Result<bool, JobError> {
+        let payload = serde_json::to_vec(record).map_err(|e| queue("encoding the status", e))?;
+        for _ in 0..16 {
+            let entry = self
+                .status
+                .entry(record.job_id.as_str())
+                .await
+                .map_err(|e| queue("reading the status record", e))?;
+            let current = entry
+                .as_ref()
+                .filter(|e| e.operation == kv::Operation::Put)
+                .and_then(|e| serde_json::from_slice::<StatusRecord>(&e.value).ok());
+            if current.as_ref().is_some_and(|r| r.state.is_final()) {
+                return Ok(false);
+            }
+            let written = match &entry {
+                Some(e) if e.operation == kv::Operation::Put => self
+                    .status
+                    .update(&record.job_id, payload.clone().into(), e.revision)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| {
+                        (
+                            e.kind() == kv::UpdateErrorKind::WrongLastRevision,
+                            e.to_string(),
+                        )
+                    }),
+                _ => self
+                    .status
+                    .create(&record.job_id, payload.clone().into())
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| {
+                        (
+                            e.kind() == kv::CreateErrorKind::AlreadyExists,
+                            e.to_string(),
+                        )
+                    }),
+            };
+            match written {
+                Ok(()) => return Ok(true),
+                Err((true, _)) => continue, // someone wrote in between: look again
+                Err((false, e)) => return Err(queue("writing the status record", e)),
+            }
+        }
+        Err(queue(
+            "writing the status record",
+            "too much contention on the key",
+        ))
+    }
+
     pub async fn put_status(&self, record: &StatusRecord) -> Result<(), JobError> {
         let payload = serde_json::to_vec(record).map_err(|e| queue("encoding the status", e))?;
         self.status

@@ -16,6 +16,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod dlq;
 pub mod provision;
 
 use std::time::Duration;

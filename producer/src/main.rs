@@ -7,10 +7,12 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use base64::Engine;
 use clap::{Parser, Subcommand};
+use sluice_producer::dlq::Filter;
 use sluice_producer::provision::{self, Settings};
 use sluice_producer::{Producer, ProducerConfig};
-use sluice_schemas::{Input, InputFormat, JobResult, Outcome, Output};
+use sluice_schemas::{ErrorCode, Input, InputFormat, JobResult, Outcome, Output};
 
 #[derive(Parser)]
 #[command(
@@ -75,6 +77,73 @@ enum Command {
     },
     /// Show a job's status record.
     Status { id: String },
+    /// Cancel a job that has not run yet (it is answered `cancelled` when pulled).
+    Cancel { id: String },
+    /// Browse and replay the dead-letter stream.
+    #[command(subcommand)]
+    Dlq(DlqCommand),
+}
+
+#[derive(Subcommand)]
+enum DlqCommand {
+    /// List dead letters (newest last).
+    Ls {
+        /// Only this error code (e.g. input_unavailable).
+        #[arg(long)]
+        code: Option<String>,
+        /// Only those dead-lettered at or after this RFC 3339 instant.
+        #[arg(long)]
+        since: Option<String>,
+    },
+    /// Show one dead letter, with its original job.
+    Show { seq: u64 },
+    /// Republish dead-lettered jobs to their original subject with a new message id.
+    Replay {
+        /// DLQ sequences to replay.
+        seqs: Vec<u64>,
+        /// Replay every dead letter with this error code.
+        #[arg(long)]
+        code: Option<String>,
+        /// Replay every dead letter dead-lettered at or after this RFC 3339 instant.
+        #[arg(long)]
+        since: Option<String>,
+        /// Replay all dead letters.
+        #[arg(long)]
+        all: bool,
+        /// Re-sign URL inputs that name their bucket and key (presigned URLs expire).
+        #[arg(long)]
+        refresh_urls: bool,
+    },
+}
+
+fn parse_filter(code: Option<String>, since: Option<String>) -> Result<Filter> {
+    let code = match code {
+        Some(c) => Some(
+            serde_json::from_value::<ErrorCode>(serde_json::Value::String(c.clone())).map_err(
+                |_| {
+                    anyhow::anyhow!(
+                        "unknown error code {c:?}; known: {}",
+                        ErrorCode::ALL.map(|c| c.as_str()).join(", ")
+                    )
+                },
+            )?,
+        ),
+        None => None,
+    };
+    let since = match since {
+        Some(t) => Some(
+            time::OffsetDateTime::parse(&t, &time::format_description::well_known::Rfc3339)
+                .with_context(|| {
+                    format!("--since {t:?} is not an RFC 3339 time (e.g. 2026-11-29T17:00:00Z)")
+                })?,
+        ),
+        None => None,
+    };
+    Ok(Filter {
+        code,
+        job_id: None,
+        since,
+    })
 }
 
 #[tokio::main]
@@ -141,6 +210,29 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     Ok(ExitCode::from(3))
                 }
             }
+        }
+        Command::Cancel { id } => {
+            let p = Producer::connect(&config).await?;
+            let cancelled = p.cancel(&id).await?;
+            if cli.json {
+                println!(
+                    "{}",
+                    serde_json::json!({"job_id": id, "cancelled": cancelled})
+                );
+            } else if cancelled {
+                println!("{id}: cancelled");
+            } else {
+                println!("{id}: already finished; not cancelled");
+            }
+            Ok(if cancelled {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(3)
+            })
+        }
+        Command::Dlq(cmd) => {
+            let p = Producer::connect(&config).await?;
+            dlq(&p, cmd, cli.json).await
         }
         Command::Submit {
             paths,
@@ -234,6 +326,83 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             } else {
                 ExitCode::from(1)
             })
+        }
+    }
+}
+
+async fn dlq(p: &Producer, cmd: DlqCommand, json: bool) -> Result<ExitCode> {
+    match cmd {
+        DlqCommand::Ls { code, since } => {
+            let letters = p.dead_letters(&parse_filter(code, since)?).await?;
+            for (seq, l) in &letters {
+                if json {
+                    println!("{}", serde_json::json!({"seq": seq, "dead_letter": l}));
+                } else {
+                    println!(
+                        "{seq:>6}  {}  {:<24} {:<22} attempts {}  {}",
+                        l.dead_lettered_at
+                            .format(&time::format_description::well_known::Rfc3339)
+                            .unwrap_or_default(),
+                        l.job_id.as_deref().unwrap_or("-"),
+                        l.error.code.as_str(),
+                        l.attempts,
+                        l.error.message
+                    );
+                }
+            }
+            if !json {
+                eprintln!("{} dead letter(s)", letters.len());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        DlqCommand::Show { seq } => {
+            let l = p.dead_letter(seq).await?;
+            println!("{}", serde_json::to_string_pretty(&l)?);
+            if !json
+                && let Ok(bytes) =
+                    base64::engine::general_purpose::STANDARD.decode(&l.payload_base64)
+            {
+                println!("original payload:\n{}", String::from_utf8_lossy(&bytes));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        DlqCommand::Replay {
+            seqs,
+            code,
+            since,
+            all,
+            refresh_urls,
+        } => {
+            let selected: Vec<(u64, sluice_schemas::DeadLetter)> = if !seqs.is_empty() {
+                let mut v = Vec::new();
+                for seq in seqs {
+                    v.push((seq, p.dead_letter(seq).await?));
+                }
+                v
+            } else if all || code.is_some() || since.is_some() {
+                p.dead_letters(&parse_filter(code, since)?).await?
+            } else {
+                bail!("say which dead letters to replay: sequences, --code, --since or --all");
+            };
+            for (seq, letter) in &selected {
+                let r = p.replay(*seq, letter, refresh_urls).await?;
+                if json {
+                    println!("{}", serde_json::to_string(&r)?);
+                } else {
+                    println!(
+                        "replayed {seq} ({}) to {} as stream sequence {}{}",
+                        r.job_id.as_deref().unwrap_or("no job id"),
+                        r.subject,
+                        r.stream_sequence,
+                        if r.refreshed_urls > 0 {
+                            format!(", {} URL(s) re-signed", r.refreshed_urls)
+                        } else {
+                            String::new()
+                        }
+                    );
+                }
+            }
+            Ok(ExitCode::SUCCESS)
         }
     }
 }

@@ -67,6 +67,17 @@ impl Deployment {
         })
     }
 
+    /// Messages left in the job stream (a work queue: acked jobs are removed).
+    pub async fn jobs_in_stream(&self) -> u64 {
+        let mut stream = self
+            .producer
+            .js
+            .get_stream(&self.topology.job_stream)
+            .await
+            .expect("job stream");
+        stream.info().await.expect("job stream info").state.messages
+    }
+
     /// The flags that point a consumer at this deployment, then `extra`
     /// (which may override the test defaults for the budget and intervals).
     pub fn consumer_args(&self, extra: &[&str]) -> Vec<String> {
@@ -160,6 +171,11 @@ pub struct ConsumerProcess {
 impl ConsumerProcess {
     pub fn pid(&self) -> Option<u32> {
         self.process.pid()
+    }
+
+    /// The whole log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     pub fn log_tail(&self) -> String {

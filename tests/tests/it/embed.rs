@@ -139,13 +139,7 @@ async fn embed_job_via_presigned_url_matches_reference_and_small_job_comes_inlin
     );
 
     // Nothing left in the stream.
-    let mut stream = d
-        .producer
-        .js
-        .get_stream(&d.topology.job_stream)
-        .await
-        .unwrap();
-    assert_eq!(stream.info().await.unwrap().state.messages, 0);
+    assert_eq!(d.jobs_in_stream().await, 0, "jobs left in the stream");
     consumer.shutdown(Duration::from_secs(10)).await.unwrap();
 }
 

@@ -1,0 +1,203 @@
+//! The dead-letter stream: list, show, replay; and cancelling a queued job.
+
+use anyhow::{Context, Result, bail};
+use async_nats::HeaderMap;
+use base64::Engine;
+use sluice_schemas::names::headers;
+use sluice_schemas::{DeadLetter, ErrorCode, Input, Job, JobState, StatusRecord, VERSION};
+use time::OffsetDateTime;
+
+use crate::Producer;
+
+/// Which dead letters to take.
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    pub code: Option<ErrorCode>,
+    pub job_id: Option<String>,
+    /// Dead-lettered at or after this instant.
+    pub since: Option<OffsetDateTime>,
+}
+
+impl Filter {
+    pub fn matches(&self, letter: &DeadLetter) -> bool {
+        self.code.is_none_or(|c| letter.error.code == c)
+            && self
+                .job_id
+                .as_deref()
+                .is_none_or(|id| letter.job_id.as_deref() == Some(id))
+            && self.since.is_none_or(|t| letter.dead_lettered_at >= t)
+    }
+}
+
+/// A replay's receipt.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Replayed {
+    pub dlq_sequence: u64,
+    pub job_id: Option<String>,
+    pub subject: String,
+    pub stream_sequence: u64,
+    pub refreshed_urls: usize,
+}
+
+impl Producer {
+    /// Dead letters matching `filter`, with their sequence in the DLQ stream.
+    pub async fn dead_letters(&self, filter: &Filter) -> Result<Vec<(u64, DeadLetter)>> {
+        let mut stream = self
+            .js
+            .get_stream(&self.topology.dlq_stream)
+            .await
+            .with_context(|| {
+                format!(
+                    "dead-letter stream {} not found: run `sluice init`",
+                    self.topology.dlq_stream
+                )
+            })?;
+        let state = stream.info().await?.state.clone();
+        let mut out = Vec::new();
+        if state.messages == 0 {
+            return Ok(out);
+        }
+        for seq in state.first_sequence..=state.last_sequence {
+            let Ok(msg) = stream.get_raw_message(seq).await else {
+                continue; // deleted or aged out
+            };
+            match serde_json::from_slice::<DeadLetter>(&msg.payload) {
+                Ok(letter) if filter.matches(&letter) => out.push((seq, letter)),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(seq, error = %e, "unreadable dead letter"),
+            }
+        }
+        Ok(out)
+    }
+
+    /// One dead letter by its DLQ sequence.
+    pub async fn dead_letter(&self, seq: u64) -> Result<DeadLetter> {
+        let stream = self.js.get_stream(&self.topology.dlq_stream).await?;
+        let msg = stream
+            .get_raw_message(seq)
+            .await
+            .with_context(|| format!("no dead letter at sequence {seq}"))?;
+        serde_json::from_slice(&msg.payload)
+            .with_context(|| format!("dead letter {seq} is not valid"))
+    }
+
+    /// Republishes a dead letter's job to its original subject with a new
+    /// message id (the duplicate window would drop the old one), re-signing
+    /// URL inputs that name their object when `refresh_urls` is set, and
+    /// records the replay in the job's status.
+    pub async fn replay(
+        &self,
+        dlq_seq: u64,
+        letter: &DeadLetter,
+        refresh_urls: bool,
+    ) -> Result<Replayed> {
+        let payload = base64::engine::general_purpose::STANDARD
+            .decode(&letter.payload_base64)
+            .with_context(|| format!("dead letter {dlq_seq} has an invalid payload"))?;
+        let mut refreshed_urls = 0;
+        let payload = match serde_json::from_slice::<Job>(&payload) {
+            Ok(mut job) if refresh_urls => {
+                for input in &mut job.inputs {
+                    if let Input::Url {
+                        url,
+                        object: Some(o),
+                        ..
+                    } = input
+                    {
+                        *url = self.presign_get(&o.bucket, &o.key).await?;
+                        refreshed_urls += 1;
+                    }
+                }
+                job.to_bytes()
+            }
+            Ok(_) => payload,
+            Err(_) if refresh_urls => bail!(
+                "dead letter {dlq_seq} does not hold a valid job, so its URLs cannot be refreshed; replay it without --refresh-urls"
+            ),
+            Err(_) => payload,
+        };
+        let mut replays = 1;
+        if let Some(id) = &letter.job_id {
+            let store = self.status_store().await?;
+            let previous: Option<StatusRecord> = store
+                .get(id)
+                .await?
+                .and_then(|b| serde_json::from_slice(&b).ok());
+            replays = previous.as_ref().map_or(0, |r| r.replays) + 1;
+            let record = StatusRecord {
+                version: VERSION,
+                job_id: id.clone(),
+                state: JobState::Queued,
+                updated_at: OffsetDateTime::now_utc(),
+                attempts: 0,
+                stream_sequence: None,
+                output: None,
+                error: None,
+                replays,
+            };
+            store.put(id, serde_json::to_vec(&record)?.into()).await?;
+        }
+        let mut h = HeaderMap::new();
+        for (name, values) in &letter.headers {
+            if name.eq_ignore_ascii_case(headers::MSG_ID) {
+                continue;
+            }
+            for v in values {
+                h.append(name.as_str(), v.as_str());
+            }
+        }
+        let msg_id = format!(
+            "{}-replay-{dlq_seq}-{replays}",
+            letter.job_id.as_deref().unwrap_or("unknown")
+        );
+        h.insert(headers::MSG_ID, msg_id.as_str());
+        let ack = self
+            .js
+            .publish_with_headers(letter.original_subject.clone(), h, payload.into())
+            .await?
+            .await
+            .with_context(|| format!("the job stream did not take the replay of {dlq_seq}"))?;
+        Ok(Replayed {
+            dlq_sequence: dlq_seq,
+            job_id: letter.job_id.clone(),
+            subject: letter.original_subject.clone(),
+            stream_sequence: ack.sequence,
+            refreshed_urls,
+        })
+    }
+
+    /// Marks a job cancelled if it has not finished; a consumer that pulls it
+    /// later answers `cancelled` without running it. Returns false when the
+    /// job had already finished (or is unknown).
+    pub async fn cancel(&self, job_id: &str) -> Result<bool> {
+        let store = self.status_store().await?;
+        let entry = store.entry(job_id).await?;
+        let previous: Option<StatusRecord> = entry
+            .as_ref()
+            .and_then(|e| serde_json::from_slice(&e.value).ok());
+        if previous.as_ref().is_some_and(|r| r.state.is_final()) {
+            return Ok(false);
+        }
+        let record = StatusRecord {
+            version: VERSION,
+            job_id: job_id.to_string(),
+            state: JobState::Cancelled,
+            updated_at: OffsetDateTime::now_utc(),
+            attempts: previous.as_ref().map_or(0, |r| r.attempts),
+            stream_sequence: previous.as_ref().and_then(|r| r.stream_sequence),
+            output: None,
+            error: None,
+            replays: previous.as_ref().map_or(0, |r| r.replays),
+        };
+        let bytes = serde_json::to_vec(&record)?;
+        // Compare-and-swap against what we read, so a finish in between wins.
+        match entry {
+            Some(e) => store
+                .update(job_id, bytes.into(), e.revision)
+                .await
+                .map(|_| ())?,
+            None => store.create(job_id, bytes.into()).await.map(|_| ())?,
+        }
+        Ok(true)
+    }
+}

@@ -1,0 +1,418 @@
+//! Failure paths: every bad input gets its own code, a result and a dead
+//! letter; poison jobs end in the dead-letter stream and replay; exhausted
+//! deliveries are caught by the advisory backstop; cancelled and late jobs are
+//! not run. Nothing is lost: each test checks where every job ended up.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer::PullConsumer};
+use aws_sdk_s3::presigning::PresigningConfig;
+use futures::StreamExt;
+use sluice_producer::dlq::Filter;
+use sluice_producer::provision::Settings;
+use sluice_schemas::{ErrorCode, Input, InputFormat, JobState, ObjectRef, Outcome};
+use sluice_tests::deploy::Deployment;
+use sluice_tests::free_port;
+
+use crate::embed::wait_results;
+
+async fn upload(d: &Deployment, key: &str, body: Vec<u8>) {
+    d.servers
+        .s3
+        .client()
+        .put_object()
+        .bucket(&d.bucket)
+        .key(key)
+        .body(body.into())
+        .send()
+        .await
+        .unwrap();
+}
+
+async fn presign(d: &Deployment, key: &str) -> String {
+    d.servers
+        .s3
+        .client()
+        .get_object()
+        .bucket(&d.bucket)
+        .key(key)
+        .presigned(PresigningConfig::expires_in(Duration::from_secs(600)).unwrap())
+        .await
+        .unwrap()
+        .uri()
+        .to_string()
+}
+
+fn url_input(url: String) -> Input {
+    Input::Url {
+        url,
+        format: InputFormat::Jsonl,
+        object: None,
+    }
+}
+
+async fn dlq_codes(d: &Deployment) -> HashMap<String, ErrorCode> {
+    d.producer
+        .dead_letters(&Filter::default())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(_, l)| (l.job_id.unwrap_or_else(|| "<no id>".into()), l.error.code))
+        .collect()
+}
+
+#[tokio::test]
+async fn each_bad_input_gets_its_code_a_result_and_a_dead_letter() {
+    let d = Deployment::start().await.unwrap();
+    let s3_host = format!("127.0.0.1:{}", d.servers.s3.port);
+    let consumer = d
+        .start_consumer(&[
+            &format!("--input-allow-hosts={s3_host}"),
+            "--max-input-bytes=4096",
+            "--max-items-per-job=50",
+        ])
+        .await
+        .unwrap();
+    let mut results = d.producer.subscribe_results().await.unwrap();
+    let p = &d.producer;
+
+    upload(&d, "in/good.jsonl", b"\"hello\"\n".to_vec()).await;
+    upload(
+        &d,
+        "in/big.jsonl",
+        "\"word word word\"\n".repeat(400).into_bytes(),
+    )
+    .await;
+    upload(&d, "in/latin1.jsonl", b"\"caf\xe9\"\n".to_vec()).await;
+    upload(&d, "in/broken.jsonl", b"\"ok\"\n{not json\n".to_vec()).await;
+    let good = presign(&d, "in/good.jsonl").await;
+    let sig = good.find("X-Amz-Signature=").unwrap() + "X-Amz-Signature=".len();
+    let mut tampered = good.clone().into_bytes();
+    tampered[sig] = if tampered[sig] == b'0' { b'1' } else { b'0' };
+    let tampered = String::from_utf8(tampered).unwrap();
+
+    let mut expected: Vec<(String, ErrorCode)> = Vec::new();
+    let mut submit = |id: &str, code: ErrorCode| expected.push((id.to_string(), code));
+    let publish_raw = |subject: String, id: &str, body: Vec<u8>| {
+        let js = p.js.clone();
+        let id = id.to_string();
+        async move {
+            let mut h = async_nats::HeaderMap::new();
+            h.insert("Nats-Msg-Id", id.as_str());
+            js.publish_with_headers(subject, h, body.into())
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+        }
+    };
+
+    // Not JSON at all: no id can be read; only the dead letter tells.
+    publish_raw(
+        d.topology.job_subject("embed"),
+        "raw-1",
+        b"{not json".to_vec(),
+    )
+    .await;
+    // JSON with an id but no inputs.
+    publish_raw(
+        d.topology.job_subject("embed"),
+        "schema-1",
+        br#"{"version":1,"id":"schema-1","task":"embed","model":"all-minilm-l6-v2"}"#.to_vec(),
+    )
+    .await;
+    submit("schema-1", ErrorCode::SchemaViolation);
+    publish_raw(
+        d.topology.job_subject("classify"),
+        "task-1",
+        br#"{"version":1,"id":"task-1","task":"classify","model":"x","inputs":[{"type":"inline","items":["a"]}]}"#.to_vec(),
+    )
+    .await;
+    submit("task-1", ErrorCode::UnknownTask);
+
+    let job = |id: &str, inputs: Vec<Input>| p.embed_job(id, inputs);
+    let mut jobs = Vec::new();
+    let mut m = job(
+        "model-1",
+        vec![Input::Inline {
+            items: vec!["a".into()],
+        }],
+    );
+    m.model = "gpt-9".into();
+    jobs.push((m, ErrorCode::UnknownModel));
+    jobs.push((
+        job("forbidden-1", vec![url_input(tampered)]),
+        ErrorCode::InputUnavailable,
+    ));
+    jobs.push((
+        job(
+            "missing-1",
+            vec![url_input(presign(&d, "in/nope.jsonl").await)],
+        ),
+        ErrorCode::InputUnavailable,
+    ));
+    jobs.push((
+        job(
+            "host-1",
+            vec![url_input(good.replace("127.0.0.1", "localhost"))],
+        ),
+        ErrorCode::InputNotAllowed,
+    ));
+    jobs.push((
+        job(
+            "linklocal-1",
+            vec![url_input("http://169.254.169.254/latest/meta-data/".into())],
+        ),
+        ErrorCode::InputNotAllowed,
+    ));
+    jobs.push((
+        job("big-1", vec![url_input(presign(&d, "in/big.jsonl").await)]),
+        ErrorCode::InputTooLarge,
+    ));
+    jobs.push((
+        job(
+            "utf8-1",
+            vec![url_input(presign(&d, "in/latin1.jsonl").await)],
+        ),
+        ErrorCode::InputInvalid,
+    ));
+    jobs.push((
+        job(
+            "jsonl-1",
+            vec![url_input(presign(&d, "in/broken.jsonl").await)],
+        ),
+        ErrorCode::InputInvalid,
+    ));
+    let mut long = job(
+        "long-1",
+        vec![Input::Inline {
+            items: vec!["word ".repeat(400).into()],
+        }],
+    );
+    long.parameters.truncate = Some(false);
+    jobs.push((long, ErrorCode::ItemTooLong));
+    let many: Vec<serde_json::Value> = (0..60).map(|i| format!("item {i}").into()).collect();
+    jobs.push((
+        job("many-1", vec![Input::Inline { items: many }]),
+        ErrorCode::TooManyItems,
+    ));
+    let mut late = job(
+        "late-1",
+        vec![Input::Inline {
+            items: vec!["a".into()],
+        }],
+    );
+    late.deadline = Some(time::OffsetDateTime::now_utc() - time::Duration::seconds(5));
+    jobs.push((late, ErrorCode::DeadlineExceeded));
+    for (j, code) in jobs {
+        p.submit(&j).await.unwrap();
+        submit(&j.id, code);
+    }
+    // And a good job after all of them: the consumer is still healthy.
+    p.submit(&p.embed_job("fine-1", vec![url_input(good)]))
+        .await
+        .unwrap();
+
+    let got = wait_results(&mut results, expected.len() + 1, Duration::from_secs(120)).await;
+    let by_id: HashMap<_, _> = got.into_iter().map(|r| (r.job_id.clone(), r)).collect();
+    assert!(
+        matches!(by_id["fine-1"].outcome, Outcome::Ok { .. }),
+        "{:?}",
+        by_id["fine-1"].outcome
+    );
+    let dlq = dlq_codes(&d).await;
+    for (id, code) in &expected {
+        let r = by_id
+            .get(id)
+            .unwrap_or_else(|| panic!("no result for {id}"));
+        let Outcome::Error { error } = &r.outcome else {
+            panic!("{id}: expected {code}, got {:?}", r.outcome)
+        };
+        eprintln!("{id}: {} {}", error.code, error.message);
+        assert_eq!(error.code, *code, "{id}: {}", error.message);
+        if id == "linklocal-1" {
+            assert!(error.message.contains("link-local"), "{}", error.message);
+        }
+        assert!(!error.retryable, "{id}");
+        assert!(!error.message.is_empty());
+        assert!(
+            !error.message.contains("X-Amz-Signature"),
+            "{id}: a message leaks the URL's signature"
+        );
+        assert_eq!(
+            dlq.get(id),
+            Some(code),
+            "{id}: no dead letter with its code"
+        );
+        let status = p.status(id).await.unwrap().unwrap();
+        assert_eq!(status.state, JobState::Failed, "{id}");
+    }
+    assert_eq!(dlq.get("<no id>"), Some(&ErrorCode::MalformedMessage));
+    assert_eq!(
+        dlq.len(),
+        expected.len() + 1,
+        "one dead letter per bad job: {dlq:?}"
+    );
+    let mut stream = p.js.get_stream(&d.topology.job_stream).await.unwrap();
+    assert_eq!(
+        stream.info().await.unwrap().state.messages,
+        0,
+        "nothing left behind"
+    );
+    consumer.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+#[tokio::test]
+async fn poison_job_is_dead_lettered_after_max_deliver_and_replays_once_fixed() {
+    let d = Deployment::start_with(Settings {
+        max_deliver: 3,
+        ..Settings::default()
+    })
+    .await
+    .unwrap();
+    let consumer = d
+        .start_consumer(&["--retry-base-ms=100", "--retry-max-ms=300"])
+        .await
+        .unwrap();
+    let mut results = d.producer.subscribe_results().await.unwrap();
+    // The input's object exists, but the URL points at a port nobody listens on:
+    // every attempt fails transiently.
+    upload(&d, "in/poison.jsonl", b"\"recovered\"\n".to_vec()).await;
+    let job = d.producer.embed_job(
+        "poison-1",
+        vec![Input::Url {
+            url: format!("http://127.0.0.1:{}/nowhere.jsonl", free_port()),
+            format: InputFormat::Jsonl,
+            object: Some(ObjectRef {
+                bucket: d.bucket.clone(),
+                key: "in/poison.jsonl".into(),
+            }),
+        }],
+    );
+    d.producer.submit(&job).await.unwrap();
+    let r = wait_results(&mut results, 1, Duration::from_secs(60))
+        .await
+        .remove(0);
+    let Outcome::Error { error } = &r.outcome else {
+        panic!("{:?}", r.outcome)
+    };
+    assert_eq!(error.code, ErrorCode::InputFetchFailed);
+    assert!(error.retryable);
+    assert_eq!(
+        r.attempt, 3,
+        "dead-lettered on the last of max_deliver attempts"
+    );
+    let letters = d.producer.dead_letters(&Filter::default()).await.unwrap();
+    assert_eq!(letters.len(), 1);
+    let (seq, letter) = &letters[0];
+    assert_eq!(letter.attempts, 3);
+    assert_eq!(letter.original_subject, d.topology.job_subject("embed"));
+    assert_eq!(
+        d.producer.status("poison-1").await.unwrap().unwrap().state,
+        JobState::Failed
+    );
+
+    // The cause is "fixed" by re-signing the URL from the object it names.
+    let replayed = d.producer.replay(*seq, letter, true).await.unwrap();
+    assert_eq!(replayed.refreshed_urls, 1);
+    let r = wait_results(&mut results, 1, Duration::from_secs(60))
+        .await
+        .remove(0);
+    assert!(matches!(r.outcome, Outcome::Ok { .. }), "{:?}", r.outcome);
+    let status = d.producer.status("poison-1").await.unwrap().unwrap();
+    assert_eq!(status.state, JobState::Done);
+    assert_eq!(status.replays, 1);
+    consumer.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+#[tokio::test]
+async fn cancelled_jobs_are_not_run() {
+    let d = Deployment::start().await.unwrap();
+    let mut results = d.producer.subscribe_results().await.unwrap();
+    let job = d.producer.embed_job(
+        "cancel-1",
+        vec![Input::Inline {
+            items: vec!["x".into()],
+        }],
+    );
+    d.producer.submit(&job).await.unwrap();
+    assert!(d.producer.cancel("cancel-1").await.unwrap());
+    let consumer = d.start_consumer(&[]).await.unwrap();
+    let r = wait_results(&mut results, 1, Duration::from_secs(60))
+        .await
+        .remove(0);
+    let Outcome::Error { error } = &r.outcome else {
+        panic!("{:?}", r.outcome)
+    };
+    assert_eq!(error.code, ErrorCode::Cancelled);
+    assert_eq!(
+        d.producer.status("cancel-1").await.unwrap().unwrap().state,
+        JobState::Cancelled
+    );
+    assert!(
+        !d.producer.cancel("cancel-1").await.unwrap(),
+        "a finished job cannot be cancelled"
+    );
+    assert_eq!(d.jobs_in_stream().await, 0, "jobs left in the stream");
+    consumer.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+#[tokio::test]
+async fn exhausted_deliveries_are_dead_lettered_by_the_advisory_backstop() {
+    let d = Deployment::start_with(Settings {
+        max_deliver: 2,
+        ack_wait: Duration::from_secs(4),
+        ..Settings::default()
+    })
+    .await
+    .unwrap();
+    let job = d.producer.embed_job(
+        "lost-1",
+        vec![Input::Inline {
+            items: vec!["x".into()],
+        }],
+    );
+    d.producer.submit(&job).await.unwrap();
+    // A "consumer" that takes the job and dies each time: two deliveries, no ack.
+    let js = jetstream::new(d.servers.nats.connect().await.unwrap());
+    let stream = js.get_stream(&d.topology.job_stream).await.unwrap();
+    let puller: PullConsumer = stream.get_consumer(&d.topology.consumer).await.unwrap();
+    for attempt in 1..=2 {
+        let mut batch = puller
+            .fetch()
+            .max_messages(1)
+            .expires(Duration::from_secs(10))
+            .messages()
+            .await
+            .unwrap();
+        let msg = tokio::time::timeout(Duration::from_secs(10), batch.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(msg.info().unwrap().delivered, attempt);
+        drop(batch);
+    }
+    // Our consumer starts listening before the second delivery's ack wait ends.
+    let consumer = d.start_consumer(&[]).await.unwrap();
+    let mut found = None;
+    for _ in 0..100 {
+        let letters = d.producer.dead_letters(&Filter::default()).await.unwrap();
+        if let Some((_, l)) = letters.into_iter().next() {
+            found = Some(l);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let letter = found.expect("the exhausted job was not dead-lettered");
+    assert_eq!(letter.error.code, ErrorCode::MaxDeliveriesExceeded);
+    assert_eq!(letter.job_id.as_deref(), Some("lost-1"));
+    assert_eq!(letter.attempts, 2);
+    assert_eq!(
+        d.producer.status("lost-1").await.unwrap().unwrap().state,
+        JobState::Failed
+    );
+    assert_eq!(d.jobs_in_stream().await, 0, "deleted from the work queue");
+    consumer.shutdown(Duration::from_secs(10)).await.unwrap();
+}

@@ -1,0 +1,277 @@
+//! Faults: S3 down for a while, nats-server restarted, the consumer killed
+//! with SIGKILL, and SIGTERM drains. Every job of each run completes, none
+//! twice, none lost.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use sha2::{Digest, Sha256};
+use sluice_producer::provision::Settings;
+use sluice_schemas::{Input, JobResult, JobState, Outcome};
+use sluice_tests::deploy::Deployment;
+
+/// Publishes `n` one-text jobs `<prefix>-<i>`.
+async fn publish(d: &Deployment, prefix: &str, n: usize) -> Vec<String> {
+    let p = &d.producer;
+    let ids: Vec<String> = (0..n).map(|i| format!("{prefix}-{i}")).collect();
+    let acks = futures::stream::iter(ids.iter())
+        .map(|id| async move {
+            let job = p.embed_job(
+                id,
+                vec![Input::Inline {
+                    items: vec![format!("{id} text").into()],
+                }],
+            );
+            p.submit(&job).await
+        })
+        .buffer_unordered(128)
+        .collect::<Vec<_>>()
+        .await;
+    for a in acks {
+        a.unwrap();
+    }
+    ids
+}
+
+/// Waits until the job stream is empty and nothing is unacked.
+async fn wait_drained(d: &Deployment, timeout: Duration) {
+    let until = Instant::now() + timeout;
+    loop {
+        let pending = async {
+            let js = async_nats::jetstream::new(d.servers.nats.connect().await.ok()?);
+            let mut stream = js.get_stream(&d.topology.job_stream).await.ok()?;
+            let messages = stream.info().await.ok()?.state.messages;
+            let info = stream.consumer_info(&d.topology.consumer).await.ok()?;
+            Some(messages + info.num_ack_pending as u64 + info.num_pending)
+        }
+        .await;
+        if pending == Some(0) {
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "jobs still pending after {timeout:?}: {pending:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Every job is done; with S3 outputs, each object exists and matches its record.
+async fn assert_all_done(d: &Deployment, ids: &[String], check_objects: bool) {
+    let s3 = d.servers.s3.client();
+    let statuses = futures::stream::iter(ids.iter())
+        .map(|id| async move { (id, d.producer.status(id).await.unwrap()) })
+        .buffer_unordered(64)
+        .collect::<Vec<_>>()
+        .await;
+    for (id, status) in statuses {
+        let status = status.unwrap_or_else(|| panic!("{id}: no status"));
+        assert_eq!(status.state, JobState::Done, "{id}: {status:?}");
+        if check_objects {
+            let o = status
+                .output
+                .unwrap_or_else(|| panic!("{id}: no output location"));
+            let body = s3
+                .get_object()
+                .bucket(&o.bucket)
+                .key(&o.key)
+                .send()
+                .await
+                .unwrap();
+            let bytes = body.body.collect().await.unwrap().into_bytes();
+            assert_eq!(
+                hex::encode(Sha256::digest(&bytes)),
+                o.sha256,
+                "{id}: output differs"
+            );
+            let (rows, dim, _) = sluice_consumer::npy::decode_f32(&bytes).unwrap();
+            assert_eq!((rows, dim), (1, 384), "{id}");
+        }
+    }
+}
+
+/// Collects results in the background until `stop` is sent; returns how many
+/// each job got.
+fn count_results(
+    mut results: sluice_producer::Results,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<HashMap<String, usize>>,
+) {
+    let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let mut counts = HashMap::new();
+        loop {
+            let r: JobResult = tokio::select! {
+                r = results.next_result() => match r { Ok(r) => r, Err(_) => break },
+                _ = &mut stopped => break,
+            };
+            assert!(
+                matches!(r.outcome, Outcome::Ok { .. }),
+                "{}: {:?}",
+                r.job_id,
+                r.outcome
+            );
+            if std::env::var_os("SLUICE_DEBUG_DUPES").is_some() {
+                eprintln!(
+                    "result {} attempt {} at {} total {:?}",
+                    r.job_id, r.attempt, r.finished_at, r.timings_ms.total
+                );
+            }
+            *counts.entry(r.job_id).or_insert(0) += 1;
+        }
+        counts
+    });
+    (stop, task)
+}
+
+/// Stops the counter a moment after the last job was acked (results are
+/// published before the ack, but travel separately).
+async fn final_counts(
+    counter: (
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<HashMap<String, usize>>,
+    ),
+) -> HashMap<String, usize> {
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let _ = counter.0.send(());
+    counter.1.await.unwrap()
+}
+
+fn assert_none_twice(counts: &HashMap<String, usize>) {
+    let twice: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "jobs answered twice: {twice:?}");
+}
+
+fn fault_settings() -> Settings {
+    Settings {
+        max_deliver: 100,
+        ack_wait: Duration::from_secs(10),
+        ..Settings::default()
+    }
+}
+
+const FAULT_ARGS: [&str; 4] = [
+    "--inline-output-max-bytes=0",
+    "--retry-base-ms=200",
+    "--retry-max-ms=2000",
+    "--progress-interval-secs=3",
+];
+
+#[tokio::test]
+async fn s3_down_for_10s_mid_run_loses_nothing() {
+    let mut d = Deployment::start_with(fault_settings()).await.unwrap();
+    let counter = count_results(d.producer.subscribe_results().await.unwrap());
+    let ids = publish(&d, "s3o", 2000).await;
+    let consumer = d.start_consumer(&FAULT_ARGS).await.unwrap();
+    while consumer
+        .stats
+        .jobs_ok
+        .load(std::sync::atomic::Ordering::Relaxed)
+        < 200
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    d.servers.s3.stop();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    d.servers.s3.restart().await.unwrap();
+    wait_drained(&d, Duration::from_secs(600)).await;
+    let counts = final_counts(counter).await;
+    assert_none_twice(&counts);
+    assert_eq!(counts.len(), ids.len(), "every job answered once");
+    assert!(
+        consumer
+            .stats
+            .jobs_retried
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0,
+        "the outage caused no retry: it did not happen mid-run"
+    );
+    assert_all_done(&d, &ids, true).await;
+    consumer.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+#[tokio::test]
+async fn nats_restart_mid_run_loses_nothing() {
+    let mut d = Deployment::start_with(fault_settings()).await.unwrap();
+    let counter = count_results(d.producer.subscribe_results().await.unwrap());
+    let ids = publish(&d, "natsr", 2000).await;
+    let consumer = d.start_consumer(&FAULT_ARGS).await.unwrap();
+    while consumer
+        .stats
+        .jobs_ok
+        .load(std::sync::atomic::Ordering::Relaxed)
+        < 300
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    d.servers.nats.restart().await.unwrap();
+    wait_drained(&d, Duration::from_secs(600)).await;
+    // Results published while the subscriber reconnected are gone (core
+    // NATS); the status records are the durable answer.
+    assert_all_done(&d, &ids, true).await;
+    let counts = final_counts(counter).await;
+    assert_none_twice(&counts);
+    consumer.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+#[tokio::test]
+async fn sigkill_at_random_moments_loses_nothing() {
+    let d = Deployment::start_with(fault_settings()).await.unwrap();
+    let ids = publish(&d, "crash", 2000).await;
+    let mut consumer = d.spawn_consumer(&FAULT_ARGS).await.unwrap();
+    // Pseudo-random but repeatable kill times.
+    for (round, wait_ms) in [1700u64, 3100, 2300].into_iter().enumerate() {
+        tokio::time::sleep(Duration::from_millis(wait_ms)).await;
+        let pid = consumer.pid().unwrap();
+        std::process::Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status()
+            .unwrap();
+        eprintln!("crash round {round}: killed consumer {pid}");
+        drop(consumer);
+        consumer = d.spawn_consumer(&FAULT_ARGS).await.unwrap();
+    }
+    wait_drained(&d, Duration::from_secs(600)).await;
+    assert_all_done(&d, &ids, true).await;
+    let status = consumer.terminate(Duration::from_secs(30));
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+}
+
+#[tokio::test]
+async fn sigterm_drains_and_a_second_consumer_finishes_the_rest() {
+    let d = Deployment::start_with(fault_settings()).await.unwrap();
+    let counter = count_results(d.producer.subscribe_results().await.unwrap());
+    let ids = publish(&d, "drain", 600).await;
+    let mut first = d
+        .spawn_consumer(&["--drain-timeout-secs=3", "--progress-interval-secs=3"])
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let ready = first.get("/readyz").await.unwrap();
+    assert_eq!(ready.trim(), "ready");
+    let t = Instant::now();
+    let status = first.terminate(Duration::from_secs(20));
+    let took = t.elapsed();
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "SIGTERM did not exit 0: {status:?}\n{}",
+        first.log_tail()
+    );
+    assert!(
+        took < Duration::from_secs(10),
+        "drain took {took:?} with a 3 s deadline"
+    );
+    assert!(first.log().contains("draining"), "{}", first.log_tail());
+    let second = d
+        .spawn_consumer(&["--progress-interval-secs=3"])
+        .await
+        .unwrap();
+    wait_drained(&d, Duration::from_secs(600)).await;
+    assert_all_done(&d, &ids, false).await;
+    let counts = final_counts(counter).await;
+    assert_none_twice(&counts);
+    assert_eq!(counts.len(), ids.len());
+    drop(second);
+}
