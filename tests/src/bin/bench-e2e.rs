@@ -14,7 +14,9 @@ use sluice_tests::models_dir;
 #[tokio::main]
 async fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let corpus = args.get(1).context("usage: bench-e2e CORPUS.jsonl [JOBS] [TEXTS_PER_JOB] [ROUNDS]")?;
+    let corpus = args
+        .get(1)
+        .context("usage: bench-e2e CORPUS.jsonl [JOBS] [TEXTS_PER_JOB] [ROUNDS]")?;
     let jobs: usize = args.get(2).map_or(Ok(10), |s| s.parse())?;
     let per_job: usize = args.get(3).map_or(Ok(64), |s| s.parse())?;
     let rounds: usize = args.get(4).map_or(Ok(2), |s| s.parse())?;
@@ -22,7 +24,11 @@ async fn main() -> Result<()> {
 
     let text = std::fs::read_to_string(corpus)?;
     let lines: Vec<&str> = text.lines().take(jobs * per_job).collect();
-    anyhow::ensure!(lines.len() == jobs * per_job, "the corpus has only {} lines", lines.len());
+    anyhow::ensure!(
+        lines.len() == jobs * per_job,
+        "the corpus has only {} lines",
+        lines.len()
+    );
     let subset = std::env::temp_dir().join(format!("sluice-e2e-{}.jsonl", std::process::id()));
     std::fs::write(&subset, lines.join("\n") + "\n")?;
     let model_args = EmbedArgs {
@@ -46,22 +52,37 @@ async fn main() -> Result<()> {
         // End to end: servers up, consumer warm, then all jobs at once.
         let d = Deployment::start().await?;
         let consumer = d
-            .start_consumer(&[&format!("--max-batch-tokens={max_batch_tokens}"), "--memory-budget=4000000000"])
+            .start_consumer(&[
+                &format!("--max-batch-tokens={max_batch_tokens}"),
+                "--memory-budget=4000000000",
+            ])
             .await?;
         let mut inputs = Vec::new();
         for j in 0..jobs {
             let body = lines[j * per_job..(j + 1) * per_job].join("\n") + "\n";
-            inputs.push(d.producer.upload_input(&format!("e2e-{j}.jsonl"), body.into_bytes()).await?);
+            inputs.push(
+                d.producer
+                    .upload_input(&format!("e2e-{j}.jsonl"), body.into_bytes())
+                    .await?,
+            );
         }
         let mut results = d.producer.subscribe_results().await?;
         let start = Instant::now();
         for (j, input) in inputs.into_iter().enumerate() {
-            d.producer.submit(&d.producer.embed_job(&format!("e2e-{j}"), vec![input])).await?;
+            d.producer
+                .submit(&d.producer.embed_job(&format!("e2e-{j}"), vec![input]))
+                .await?;
         }
         let mut got_tokens = 0;
         for _ in 0..jobs {
-            let r = tokio::time::timeout(Duration::from_secs(1800), results.next_result()).await??;
-            anyhow::ensure!(matches!(r.outcome, Outcome::Ok { .. }), "{} failed: {:?}", r.job_id, r.outcome);
+            let r =
+                tokio::time::timeout(Duration::from_secs(1800), results.next_result()).await??;
+            anyhow::ensure!(
+                matches!(r.outcome, Outcome::Ok { .. }),
+                "{} failed: {:?}",
+                r.job_id,
+                r.outcome
+            );
             got_tokens += r.usage.tokens;
         }
         let secs = start.elapsed().as_secs_f64();
@@ -89,7 +110,10 @@ async fn main() -> Result<()> {
     );
     println!("| path | seconds | jobs/s | real tokens/s | vs model alone |");
     println!("| --- | ---: | ---: | ---: | ---: |");
-    println!("| model alone (sluice-consumer embed) | {a:.2} | - | {:.0} | 1.00x |", tokens as f64 / a);
+    println!(
+        "| model alone (sluice-consumer embed) | {a:.2} | - | {:.0} | 1.00x |",
+        tokens as f64 / a
+    );
     println!(
         "| end to end (NATS + presigned S3 inputs + S3 outputs) | {e:.2} | {:.2} | {:.0} | {:.2}x |",
         jobs as f64 / e,
