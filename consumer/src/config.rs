@@ -282,3 +282,72 @@ impl Config {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        config: Config,
+    }
+
+    fn config(args: &[&str]) -> Config {
+        let mut all = vec!["sluice-consumer"];
+        all.extend_from_slice(args);
+        Cli::try_parse_from(all).unwrap().config
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        config(&[]).validate().unwrap();
+    }
+
+    #[test]
+    fn errors_name_the_key_the_value_and_the_fix() {
+        let cases: &[(&[&str], &str)] = &[
+            (
+                &["--memory-fraction=1.5"],
+                "memory_fraction (--memory-fraction) = 1.5: must be in (0, 1]",
+            ),
+            (
+                &["--memory-budget=0"],
+                "memory_budget_bytes (--memory-budget) = 0",
+            ),
+            (
+                &["--max-batch-tokens=100"],
+                "max_batch_tokens (--max-batch-tokens) = 100: must be at least max_tokens_per_item (256)",
+            ),
+            (&["--namespace=a.b"], "namespace (--namespace) = a.b"),
+            (
+                &["--progress-interval-secs=40"],
+                "must be at most half of ack_wait_secs (60)",
+            ),
+            (
+                &["--s3-access-key-id=x"],
+                "set both (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY) or neither",
+            ),
+            (
+                &["--pull-max-messages=0"],
+                "pull_max_messages (--pull-max-messages) = 0: must be positive",
+            ),
+        ];
+        for (args, expected) in cases {
+            let err = config(args).validate().unwrap_err().to_string();
+            assert!(err.contains(expected), "{args:?}: {err}");
+            assert!(err.starts_with("invalid config: "), "{err}");
+        }
+    }
+
+    #[test]
+    fn secrets_do_not_show_in_debug_output() {
+        let c = config(&["--s3-access-key-id=AKIA", "--s3-secret-access-key=hunter2"]);
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("Secret(***)"));
+    }
+}

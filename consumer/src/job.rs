@@ -214,27 +214,34 @@ async fn process(
             ));
         }
     }
-    match shared.sink.get_status(&job.id).await {
-        Ok(Some(record)) if record.state == JobState::Cancelled => {
+    // Mark it running unless it is already final: a compare-and-swap, so a
+    // stale redelivery can never turn a finished job back into a running one.
+    let running = status(&job.id, JobState::Running, delivery);
+    let began = shared
+        .sink
+        .swap_status(&job.id, |current| match current {
+            Some(r) if r.state.is_final() => None,
+            Some(r) => Some(StatusRecord {
+                replays: r.replays,
+                ..running.clone()
+            }),
+            None => Some(running.clone()),
+        })
+        .await;
+    match began {
+        Ok((None, Some(record))) if record.state == JobState::Cancelled => {
             return Err(JobError::new(
                 ErrorCode::Cancelled,
                 "the job was cancelled before it ran",
             ));
         }
-        Ok(Some(record)) if record.state.is_final() => {
-            return Ok(Finished::AlreadyFinal(record.state));
+        Ok((None, Some(record))) => return Ok(Finished::AlreadyFinal(record.state)),
+        Ok((Some(written), _)) => delivery.replays = written.replays,
+        Ok((None, None)) => {}
+        Err(e) => {
+            tracing::warn!(job = %job.id, error = %e, "cannot record the running state");
         }
-        Ok(Some(record)) => delivery.replays = record.replays,
-        Ok(None) => {}
-        Err(e) => tracing::warn!(job = %job.id, error = %e, "cannot read the status record"),
     }
-    shared
-        .sink
-        .put_status(&status(&job.id, JobState::Running, delivery))
-        .await
-        .unwrap_or_else(
-            |e| tracing::warn!(job = %job.id, error = %e, "cannot record the running state"),
-        );
 
     let started = Instant::now();
     let fetched = shared

@@ -143,29 +143,35 @@ impl Sink {
         Ok(entry.and_then(|bytes| serde_json::from_slice(&bytes).ok()))
     }
 
-    /// Writes a final status unless one is already there, by compare-and-swap:
-    /// of two deliveries of the same job running at once (a stale Nak or ack
-    /// timeout can cause that), only one finishes it. Returns whether this
-    /// write won; the loser must not answer the job again.
-    pub async fn finish_status(&self, record: &StatusRecord) -> Result<bool, JobError> {
-        let payload = serde_json::to_vec(record).map_err(|e| queue("encoding the status", e))?;
+    /// Updates a job's status by compare-and-swap: `decide` sees the current
+    /// record and returns the one to write, or None to leave it. Retries when
+    /// another writer got in between, so the decision is always made on what
+    /// is really there. Returns the record written (None when left) and the
+    /// record `decide` last saw.
+    pub async fn swap_status<F>(
+        &self,
+        job_id: &str,
+        mut decide: F,
+    ) -> Result<(Option<StatusRecord>, Option<StatusRecord>), JobError>
+    where
+        F: FnMut(Option<&StatusRecord>) -> Option<StatusRecord>,
+    {
         for _ in 0..16 {
             let entry = self
                 .status
-                .entry(record.job_id.as_str())
+                .entry(job_id)
                 .await
                 .map_err(|e| queue("reading the status record", e))?;
-            let current = entry
-                .as_ref()
-                .filter(|e| e.operation == kv::Operation::Put)
-                .and_then(|e| serde_json::from_slice::<StatusRecord>(&e.value).ok());
-            if current.as_ref().is_some_and(|r| r.state.is_final()) {
-                return Ok(false);
-            }
-            let written = match &entry {
-                Some(e) if e.operation == kv::Operation::Put => self
+            let live = entry.as_ref().filter(|e| e.operation == kv::Operation::Put);
+            let current = live.and_then(|e| serde_json::from_slice::<StatusRecord>(&e.value).ok());
+            let Some(next) = decide(current.as_ref()) else {
+                return Ok((None, current));
+            };
+            let payload = serde_json::to_vec(&next).map_err(|e| queue("encoding the status", e))?;
+            let written = match live {
+                Some(e) => self
                     .status
-                    .update(&record.job_id, payload.clone().into(), e.revision)
+                    .update(job_id, payload.into(), e.revision)
                     .await
                     .map(|_| ())
                     .map_err(|e| {
@@ -174,9 +180,9 @@ impl Sink {
                             e.to_string(),
                         )
                     }),
-                _ => self
+                None => self
                     .status
-                    .create(&record.job_id, payload.clone().into())
+                    .create(job_id, payload.into())
                     .await
                     .map(|_| ())
                     .map_err(|e| {
@@ -187,8 +193,8 @@ impl Sink {
                     }),
             };
             match written {
-                Ok(()) => return Ok(true),
-                Err((true, _)) => continue, // someone wrote in between: look again
+                Ok(()) => return Ok((Some(next), current)),
+                Err((true, _)) => continue, // someone wrote in between: decide again
                 Err((false, e)) => return Err(queue("writing the status record", e)),
             }
         }
@@ -198,13 +204,21 @@ impl Sink {
         ))
     }
 
-    pub async fn put_status(&self, record: &StatusRecord) -> Result<(), JobError> {
-        let payload = serde_json::to_vec(record).map_err(|e| queue("encoding the status", e))?;
-        self.status
-            .put(&record.job_id, payload.into())
-            .await
-            .map_err(|e| queue("writing the status record", e))?;
-        Ok(())
+    /// Writes a final status unless one is already there. Of two deliveries
+    /// of one job running at once (a stale Nak or an ack timeout can cause
+    /// that), only one finishes it. Returns whether this write won; the loser
+    /// must not answer the job again.
+    pub async fn finish_status(&self, record: &StatusRecord) -> Result<bool, JobError> {
+        let (written, _) = self
+            .swap_status(&record.job_id, |current| {
+                let done = current.is_some_and(|r| r.state.is_final());
+                (!done).then(|| StatusRecord {
+                    replays: current.map_or(record.replays, |r| r.replays),
+                    ..record.clone()
+                })
+            })
+            .await?;
+        Ok(written.is_some())
     }
 
     /// Publishes a dead letter and waits for the stream to store it. The
