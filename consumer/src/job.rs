@@ -361,7 +361,8 @@ async fn embed(
         .ok_or_else(|| JobError::new(ErrorCode::Internal, "bug: an item got no vector"))
 }
 
-fn l2_normalize(mut v: Vec<f32>) -> Vec<f32> {
+/// Scales `v` to unit length (sentence-transformers' `normalize_embeddings`).
+pub fn l2_normalize(mut v: Vec<f32>) -> Vec<f32> {
     let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
     v.iter_mut().for_each(|x| *x /= norm);
     v

@@ -92,10 +92,7 @@ pub fn embed_file(args: &EmbedArgs) -> anyhow::Result<EmbedReport> {
     }
     let model_secs = model_start.elapsed().as_secs_f64();
     if args.normalize {
-        for v in &mut vectors {
-            let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
-            v.iter_mut().for_each(|x| *x /= norm);
-        }
+        vectors = vectors.into_iter().map(crate::job::l2_normalize).collect();
     }
     let dim = loaded.model.dim();
     std::fs::write(&args.output, npy::encode_f32(&vectors, dim))

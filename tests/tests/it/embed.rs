@@ -26,6 +26,22 @@ pub async fn wait_results(
     got
 }
 
+/// Waits for the next result and returns its error; panics on an ok result.
+pub async fn next_error(
+    results: &mut sluice_producer::Results,
+) -> (JobResult, sluice_schemas::ErrorInfo) {
+    let r = wait_results(results, 1, Duration::from_secs(60))
+        .await
+        .remove(0);
+    match &r.outcome {
+        Outcome::Error { error } => {
+            let error = error.clone();
+            (r, error)
+        }
+        other => panic!("{}: expected an error, got {other:?}", r.job_id),
+    }
+}
+
 #[tokio::test]
 async fn embed_job_via_presigned_url_matches_reference_and_small_job_comes_inline() {
     let d = Deployment::start().await.unwrap();
@@ -234,12 +250,7 @@ async fn truncation_off_refuses_long_items_with_a_clear_code() {
     );
     job.parameters.truncate = Some(false);
     d.producer.submit(&job).await.unwrap();
-    let r = wait_results(&mut results, 1, Duration::from_secs(60))
-        .await
-        .remove(0);
-    let Outcome::Error { error } = &r.outcome else {
-        panic!("{:?}", r.outcome)
-    };
+    let (_, error) = next_error(&mut results).await;
     assert_eq!(error.code, sluice_schemas::ErrorCode::ItemTooLong);
     assert!(
         error.message.contains("item 1 has more than 256 tokens"),

@@ -15,7 +15,7 @@ use sluice_schemas::{ErrorCode, Input, InputFormat, JobState, ObjectRef, Outcome
 use sluice_tests::deploy::Deployment;
 use sluice_tests::free_port;
 
-use crate::embed::wait_results;
+use crate::embed::{next_error, wait_results};
 
 async fn upload(d: &Deployment, key: &str, body: Vec<u8>) {
     d.servers
@@ -291,12 +291,7 @@ async fn poison_job_is_dead_lettered_after_max_deliver_and_replays_once_fixed() 
         }],
     );
     d.producer.submit(&job).await.unwrap();
-    let r = wait_results(&mut results, 1, Duration::from_secs(60))
-        .await
-        .remove(0);
-    let Outcome::Error { error } = &r.outcome else {
-        panic!("{:?}", r.outcome)
-    };
+    let (r, error) = next_error(&mut results).await;
     assert_eq!(error.code, ErrorCode::InputFetchFailed);
     assert!(error.retryable);
     assert_eq!(
@@ -339,12 +334,7 @@ async fn cancelled_jobs_are_not_run() {
     d.producer.submit(&job).await.unwrap();
     assert!(d.producer.cancel("cancel-1").await.unwrap());
     let consumer = d.start_consumer(&[]).await.unwrap();
-    let r = wait_results(&mut results, 1, Duration::from_secs(60))
-        .await
-        .remove(0);
-    let Outcome::Error { error } = &r.outcome else {
-        panic!("{:?}", r.outcome)
-    };
+    let (_, error) = next_error(&mut results).await;
     assert_eq!(error.code, ErrorCode::Cancelled);
     assert_eq!(
         d.producer.status("cancel-1").await.unwrap().unwrap().state,
