@@ -4,8 +4,7 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use serde_json::Value;
-use sluice_schemas::{ErrorCode, Input, Item, Task, truncate_for_message};
+use sluice_schemas::{ErrorCode, Input, Item, JsonlError, Task, truncate_for_message};
 
 use crate::error::JobError;
 
@@ -256,33 +255,17 @@ pub fn parse_jsonl(
     items: &mut Vec<Item>,
     max_items: u64,
 ) -> Result<(), JobError> {
-    let invalid =
-        |m: String| JobError::new(ErrorCode::InputInvalid, format!("inputs[{input}]: {m}"));
-    let text = std::str::from_utf8(body).map_err(|e| {
-        invalid(format!(
-            "not valid UTF-8 (first bad byte at offset {})",
-            e.valid_up_to()
-        ))
-    })?;
-    for (n, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
+    sluice_schemas::parse_jsonl(task, body, items, max_items).map_err(|e| match e {
+        JsonlError::Invalid(m) => {
+            JobError::new(ErrorCode::InputInvalid, format!("inputs[{input}]: {m}"))
         }
-        let value: Value = serde_json::from_str(line)
-            .map_err(|e| invalid(format!("line {}: not JSON: {e}", n + 1)))?;
-        let item =
-            Item::from_value(task, value).map_err(|m| invalid(format!("line {}: {m}", n + 1)))?;
-        items.push(item);
-        if items.len() as u64 > max_items {
-            return Err(JobError::new(
-                ErrorCode::TooManyItems,
-                format!(
-                    "the job has more than {max_items} items (max_items_per_job); split it into several jobs"
-                ),
-            ));
-        }
-    }
-    Ok(())
+        JsonlError::TooManyItems(max) => JobError::new(
+            ErrorCode::TooManyItems,
+            format!(
+                "the job has more than {max} items (max_items_per_job); split it into several jobs"
+            ),
+        ),
+    })
 }
 
 /// A URL without its query (where presigned credentials live), for messages and logs.

@@ -18,6 +18,7 @@
 
 pub mod dlq;
 pub mod provision;
+pub mod watch;
 
 use std::time::Duration;
 
@@ -29,7 +30,7 @@ use aws_sdk_s3::primitives::ByteStream;
 use futures::StreamExt;
 use sluice_schemas::names::headers;
 use sluice_schemas::{
-    Input, InputFormat, Job, JobResult, ObjectRef, StatusRecord, Topology, VERSION,
+    Input, InputFormat, Job, JobResult, JobState, ObjectRef, StatusRecord, Topology, VERSION,
 };
 
 /// Where the producer connects and what it names things.
@@ -86,6 +87,7 @@ pub struct Producer {
     pub nats: async_nats::Client,
     pub js: jetstream::Context,
     pub s3: aws_sdk_s3::Client,
+    status: tokio::sync::OnceCell<kv::Store>,
 }
 
 /// Builds an S3 client from the standard AWS chain plus an optional endpoint.
@@ -137,6 +139,7 @@ impl Producer {
             nats,
             js,
             s3,
+            status: tokio::sync::OnceCell::new(),
         })
     }
 
@@ -233,7 +236,35 @@ impl Producer {
             .with_context(|| format!("cannot publish to {subject}"))?
             .await
             .with_context(|| format!("the job stream did not store the job on {subject}"))?;
+        if !ack.duplicate {
+            self.record_queued(&job.id, ack.sequence).await?;
+        }
         Ok(ack)
+    }
+
+    /// Writes a `queued` status record unless the job already has one (a
+    /// fast consumer may have marked it running already; that record wins).
+    async fn record_queued(&self, job_id: &str, sequence: u64) -> Result<()> {
+        let record = StatusRecord {
+            version: VERSION,
+            job_id: job_id.to_string(),
+            state: JobState::Queued,
+            updated_at: time::OffsetDateTime::now_utc(),
+            attempts: 0,
+            stream_sequence: Some(sequence),
+            output: None,
+            error: None,
+            replays: 0,
+        };
+        let store = self.status_store().await?;
+        match store
+            .create(job_id, serde_json::to_vec(&record)?.into())
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => Ok(()),
+            Err(e) => Err(e).with_context(|| format!("cannot record job {job_id} as queued")),
+        }
     }
 
     /// Subscribes to every result of this namespace. Subscribe before
@@ -249,16 +280,21 @@ impl Producer {
         Ok(Results { sub })
     }
 
-    pub async fn status_store(&self) -> Result<kv::Store> {
-        self.js
-            .get_key_value(&self.topology.status_bucket)
-            .await
-            .with_context(|| {
-                format!(
-                    "status bucket {} not found: run `sluice init`",
-                    self.topology.status_bucket
-                )
+    /// The status bucket (looked up once, then cached).
+    pub async fn status_store(&self) -> Result<&kv::Store> {
+        self.status
+            .get_or_try_init(|| async {
+                self.js
+                    .get_key_value(&self.topology.status_bucket)
+                    .await
+                    .with_context(|| {
+                        format!(
+                            "status bucket {} not found: run `sluice init`",
+                            self.topology.status_bucket
+                        )
+                    })
             })
+            .await
     }
 
     /// The job's status record, if the consumer (or submit) wrote one.

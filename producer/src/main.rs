@@ -1,7 +1,7 @@
 //! `sluice`: set up a deployment, submit jobs, follow them.
 
-use std::collections::{BTreeMap, HashSet};
-use std::io::Read;
+use std::collections::BTreeMap;
+use std::io::{IsTerminal, Read};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -11,14 +11,22 @@ use base64::Engine;
 use clap::{Parser, Subcommand};
 use sluice_producer::dlq::Filter;
 use sluice_producer::provision::{self, Settings};
+use sluice_producer::watch::{Counts, Watcher};
 use sluice_producer::{Producer, ProducerConfig};
-use sluice_schemas::{ErrorCode, Input, InputFormat, JobResult, Outcome, Output};
+use sluice_schemas::{
+    ErrorCode, Input, InputFormat, JobResult, JobState, JsonlError, Outcome, Output, S3Output,
+    StatusRecord, Task,
+};
 
 #[derive(Parser)]
 #[command(
     name = "sluice",
     version,
-    about = "Submit inference jobs to sluice and follow them."
+    about = "Submit inference jobs to sluice and follow them.",
+    after_help = "Exit codes: 0 success; 1 a job failed or got no answer in time; \
+2 bad usage, bad input, or NATS/S3 unreachable; 3 no such job, or not cancelled \
+(already finished).\n\nS3 credentials come from the standard AWS chain \
+(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, instance or IRSA role)."
 )]
 struct Cli {
     /// NATS server URL.
@@ -26,6 +34,7 @@ struct Cli {
         long,
         global = true,
         env = "NATS_URL",
+        hide_env_values = true,
         default_value = "nats://127.0.0.1:4222"
     )]
     nats_url: String,
@@ -40,8 +49,8 @@ struct Cli {
     /// Bucket for inputs and outputs.
     #[arg(long, global = true, env = "SLUICE_BUCKET", default_value = "sluice")]
     bucket: String,
-    /// Print JSON for scripts instead of text for people.
-    #[arg(long, global = true)]
+    /// Print JSON (one object per line) for scripts instead of text for people.
+    #[arg(long, global = true, env = "SLUICE_JSON")]
     json: bool,
     #[command(subcommand)]
     command: Command,
@@ -50,7 +59,13 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Create or update the job stream, consumer, dead-letter stream, status bucket and S3 bucket.
-    Init,
+    /// Running it again changes only what differs from the settings.
+    Init {
+        /// Settings file (TOML; see deploy/sluice.toml for every key and its default).
+        /// Without it, the built-in defaults, which deploy/sluice.toml spells out.
+        #[arg(long, env = "SLUICE_SETTINGS")]
+        settings: Option<PathBuf>,
+    },
     /// Submit embedding jobs: one job per JSONL file (of texts), per .jsonl file in a
     /// directory, or from stdin ("-"), or over already-presigned URLs (--url).
     Submit {
@@ -65,18 +80,29 @@ enum Command {
         /// The model to ask for.
         #[arg(long, env = "SLUICE_MODEL", default_value = "all-minilm-l6-v2")]
         model: String,
-        /// Wait for every job's result.
+        /// Wait for every job's result (on the result subject, falling back to
+        /// the status record for results that were missed, e.g. of a job
+        /// submitted again after it finished).
         #[arg(long)]
         wait: bool,
         /// With --wait: give up after this many seconds.
-        #[arg(long, default_value_t = 600)]
+        #[arg(long, env = "SLUICE_WAIT_TIMEOUT_SECS", default_value_t = 600)]
         timeout_secs: u64,
-        /// With --wait: download S3 outputs into this directory.
+        /// With --wait: download S3 outputs into this directory as <job id>.npy.
         #[arg(long)]
         download: Option<PathBuf>,
     },
     /// Show a job's status record.
     Status { id: String },
+    /// Live counts: jobs by state, the job stream and consumer, dead letters.
+    Watch {
+        /// Seconds between readings.
+        #[arg(long, default_value_t = 2)]
+        interval_secs: u64,
+        /// Print one reading and exit.
+        #[arg(long)]
+        once: bool,
+    },
     /// Cancel a job that has not run yet (it is answered `cancelled` when pulled).
     Cancel { id: String },
     /// Browse and replay the dead-letter stream.
@@ -168,19 +194,19 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         ..ProducerConfig::default()
     };
     match cli.command {
-        Command::Init => {
+        Command::Init { settings } => {
+            let settings = match settings {
+                Some(path) => Settings::load(&path)?,
+                None => Settings::default(),
+            };
             let p = Producer::connect(&config).await?;
-            let changes = provision::ensure(
-                &p.js,
-                Some(&p.s3),
-                &config.bucket,
-                &p.topology,
-                &Settings::default(),
-            )
-            .await?;
+            let changes =
+                provision::ensure(&p.js, Some(&p.s3), &config.bucket, &p.topology, &settings)
+                    .await?;
             if cli.json {
-                let rows: Vec<String> = changes.iter().map(|c| c.to_string()).collect();
-                println!("{}", serde_json::json!({ "changes": rows }));
+                for c in &changes {
+                    println!("{}", c.to_json());
+                }
             } else {
                 for c in &changes {
                     println!("{c}");
@@ -195,7 +221,16 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     if cli.json {
                         println!("{}", serde_json::to_string(&record)?);
                     } else {
-                        println!("{id}: {:?} (attempts {})", record.state, record.attempts);
+                        println!(
+                            "{id}: {} (attempts {}, replays {}, updated {})",
+                            state_name(record.state),
+                            record.attempts,
+                            record.replays,
+                            record
+                                .updated_at
+                                .format(&time::format_description::well_known::Rfc3339)
+                                .unwrap_or_default()
+                        );
                         if let Some(o) = &record.output {
                             println!("  output: s3://{}/{} ({} bytes)", o.bucket, o.key, o.bytes);
                         }
@@ -230,6 +265,24 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 ExitCode::from(3)
             })
         }
+        Command::Watch {
+            interval_secs,
+            once,
+        } => {
+            let p = Producer::connect(&config).await?;
+            let mut watcher = Watcher::start(&p).await?;
+            loop {
+                let counts = watcher.read().await?;
+                report_counts(cli.json, &counts);
+                if once {
+                    return Ok(ExitCode::SUCCESS);
+                }
+                tokio::select! {
+                    r = watcher.follow(Duration::from_secs(interval_secs.max(1))) => r?,
+                    _ = tokio::signal::ctrl_c() => return Ok(ExitCode::SUCCESS),
+                }
+            }
+        }
         Command::Dlq(cmd) => {
             let p = Producer::connect(&config).await?;
             dlq(&p, cmd, cli.json).await
@@ -256,6 +309,12 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     inputs.len() + urls.len()
                 );
             }
+            for (name, body) in &inputs {
+                check_jsonl(name, body)?;
+            }
+            for url in &urls {
+                check_url(url)?;
+            }
             let p = Producer::connect(&config).await?;
             let mut results = if wait {
                 Some(p.subscribe_results().await?)
@@ -276,9 +335,6 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 ids.push(job_id);
             }
             for url in urls {
-                if !(url.starts_with("http://") || url.starts_with("https://")) {
-                    bail!("--url {url:?} is not an http:// or https:// URL");
-                }
                 let job_id = id
                     .clone()
                     .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
@@ -294,24 +350,26 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let Some(results) = results.as_mut() else {
                 return Ok(ExitCode::SUCCESS);
             };
-            let waited = wait_for(results, &ids, Duration::from_secs(timeout_secs)).await;
+            let progress = !cli.json && std::io::stderr().is_terminal() && ids.len() > 1;
+            let waited = wait_for(
+                &p,
+                results,
+                &ids,
+                Duration::from_secs(timeout_secs),
+                progress,
+            )
+            .await?;
             let mut failed = 0;
             for id in &ids {
                 match waited.get(id) {
-                    Some(r) => {
-                        if matches!(r.outcome, Outcome::Error { .. }) {
+                    Some(answer) => {
+                        if !answer.is_ok() {
                             failed += 1;
                         }
-                        if let (
-                            Some(dir),
-                            Outcome::Ok {
-                                output: Output::S3(o),
-                            },
-                        ) = (&download, &r.outcome)
-                        {
+                        if let (Some(dir), Some(o)) = (&download, answer.s3_output()) {
                             download_output(&p, dir, id, &o.bucket, &o.key).await?;
                         }
-                        report_result(cli.json, r);
+                        answer.report(cli.json);
                     }
                     None => {
                         failed += 1;
@@ -407,6 +465,31 @@ async fn dlq(p: &Producer, cmd: DlqCommand, json: bool) -> Result<ExitCode> {
     }
 }
 
+/// Refuses an input the consumer would refuse as `input_invalid`, before
+/// anything is uploaded (same parser as the consumer's).
+fn check_jsonl(name: &str, body: &[u8]) -> Result<()> {
+    let mut items = Vec::new();
+    match sluice_schemas::parse_jsonl(Task::Embed, body, &mut items, u64::MAX) {
+        Ok(()) if items.is_empty() => {
+            bail!("{name}: no items (expected one JSON string or {{\"text\": ...}} per line)")
+        }
+        Ok(()) => Ok(()),
+        Err(JsonlError::Invalid(m)) => bail!("{name}: {m}"),
+        Err(JsonlError::TooManyItems(_)) => Ok(()), // no limit asked for here
+    }
+}
+
+fn check_url(url: &str) -> Result<()> {
+    match url::Url::parse(url) {
+        Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => Ok(()),
+        Ok(u) => bail!(
+            "--url {url:?}: only http:// and https:// URLs with a host are accepted (got scheme {:?})",
+            u.scheme()
+        ),
+        Err(e) => bail!("--url {url:?} is not a URL: {e}"),
+    }
+}
+
 /// Reads every input named on the command line: (display name, bytes).
 fn collect_inputs(paths: &[PathBuf]) -> Result<Vec<(String, Vec<u8>)>> {
     let mut out = Vec::new();
@@ -438,29 +521,175 @@ fn collect_inputs(paths: &[PathBuf]) -> Result<Vec<(String, Vec<u8>)>> {
     Ok(out)
 }
 
+/// How a waited-for job ended: its result message, or (when that was
+/// missed) its final status record.
+enum Answer {
+    Result(JobResult),
+    Status(StatusRecord),
+}
+
+impl Answer {
+    fn is_ok(&self) -> bool {
+        match self {
+            Answer::Result(r) => matches!(r.outcome, Outcome::Ok { .. }),
+            Answer::Status(s) => s.state == JobState::Done,
+        }
+    }
+
+    fn s3_output(&self) -> Option<&S3Output> {
+        match self {
+            Answer::Result(r) => match &r.outcome {
+                Outcome::Ok {
+                    output: Output::S3(o),
+                } => Some(o),
+                _ => None,
+            },
+            Answer::Status(s) => s.output.as_ref(),
+        }
+    }
+
+    fn report(&self, json: bool) {
+        match self {
+            Answer::Result(r) => report_result(json, r),
+            Answer::Status(s) if json => {
+                if let Ok(text) = serde_json::to_string(&serde_json::json!({"status_record": s})) {
+                    println!("{text}");
+                }
+            }
+            Answer::Status(s) => match (&s.output, &s.error) {
+                (Some(o), _) => println!(
+                    "{}: done (from the status record) -> s3://{}/{} ({} bytes, shape {:?})",
+                    s.job_id, o.bucket, o.key, o.bytes, o.shape
+                ),
+                (None, Some(e)) => println!(
+                    "{}: {} (from the status record): {} {}",
+                    s.job_id,
+                    state_name(s.state),
+                    e.code,
+                    e.message
+                ),
+                (None, None) => println!(
+                    "{}: {} (from the status record; an inline output travels only in the \
+                     result message, which this wait did not see)",
+                    s.job_id,
+                    state_name(s.state)
+                ),
+            },
+        }
+    }
+}
+
+fn state_name(state: JobState) -> &'static str {
+    match state {
+        JobState::Queued => "queued",
+        JobState::Running => "running",
+        JobState::Done => "done",
+        JobState::Failed => "failed",
+        JobState::Cancelled => "cancelled",
+    }
+}
+
+/// How often pending jobs' status records are checked while waiting.
+const STATUS_POLL: Duration = Duration::from_secs(2);
+/// Status records checked per poll (round robin over the pending jobs).
+const STATUS_POLL_BATCH: usize = 64;
+/// A final record must be this old before it stands in for the result: the
+/// consumer writes the record just before it publishes the result.
+const RESULT_GRACE: Duration = Duration::from_secs(5);
+
 async fn wait_for(
+    p: &Producer,
     results: &mut sluice_producer::Results,
     ids: &[String],
     timeout: Duration,
-) -> BTreeMap<String, JobResult> {
-    let mut pending: HashSet<&str> = ids.iter().map(String::as_str).collect();
+    progress: bool,
+) -> Result<BTreeMap<String, Answer>> {
+    let mut pending: Vec<&str> = ids.iter().map(String::as_str).collect();
     let mut got = BTreeMap::new();
+    let mut failed = 0usize;
     let deadline = tokio::time::Instant::now() + timeout;
+    let mut poll = tokio::time::interval_at(tokio::time::Instant::now() + STATUS_POLL, STATUS_POLL);
+    let mut cursor = 0usize;
     while !pending.is_empty() {
-        match tokio::time::timeout_at(deadline, results.next_result()).await {
-            Ok(Ok(r)) => {
-                if pending.remove(r.job_id.as_str()) {
-                    got.insert(r.job_id.clone(), r);
+        let answer = tokio::select! {
+            r = results.next_result() => match r {
+                Ok(r) => Some(Answer::Result(r)),
+                Err(e) => {
+                    eprintln!("sluice: {e:#}");
+                    break;
                 }
+            },
+            _ = poll.tick() => {
+                let mut found = None;
+                let now = time::OffsetDateTime::now_utc();
+                for _ in 0..STATUS_POLL_BATCH.min(pending.len()) {
+                    cursor = (cursor + 1) % pending.len();
+                    if let Some(record) = p.status(pending[cursor]).await?
+                        && record.state.is_final()
+                        && now - record.updated_at > RESULT_GRACE
+                    {
+                        found = Some(Answer::Status(record));
+                        break;
+                    }
+                }
+                found
             }
-            Ok(Err(e)) => {
-                eprintln!("sluice: {e:#}");
-                break;
-            }
-            Err(_) => break,
+            _ = tokio::time::sleep_until(deadline) => break,
+        };
+        let Some(answer) = answer else { continue };
+        let id = match &answer {
+            Answer::Result(r) => r.job_id.clone(),
+            Answer::Status(s) => s.job_id.clone(),
+        };
+        let Some(at) = pending.iter().position(|p| *p == id) else {
+            continue; // someone else's job, or answered twice
+        };
+        pending.swap_remove(at);
+        if !answer.is_ok() {
+            failed += 1;
+        }
+        got.insert(id, answer);
+        if progress {
+            eprint!(
+                "\r{} / {} answered, {failed} failed   ",
+                got.len(),
+                ids.len()
+            );
         }
     }
-    got
+    if progress {
+        eprintln!();
+    }
+    Ok(got)
+}
+
+fn report_counts(json: bool, c: &Counts) {
+    if json {
+        if let Ok(text) = serde_json::to_string(c) {
+            println!("{text}");
+        }
+        return;
+    }
+    let now = time::OffsetDateTime::now_utc();
+    println!(
+        "{:02}:{:02}:{:02}  queued {}  running {}  done {}  failed {}  cancelled {}  dead-lettered {}  \
+         | stream {} jobs ({} bytes): pending {}, in flight {}, redelivered {}, waiting pulls {}",
+        now.hour(),
+        now.minute(),
+        now.second(),
+        c.queued,
+        c.running,
+        c.done,
+        c.failed,
+        c.cancelled,
+        c.dead_lettered,
+        c.stream.messages,
+        c.stream.bytes,
+        c.stream.pending,
+        c.stream.in_flight,
+        c.stream.redelivered,
+        c.stream.waiting_pulls
+    );
 }
 
 async fn download_output(

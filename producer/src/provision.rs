@@ -3,18 +3,23 @@
 
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use async_nats::jetstream::{self, consumer, kv, stream};
 use sluice_schemas::Topology;
 
-/// The knobs of the topology, with production defaults.
-#[derive(Debug, Clone, PartialEq)]
+/// The knobs of the topology, with production defaults. `deploy/sluice.toml`
+/// spells out every one of them; `sluice init --config FILE` reads such a file
+/// (keys left out keep their defaults, unknown keys are refused).
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Settings {
     /// How long a re-published job id is recognized as a duplicate.
+    #[serde(rename = "duplicate_window_secs", with = "secs")]
     pub duplicate_window: Duration,
     /// Largest job message the stream accepts (inputs go behind URLs).
     pub max_message_bytes: i32,
     /// How long a delivered job may go without an ack or progress ack.
+    #[serde(rename = "ack_wait_secs", with = "secs")]
     pub ack_wait: Duration,
     /// Deliveries before a job is given up (and dead-lettered).
     pub max_deliver: i64,
@@ -23,8 +28,10 @@ pub struct Settings {
     /// Replicas of streams and bucket (3 in a production cluster).
     pub replicas: usize,
     /// How long dead letters are kept.
+    #[serde(rename = "dead_letter_max_age_secs", with = "secs")]
     pub dlq_max_age: Duration,
     /// How long status records are kept.
+    #[serde(rename = "status_max_age_secs", with = "secs")]
     pub status_max_age: Duration,
 }
 
@@ -43,19 +50,91 @@ impl Default for Settings {
     }
 }
 
+impl Settings {
+    /// Parses a settings file (TOML) and checks its values.
+    pub fn from_toml(text: &str) -> Result<Settings> {
+        let s: Settings = toml::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
+        s.validate()?;
+        Ok(s)
+    }
+
+    pub fn load(path: &std::path::Path) -> Result<Settings> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read settings file {}", path.display()))?;
+        Settings::from_toml(&text)
+            .with_context(|| format!("invalid settings file {}", path.display()))
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        let positive = [
+            (
+                "duplicate_window_secs",
+                self.duplicate_window.as_secs() as i64,
+            ),
+            ("ack_wait_secs", self.ack_wait.as_secs() as i64),
+            ("max_message_bytes", i64::from(self.max_message_bytes)),
+            ("max_deliver", self.max_deliver),
+            ("max_ack_pending", self.max_ack_pending),
+            (
+                "dead_letter_max_age_secs",
+                self.dlq_max_age.as_secs() as i64,
+            ),
+            ("status_max_age_secs", self.status_max_age.as_secs() as i64),
+        ];
+        for (key, value) in positive {
+            if value <= 0 {
+                bail!("{key} = {value}: must be at least 1");
+            }
+        }
+        if !(1..=5).contains(&self.replicas) {
+            bail!("replicas = {}: JetStream allows 1 to 5", self.replicas);
+        }
+        if self.max_deliver < 2 {
+            bail!(
+                "max_deliver = {}: at least 2, so a job survives one crashed consumer",
+                self.max_deliver
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Durations as whole seconds in settings files.
+mod secs {
+    use std::time::Duration;
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let n: u64 = serde::Deserialize::deserialize(d)?;
+        Ok(Duration::from_secs(n))
+    }
+}
+
 /// What `ensure` did to one resource.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change {
     Created(String),
-    Updated(String),
+    /// The resource, and what changed ("ack_wait 60s -> 30s", ...).
+    Updated(String, Vec<String>),
     Unchanged(String),
+}
+
+impl Change {
+    /// For `--json`: `{"action": "created" | "updated" | "unchanged", "resource": ..., "changes": [...]}`.
+    pub fn to_json(&self) -> serde_json::Value {
+        let (action, resource, changes) = match self {
+            Change::Created(r) => ("created", r, &[][..]),
+            Change::Updated(r, c) => ("updated", r, &c[..]),
+            Change::Unchanged(r) => ("unchanged", r, &[][..]),
+        };
+        serde_json::json!({"action": action, "resource": resource, "changes": changes})
+    }
 }
 
 impl std::fmt::Display for Change {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Change::Created(w) => write!(f, "created   {w}"),
-            Change::Updated(w) => write!(f, "updated   {w}"),
+            Change::Updated(w, what) => write!(f, "updated   {w} ({})", what.join(", ")),
             Change::Unchanged(w) => write!(f, "unchanged {w}"),
         }
     }
@@ -81,6 +160,8 @@ pub fn dlq_stream_config(t: &Topology, s: &Settings) -> stream::Config {
         // Limits retention: dead letters stay browsable until they age out.
         retention: stream::RetentionPolicy::Limits,
         max_age: s.dlq_max_age,
+        // Dead letters carry the original job (base64) plus the error: no cap.
+        max_message_size: -1,
         duplicate_window: s.duplicate_window,
         num_replicas: s.replicas,
         storage: stream::StorageType::File,
@@ -101,12 +182,31 @@ pub fn consumer_config(t: &Topology, s: &Settings) -> consumer::pull::Config {
     }
 }
 
-fn stream_differs(have: &stream::Config, want: &stream::Config) -> bool {
-    have.subjects != want.subjects
-        || have.duplicate_window != want.duplicate_window
-        || have.max_message_size != want.max_message_size
-        || have.num_replicas != want.num_replicas
-        || have.max_age != want.max_age
+/// Pushes "name have -> want" when the two differ.
+fn diff<T: PartialEq + std::fmt::Debug>(out: &mut Vec<String>, name: &str, have: &T, want: &T) {
+    if have != want {
+        out.push(format!("{name} {have:?} -> {want:?}"));
+    }
+}
+
+fn stream_diff(have: &stream::Config, want: &stream::Config) -> Vec<String> {
+    let mut out = Vec::new();
+    diff(&mut out, "subjects", &have.subjects, &want.subjects);
+    diff(
+        &mut out,
+        "duplicate_window",
+        &have.duplicate_window,
+        &want.duplicate_window,
+    );
+    diff(
+        &mut out,
+        "max_message_size",
+        &have.max_message_size,
+        &want.max_message_size,
+    );
+    diff(&mut out, "replicas", &have.num_replicas, &want.num_replicas);
+    diff(&mut out, "max_age", &have.max_age, &want.max_age);
+    out
 }
 
 async fn ensure_stream(js: &jetstream::Context, want: stream::Config) -> Result<Change> {
@@ -122,13 +222,14 @@ async fn ensure_stream(js: &jetstream::Context, want: stream::Config) -> Result<
                     want.retention
                 );
             }
-            if stream_differs(&have, &want) {
+            let changed = stream_diff(&have, &want);
+            if changed.is_empty() {
+                Ok(Change::Unchanged(what))
+            } else {
                 js.update_stream(&want)
                     .await
                     .with_context(|| format!("cannot update {what}"))?;
-                Ok(Change::Updated(what))
-            } else {
-                Ok(Change::Unchanged(what))
+                Ok(Change::Updated(what, changed))
             }
         }
         Err(_) => {
@@ -151,17 +252,28 @@ async fn ensure_consumer(
     match stream.consumer_info(&name).await {
         Ok(info) => {
             let have = &info.config;
-            let same = have.ack_wait == want.ack_wait
-                && have.max_deliver == want.max_deliver
-                && have.max_ack_pending == want.max_ack_pending;
-            if same {
+            let mut changed = Vec::new();
+            diff(&mut changed, "ack_wait", &have.ack_wait, &want.ack_wait);
+            diff(
+                &mut changed,
+                "max_deliver",
+                &have.max_deliver,
+                &want.max_deliver,
+            );
+            diff(
+                &mut changed,
+                "max_ack_pending",
+                &have.max_ack_pending,
+                &want.max_ack_pending,
+            );
+            if changed.is_empty() {
                 Ok(Change::Unchanged(what))
             } else {
                 stream
                     .update_consumer(want)
                     .await
                     .with_context(|| format!("cannot update {what}"))?;
-                Ok(Change::Updated(what))
+                Ok(Change::Updated(what, changed))
             }
         }
         Err(_) => {
@@ -181,7 +293,21 @@ async fn ensure_status_bucket(
 ) -> Result<Change> {
     let what = format!("key-value bucket {}", t.status_bucket);
     if js.get_key_value(&t.status_bucket).await.is_ok() {
-        return Ok(Change::Unchanged(what));
+        // A bucket is a stream named KV_<bucket>; its age and replicas can change in place.
+        let mut backing = js.get_stream(format!("KV_{}", t.status_bucket)).await?;
+        let mut config = backing.info().await?.config.clone();
+        let mut changed = Vec::new();
+        diff(&mut changed, "max_age", &config.max_age, &s.status_max_age);
+        diff(&mut changed, "replicas", &config.num_replicas, &s.replicas);
+        if changed.is_empty() {
+            return Ok(Change::Unchanged(what));
+        }
+        config.max_age = s.status_max_age;
+        config.num_replicas = s.replicas;
+        js.update_stream(&config)
+            .await
+            .with_context(|| format!("cannot update {what}"))?;
+        return Ok(Change::Updated(what, changed));
     }
     js.create_key_value(kv::Config {
         bucket: t.status_bucket.clone(),
@@ -233,4 +359,36 @@ pub async fn ensure(
         changes.push(ensure_bucket(s3, bucket).await?);
     }
     Ok(changes)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn the_shipped_settings_file_spells_out_the_defaults() {
+        let text = include_str!("../../deploy/sluice.toml");
+        assert_eq!(Settings::from_toml(text).unwrap(), Settings::default());
+    }
+
+    #[test]
+    fn keys_left_out_keep_their_defaults() {
+        let s = Settings::from_toml("ack_wait_secs = 30\nreplicas = 3\n").unwrap();
+        assert_eq!(s.ack_wait, Duration::from_secs(30));
+        assert_eq!(s.replicas, 3);
+        assert_eq!(s.max_deliver, Settings::default().max_deliver);
+    }
+
+    #[test]
+    fn bad_settings_are_refused_naming_the_key() {
+        let e = Settings::from_toml("ack_wiat_secs = 30\n").unwrap_err();
+        assert!(format!("{e:#}").contains("ack_wiat_secs"), "{e:#}");
+        let e = Settings::from_toml("max_deliver = 1\n").unwrap_err();
+        assert!(format!("{e:#}").contains("max_deliver = 1"), "{e:#}");
+        let e = Settings::from_toml("replicas = 7\n").unwrap_err();
+        assert!(format!("{e:#}").contains("replicas = 7"), "{e:#}");
+        let e = Settings::from_toml("ack_wait_secs = \"60s\"\n").unwrap_err();
+        assert!(format!("{e:#}").contains("ack_wait_secs"), "{e:#}");
+    }
 }

@@ -184,6 +184,46 @@ impl Item {
     }
 }
 
+/// Why a JSONL body was refused by [`parse_jsonl`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JsonlError {
+    /// Not UTF-8, a line that is not JSON, or not an item of the task.
+    Invalid(String),
+    /// More than `max_items` items.
+    TooManyItems(u64),
+}
+
+/// Parses a JSONL input (one item per line, blank lines skipped) into
+/// `items`, as the consumer does; publishers use it to check an input before
+/// uploading it.
+pub fn parse_jsonl(
+    task: Task,
+    body: &[u8],
+    items: &mut Vec<Item>,
+    max_items: u64,
+) -> Result<(), JsonlError> {
+    let text = std::str::from_utf8(body).map_err(|e| {
+        JsonlError::Invalid(format!(
+            "not valid UTF-8 (first bad byte at offset {})",
+            e.valid_up_to()
+        ))
+    })?;
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let value: Value = serde_json::from_str(line)
+            .map_err(|e| JsonlError::Invalid(format!("line {}: not JSON: {e}", n + 1)))?;
+        let item = Item::from_value(task, value)
+            .map_err(|m| JsonlError::Invalid(format!("line {}: {m}", n + 1)))?;
+        items.push(item);
+        if items.len() as u64 > max_items {
+            return Err(JsonlError::TooManyItems(max_items));
+        }
+    }
+    Ok(())
+}
+
 fn kind_of(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",

@@ -12,8 +12,8 @@ mod result;
 
 pub use error_code::{ErrorCode, ErrorInfo};
 pub use job::{
-    Input, InputFormat, Item, Job, ObjectRef, OutputOptions, Parameters, Task, VERSION, ValidJob,
-    truncate_for_message,
+    Input, InputFormat, Item, Job, JsonlError, ObjectRef, OutputOptions, Parameters, Task, VERSION,
+    ValidJob, parse_jsonl, truncate_for_message,
 };
 pub use result::{
     DeadLetter, JobResult, JobState, Outcome, Output, S3Output, StatusRecord, Timings, Usage,

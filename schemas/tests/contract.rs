@@ -426,3 +426,20 @@ fn items_are_read_with_clear_errors() {
     let err = Item::from_value(Task::Embed, json!({"txt": "a"})).unwrap_err();
     assert!(err.contains("{\"text\""), "{err}");
 }
+
+/// The publisher documentation lists every error code with its retryability.
+#[test]
+fn publisher_readme_lists_every_error_code() {
+    let readme = include_str!("../README.md");
+    for code in ErrorCode::ALL {
+        let row = format!(
+            "| `{}` | {} |",
+            code.as_str(),
+            if code.is_retryable() { "yes" } else { "no" }
+        );
+        assert!(
+            readme.contains(&row),
+            "schemas/README.md lacks the row {row}"
+        );
+    }
+}

@@ -145,19 +145,118 @@ impl Deployment {
 
 /// The consumer binary next to this test binary (`target/<profile>/`).
 pub fn consumer_binary() -> Result<PathBuf> {
+    workspace_binary("sluice-consumer", "sluice-consumer")
+}
+
+/// The `sluice` CLI next to this test binary.
+pub fn cli_binary() -> Result<PathBuf> {
+    workspace_binary("sluice", "sluice-producer")
+}
+
+fn workspace_binary(name: &str, package: &str) -> Result<PathBuf> {
     let exe = std::env::current_exe()?;
     let profile_dir = exe
         .parent()
         .and_then(|deps| deps.parent())
         .context("cannot locate the target directory")?;
-    let bin = profile_dir.join("sluice-consumer");
+    let bin = profile_dir.join(name);
     if !bin.is_file() {
         bail!(
-            "{} not found: build it first (`cargo build -p sluice-consumer`; scripts/test does)",
+            "{} not found: build it first (`cargo build -p {package}`; scripts/test does)",
             bin.display()
         );
     }
     Ok(bin)
+}
+
+/// What a run of the `sluice` CLI did.
+#[derive(Debug)]
+pub struct CliRun {
+    /// The exit code (None: killed by a signal or the test's timeout).
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl CliRun {
+    /// stdout's lines parsed as JSON (for `--json` runs).
+    pub fn json_lines(&self) -> Vec<serde_json::Value> {
+        self.stdout
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| {
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l:?}: {e}\n{self:?}"))
+            })
+            .collect()
+    }
+}
+
+impl Deployment {
+    /// The environment that points a publisher at this deployment: the CLI's
+    /// variables and the standard AWS ones (which the Python and Node
+    /// examples read too).
+    pub fn publisher_env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("NATS_URL", self.servers.nats.url()),
+            ("SLUICE_NAMESPACE", self.namespace.clone()),
+            ("SLUICE_BUCKET", self.bucket.clone()),
+            ("AWS_ENDPOINT_URL", self.servers.s3.endpoint()),
+            ("AWS_REGION", "us-east-1".into()),
+            ("AWS_ACCESS_KEY_ID", self.servers.s3.access_key.clone()),
+            ("AWS_SECRET_ACCESS_KEY", self.servers.s3.secret_key.clone()),
+        ]
+    }
+
+    /// Runs `sluice ARGS` against this deployment, with `stdin` if given;
+    /// killed after `timeout`.
+    pub async fn cli(&self, args: &[&str], stdin: Option<&[u8]>, timeout: Duration) -> CliRun {
+        run_cli(&self.publisher_env(), args, stdin, timeout).await
+    }
+}
+
+/// Runs the `sluice` CLI with exactly `env` (plus PATH and HOME), so nothing
+/// from the test's own environment leaks in.
+pub async fn run_cli(
+    env: &[(&str, String)],
+    args: &[&str],
+    stdin: Option<&[u8]>,
+    timeout: Duration,
+) -> CliRun {
+    use tokio::io::AsyncWriteExt;
+    let bin = cli_binary().expect("the sluice binary");
+    let home = tempfile::tempdir().expect("a temp HOME");
+    let mut cmd = tokio::process::Command::new(bin);
+    cmd.args(args)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("HOME", home.path())
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().expect("spawn sluice");
+    if let (Some(body), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        pipe.write_all(body).await.expect("write stdin");
+        drop(pipe);
+    }
+    match tokio::time::timeout(timeout, child.wait_with_output()).await {
+        Ok(Ok(out)) => CliRun {
+            code: out.status.code(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        },
+        Ok(Err(e)) => panic!("sluice {args:?}: {e}"),
+        Err(_) => CliRun {
+            code: None,
+            stdout: String::new(),
+            stderr: format!("sluice {args:?} ran past {timeout:?} and was killed"),
+        },
+    }
 }
 
 /// A consumer running as a child process; killed on drop.

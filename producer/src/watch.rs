@@ -1,0 +1,188 @@
+//! Live counts of a deployment for `sluice watch`: what waits in the stream,
+//! what consumers hold, and how jobs ended (from the status bucket).
+
+use std::collections::HashMap;
+
+use anyhow::{Context, Result};
+use async_nats::jetstream::kv;
+use futures::StreamExt;
+use serde::Serialize;
+use sluice_schemas::{JobState, StatusRecord};
+
+use crate::Producer;
+
+/// One reading of a deployment.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Counts {
+    /// Status records by state.
+    pub queued: u64,
+    pub running: u64,
+    pub done: u64,
+    pub failed: u64,
+    pub cancelled: u64,
+    /// Messages in the dead-letter stream.
+    pub dead_lettered: u64,
+    /// Job stream figures.
+    pub stream: StreamFigures,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct StreamFigures {
+    /// Jobs stored in the job stream (not yet acked or terminated).
+    pub messages: u64,
+    pub bytes: u64,
+    /// Not yet delivered to any consumer.
+    pub pending: u64,
+    /// Delivered and not yet acked: held by consumers right now.
+    pub in_flight: u64,
+    /// Delivered more than once and not yet acked.
+    pub redelivered: u64,
+    /// Pull requests waiting for jobs (idle consumer capacity).
+    pub waiting_pulls: u64,
+}
+
+/// The latest state of every job in the status bucket, kept up to date from a
+/// KV watch, so that a live view costs one message per change, not one read
+/// per job per refresh.
+#[derive(Default)]
+pub struct StatusTally {
+    states: HashMap<String, JobState>,
+}
+
+impl StatusTally {
+    pub fn apply(&mut self, entry: &kv::Entry) {
+        match entry.operation {
+            kv::Operation::Put => {
+                if let Ok(r) = serde_json::from_slice::<StatusRecord>(&entry.value) {
+                    self.states.insert(entry.key.clone(), r.state);
+                }
+            }
+            kv::Operation::Delete | kv::Operation::Purge => {
+                self.states.remove(&entry.key);
+            }
+        }
+    }
+
+    pub fn fill(&self, counts: &mut Counts) {
+        counts.queued = 0;
+        counts.running = 0;
+        counts.done = 0;
+        counts.failed = 0;
+        counts.cancelled = 0;
+        for state in self.states.values() {
+            *match state {
+                JobState::Queued => &mut counts.queued,
+                JobState::Running => &mut counts.running,
+                JobState::Done => &mut counts.done,
+                JobState::Failed => &mut counts.failed,
+                JobState::Cancelled => &mut counts.cancelled,
+            } += 1;
+        }
+    }
+}
+
+/// A live view: the status tally follows the bucket, stream figures are read
+/// on each [`Watcher::read`].
+pub struct Watcher<'a> {
+    producer: &'a Producer,
+    tally: StatusTally,
+    updates: Option<kv::Watch>,
+}
+
+impl<'a> Watcher<'a> {
+    /// Starts watching and reads the bucket's current records.
+    pub async fn start(producer: &'a Producer) -> Result<Watcher<'a>> {
+        let store = producer.status_store().await?;
+        let mut tally = StatusTally::default();
+        let stored = store
+            .status()
+            .await
+            .context("cannot read the status bucket")?
+            .values();
+        let mut updates = store
+            .watch_with_history(">")
+            .await
+            .context("cannot watch the status bucket")?;
+        if stored > 0 {
+            // The first entries are the latest record of every key; `delta`
+            // counts down to 0 on the last of them.
+            // (Bounded: records that expire meanwhile would leave it short.)
+            while let Ok(Some(entry)) =
+                tokio::time::timeout(std::time::Duration::from_secs(5), updates.next()).await
+            {
+                let entry = entry.context("watching the status bucket")?;
+                tally.apply(&entry);
+                if entry.delta == 0 {
+                    break;
+                }
+            }
+        }
+        Ok(Watcher {
+            producer,
+            tally,
+            updates: Some(updates),
+        })
+    }
+
+    /// Takes in the status changes that arrived since the last read, then
+    /// reads the stream figures.
+    pub async fn read(&mut self) -> Result<Counts> {
+        if let Some(updates) = self.updates.as_mut() {
+            loop {
+                match futures::FutureExt::now_or_never(updates.next()) {
+                    Some(Some(Ok(entry))) => self.tally.apply(&entry),
+                    Some(Some(Err(e))) => {
+                        return Err(e).context("watching the status bucket");
+                    }
+                    Some(None) => {
+                        self.updates = None;
+                        break;
+                    }
+                    None => break,
+                }
+            }
+        }
+        let mut counts = Counts::default();
+        self.tally.fill(&mut counts);
+        let p = self.producer;
+        let t = &p.topology;
+        let mut jobs =
+            p.js.get_stream(&t.job_stream).await.with_context(|| {
+                format!("job stream {} not found: run `sluice init`", t.job_stream)
+            })?;
+        let state = jobs.info().await?.state.clone();
+        counts.stream.messages = state.messages;
+        counts.stream.bytes = state.bytes;
+        let info = jobs
+            .consumer_info(&t.consumer)
+            .await
+            .with_context(|| format!("consumer {} not found: run `sluice init`", t.consumer))?;
+        counts.stream.pending = info.num_pending;
+        counts.stream.in_flight = info.num_ack_pending as u64;
+        counts.stream.redelivered = info.num_redelivered as u64;
+        counts.stream.waiting_pulls = info.num_waiting as u64;
+        let mut dlq = p.js.get_stream(&t.dlq_stream).await.with_context(|| {
+            format!(
+                "dead-letter stream {} not found: run `sluice init`",
+                t.dlq_stream
+            )
+        })?;
+        counts.dead_lettered = dlq.info().await?.state.messages;
+        Ok(counts)
+    }
+
+    /// Waits up to `for_how_long` for status changes, taking them in as they come.
+    pub async fn follow(&mut self, for_how_long: std::time::Duration) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + for_how_long;
+        while let Some(updates) = self.updates.as_mut() {
+            match tokio::time::timeout_at(deadline, updates.next()).await {
+                Ok(Some(Ok(entry))) => self.tally.apply(&entry),
+                Ok(Some(Err(e))) => return Err(e).context("watching the status bucket"),
+                Ok(None) => self.updates = None,
+                Err(_) => return Ok(()),
+            }
+        }
+        tokio::time::sleep_until(deadline).await;
+        Ok(())
+    }
+}

@@ -1,0 +1,359 @@
+//! The `sluice` CLI as users run it: the real binary against real servers.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use sluice_consumer::npy;
+use sluice_tests::deploy::{Deployment, run_cli};
+use sluice_tests::fixtures::jsonl;
+use sluice_tests::{Servers, free_port, unique_name};
+
+const T: Duration = Duration::from_secs(120);
+
+fn texts(n: usize, what: &str) -> Vec<String> {
+    (0..n)
+        .map(|i| format!("{what} number {i} goes through the queue"))
+        .collect()
+}
+
+#[tokio::test]
+async fn init_creates_then_changes_nothing_then_applies_a_settings_file() {
+    let servers = Servers::start().await.unwrap();
+    let env = vec![
+        ("NATS_URL", servers.nats.url()),
+        ("SLUICE_NAMESPACE", unique_name("cli")),
+        ("SLUICE_BUCKET", unique_name("cli-init")),
+        ("AWS_ENDPOINT_URL", servers.s3.endpoint()),
+        ("AWS_ACCESS_KEY_ID", servers.s3.access_key.clone()),
+        ("AWS_SECRET_ACCESS_KEY", servers.s3.secret_key.clone()),
+    ];
+    let actions = |run: &sluice_tests::deploy::CliRun| -> Vec<String> {
+        assert_eq!(run.code, Some(0), "{run:?}");
+        run.json_lines()
+            .iter()
+            .map(|c| format!("{} {}", c["action"].as_str().unwrap(), c["resource"]))
+            .collect()
+    };
+
+    let first = run_cli(&env, &["init", "--json"], None, T).await;
+    let first = actions(&first);
+    assert_eq!(first.len(), 5, "{first:?}");
+    assert!(first.iter().all(|a| a.starts_with("created ")), "{first:?}");
+
+    let again = run_cli(&env, &["init", "--json"], None, T).await;
+    let again = actions(&again);
+    assert_eq!(again.len(), 5, "{again:?}");
+    assert!(
+        again.iter().all(|a| a.starts_with("unchanged ")),
+        "the second run must change nothing: {again:?}"
+    );
+
+    // The shipped file is the defaults: applying it changes nothing either.
+    let shipped = sluice_tests::repo_root().join("deploy/sluice.toml");
+    let run = run_cli(
+        &env,
+        &["init", "--settings", shipped.to_str().unwrap()],
+        None,
+        T,
+    )
+    .await;
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert_eq!(run.stdout.matches("unchanged").count(), 5, "{run:?}");
+
+    // A changed setting updates only what it touches, and says how.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("sluice.toml");
+    std::fs::write(&file, "ack_wait_secs = 30\nstatus_max_age_secs = 3600\n").unwrap();
+    let run = run_cli(
+        &env,
+        &["init", "--settings", file.to_str().unwrap()],
+        None,
+        T,
+    )
+    .await;
+    assert_eq!(run.code, Some(0), "{run:?}");
+    let updated: Vec<&str> = run
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("updated"))
+        .collect();
+    assert_eq!(updated.len(), 2, "{run:?}");
+    assert!(
+        updated
+            .iter()
+            .any(|l| l.contains("consumer") && l.contains("ack_wait 60s -> 30s")),
+        "{run:?}"
+    );
+    assert!(
+        updated
+            .iter()
+            .any(|l| l.contains("key-value bucket") && l.contains("max_age")),
+        "{run:?}"
+    );
+
+    // A settings file with a typo is refused, naming the key; nothing changes.
+    std::fs::write(&file, "ack_wiat_secs = 30\n").unwrap();
+    let run = run_cli(
+        &env,
+        &["init", "--settings", file.to_str().unwrap()],
+        None,
+        T,
+    )
+    .await;
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert!(
+        run.stderr.contains("invalid settings file") && run.stderr.contains("ack_wiat_secs"),
+        "{run:?}"
+    );
+}
+
+#[tokio::test]
+async fn submit_wait_download_status_dedup_and_watch() {
+    let d = Deployment::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let inputs = dir.path().join("inputs");
+    std::fs::create_dir(&inputs).unwrap();
+    // 20 texts: an S3 output; 2 texts: inline.
+    std::fs::write(inputs.join("a-many.jsonl"), jsonl(&texts(20, "many"))).unwrap();
+    std::fs::write(inputs.join("b-few.jsonl"), jsonl(&texts(2, "few"))).unwrap();
+    std::fs::write(inputs.join("ignored.txt"), "not an input").unwrap();
+    let single = dir.path().join("single.jsonl");
+    std::fs::write(&single, jsonl(&texts(3, "single"))).unwrap();
+
+    // Without --wait and with no consumer yet: submitted and queued.
+    let submit_single = [
+        "submit",
+        "--json",
+        "--id",
+        "queued-1",
+        single.to_str().unwrap(),
+    ];
+    let run = d.cli(&submit_single, None, T).await;
+    assert_eq!(run.code, Some(0), "{run:?}");
+    let events = run.json_lines();
+    assert_eq!(events.len(), 1, "{run:?}");
+    assert_eq!(events[0]["event"], "submitted");
+    assert_eq!(events[0]["job_id"], "queued-1");
+    assert_eq!(events[0]["duplicate"], false);
+    let status = d.cli(&["status", "queued-1", "--json"], None, T).await;
+    assert_eq!(status.code, Some(0), "{status:?}");
+    let record = &status.json_lines()[0];
+    assert_eq!(record["state"], "queued", "{status:?}");
+    assert_eq!(record["stream_sequence"], events[0]["sequence"]);
+
+    // The same id again within the duplicate window: not queued twice.
+    let run = d.cli(&submit_single, None, T).await;
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert_eq!(run.json_lines()[0]["duplicate"], true, "{run:?}");
+    assert_eq!(d.jobs_in_stream().await, 1);
+
+    let watch = d.cli(&["watch", "--once", "--json"], None, T).await;
+    assert_eq!(watch.code, Some(0), "{watch:?}");
+    let counts = &watch.json_lines()[0];
+    assert_eq!(counts["queued"], 1, "{watch:?}");
+    assert_eq!(counts["done"], 0, "{watch:?}");
+    assert_eq!(counts["stream"]["messages"], 1, "{watch:?}");
+    assert_eq!(counts["stream"]["pending"], 1, "{watch:?}");
+
+    // Now a consumer: a directory and stdin, waited for, outputs downloaded.
+    let _consumer = d.start_consumer(&[]).await.unwrap();
+    let out = dir.path().join("out");
+    let stdin = jsonl(&texts(4, "stdin"));
+    let run = d
+        .cli(
+            &[
+                "submit",
+                "--json",
+                "--wait",
+                "--download",
+                out.to_str().unwrap(),
+                inputs.to_str().unwrap(),
+                "-",
+            ],
+            Some(&stdin),
+            T,
+        )
+        .await;
+    assert_eq!(run.code, Some(0), "{run:?}");
+    let lines = run.json_lines();
+    let submitted: Vec<&Value> = lines.iter().filter(|l| l["event"] == "submitted").collect();
+    let results: Vec<&Value> = lines.iter().filter(|l| l.get("status").is_some()).collect();
+    assert_eq!(submitted.len(), 3, "two .jsonl files and stdin: {run:?}");
+    assert_eq!(results.len(), 3, "{run:?}");
+    for r in &results {
+        assert_eq!(r["status"], "ok", "{r}");
+    }
+    let many_id = submitted
+        .iter()
+        .find(|s| s["input"].as_str().unwrap().ends_with("a-many.jsonl"))
+        .unwrap()["job_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let npy_path = out.join(format!("{many_id}.npy"));
+    let (rows, dim, values) = npy::decode_f32(&std::fs::read(&npy_path).unwrap()).unwrap();
+    assert_eq!((rows, dim), (20, 384));
+    assert_eq!(values.len(), 20 * 384);
+    let downloaded = std::fs::read_dir(&out).unwrap().count();
+    assert_eq!(downloaded, 1, "only the S3 output is downloaded");
+
+    // status of a finished job, for people and for scripts.
+    let status = d.cli(&["status", &many_id], None, T).await;
+    assert_eq!(status.code, Some(0), "{status:?}");
+    assert!(status.stdout.contains(": done"), "{status:?}");
+    assert!(
+        status.stdout.contains(&format!("outputs/{many_id}.npy")),
+        "{status:?}"
+    );
+
+    // Wait for the queued job, then submit it again with --wait after its
+    // duplicate window... no: within it. The server drops the duplicate, no
+    // new result comes, and --wait answers from the status record.
+    let deadline = tokio::time::Instant::now() + T;
+    loop {
+        let s = d.producer.status("queued-1").await.unwrap().unwrap();
+        if s.state.is_final() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "queued-1 never finished"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let run = d
+        .cli(
+            &[
+                "submit",
+                "--json",
+                "--wait",
+                "--timeout-secs",
+                "60",
+                "--id",
+                "queued-1",
+                single.to_str().unwrap(),
+            ],
+            None,
+            T,
+        )
+        .await;
+    assert_eq!(run.code, Some(0), "{run:?}");
+    let lines = run.json_lines();
+    assert_eq!(lines[0]["duplicate"], true, "{run:?}");
+    assert_eq!(lines[1]["status_record"]["state"], "done", "{run:?}");
+
+    // A job the consumer refuses: counted as failed and dead-lettered.
+    let bad = d
+        .producer
+        .upload_input("broken.jsonl", b"\"fine\"\nnot json\n".to_vec())
+        .await
+        .unwrap();
+    let sluice_schemas::Input::Url { url, .. } = bad else {
+        unreachable!()
+    };
+    let run = d
+        .cli(
+            &["submit", "--wait", "--id", "broken-1", "--url", &url],
+            None,
+            T,
+        )
+        .await;
+    assert_eq!(run.code, Some(1), "a failed job exits 1: {run:?}");
+    assert!(
+        run.stdout.contains("broken-1: error input_invalid"),
+        "{run:?}"
+    );
+    assert!(run.stdout.contains("line 2: not JSON"), "{run:?}");
+
+    let watch = d.cli(&["watch", "--once", "--json"], None, T).await;
+    assert_eq!(watch.code, Some(0), "{watch:?}");
+    let c = &watch.json_lines()[0];
+    assert_eq!(c["done"], 4, "{watch:?}");
+    assert_eq!(c["failed"], 1, "{watch:?}");
+    assert_eq!(c["queued"], 0, "{watch:?}");
+    assert_eq!(c["running"], 0, "{watch:?}");
+    assert_eq!(c["dead_lettered"], 1, "{watch:?}");
+    assert_eq!(c["stream"]["messages"], 0, "{watch:?}");
+    assert_eq!(c["stream"]["in_flight"], 0, "{watch:?}");
+
+    // Cancelling a finished job is refused with exit 3; an unknown job has no status.
+    let run = d.cli(&["cancel", &many_id], None, T).await;
+    assert_eq!(run.code, Some(3), "{run:?}");
+    let run = d.cli(&["status", "no-such-job"], None, T).await;
+    assert_eq!(run.code, Some(3), "{run:?}");
+    assert!(
+        run.stderr.contains("no status for job no-such-job"),
+        "{run:?}"
+    );
+}
+
+#[tokio::test]
+async fn bad_usage_gets_a_clear_message_a_nonzero_exit_and_publishes_nothing() {
+    let d = Deployment::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let broken = dir.path().join("broken.jsonl");
+    std::fs::write(&broken, "\"fine\"\n{\"txt\": \"typo\"}\n").unwrap();
+    let empty = dir.path().join("empty.jsonl");
+    std::fs::write(&empty, "\n").unwrap();
+    let good = dir.path().join("good.jsonl");
+    std::fs::write(&good, "\"fine\"\n").unwrap();
+    let missing = dir.path().join("missing.jsonl");
+
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["submit", missing.to_str().unwrap()], "cannot read"),
+        (
+            vec!["submit", broken.to_str().unwrap()],
+            "broken.jsonl: line 2: an embed item",
+        ),
+        (vec!["submit", empty.to_str().unwrap()], "no items"),
+        (
+            vec!["submit", "--url", "ftp://example.com/x.jsonl"],
+            "only http:// and https://",
+        ),
+        (vec!["submit", "--url", "not a url"], "is not a URL"),
+        (vec!["submit"], "nothing to submit"),
+        (
+            vec![
+                "submit",
+                "--id",
+                "x",
+                good.to_str().unwrap(),
+                good.to_str().unwrap(),
+            ],
+            "--id applies to a single input",
+        ),
+        (
+            vec!["dlq", "ls", "--code", "nope"],
+            "unknown error code \"nope\"",
+        ),
+        (vec!["submit", "--no-such-flag"], "unexpected argument"),
+    ];
+    for (args, expected) in cases {
+        let run = d.cli(&args, None, T).await;
+        assert_eq!(run.code, Some(2), "{args:?}: {run:?}");
+        assert!(
+            run.stderr.contains(expected),
+            "{args:?}: expected {expected:?} in stderr: {run:?}"
+        );
+    }
+    assert_eq!(d.jobs_in_stream().await, 0, "nothing was published");
+
+    // NATS unreachable: a closed port on loopback.
+    let mut env = d.publisher_env();
+    let url = format!("nats://127.0.0.1:{}", free_port());
+    env.retain(|(k, _)| *k != "NATS_URL");
+    env.push(("NATS_URL", url.clone()));
+    let run = run_cli(&env, &["submit", good.to_str().unwrap()], None, T).await;
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert!(
+        run.stderr.contains(&format!("NATS at {url}")),
+        "the message names the server: {run:?}"
+    );
+    assert_eq!(d.jobs_in_stream().await, 0);
+
+    // --help explains the flags and the exit codes.
+    let help = d.cli(&["--help"], None, T).await;
+    assert_eq!(help.code, Some(0));
+    assert!(help.stdout.contains("Exit codes"), "{help:?}");
+    assert!(help.stdout.contains("[env: NATS_URL]"), "{help:?}");
+}
