@@ -21,6 +21,8 @@ pub struct BatchItem {
     pub job: mpsc::UnboundedSender<ItemOutcome>,
     /// When the item became ready (tokenized).
     pub ready_at: Instant,
+    /// The job's span, for the batch span's links (None: tracing is off).
+    pub trace: Option<opentelemetry::trace::SpanContext>,
 }
 
 /// What the executor sends back for each item.
@@ -220,6 +222,7 @@ mod tests {
             index: len,
             job: tx.clone(),
             ready_at: Instant::now(),
+            trace: None,
         }
     }
 

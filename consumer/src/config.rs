@@ -149,6 +149,18 @@ pub struct Config {
     /// Log format.
     #[arg(long, env = "SLUICE_LOG_FORMAT", value_enum, default_value = "human")]
     pub log_format: LogFormat,
+    /// OTLP/HTTP endpoint to export traces to (e.g. http://otel-collector:4318;
+    /// spans go to <endpoint>/v1/traces). Unset: no traces are recorded.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+    /// OTLP/HTTP encoding.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_PROTOCOL",
+        value_enum,
+        default_value = "http/protobuf"
+    )]
+    pub otlp_protocol: crate::trace::OtlpProtocol,
 }
 
 /// A config error: which key, which value, and what to do.
@@ -214,6 +226,17 @@ impl Config {
                 0,
                 "must be positive; leave it unset to size the budget from free memory",
             ));
+        }
+        if let Some(endpoint) = &self.otlp_endpoint {
+            let ok = url::Url::parse(endpoint)
+                .is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some());
+            if !ok {
+                return Err(bad(
+                    "otlp_endpoint (--otlp-endpoint / OTEL_EXPORTER_OTLP_ENDPOINT)",
+                    endpoint,
+                    "must be an http:// or https:// URL such as http://otel-collector:4318",
+                ));
+            }
         }
         if !self.namespace.is_empty() && !sluice_schemas::names::is_valid_job_id(&self.namespace) {
             return Err(bad(

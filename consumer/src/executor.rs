@@ -13,6 +13,7 @@ use crate::budget::Budget;
 use crate::error::JobError;
 use crate::model::{EmbeddingModel, ModelError};
 use crate::telemetry::Stats;
+use crate::trace::Tracing;
 
 /// Starts the executor thread. It ends when the batcher hangs up.
 pub fn spawn(
@@ -20,22 +21,55 @@ pub fn spawn(
     mut batches: mpsc::Receiver<Batch>,
     stats: Arc<Stats>,
     budget: Budget,
+    tracing: Tracing,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name("sluice-executor".into())
         .spawn(move || {
             while let Some(batch) = batches.blocking_recv() {
-                run_batch(model.as_ref(), batch, &stats, &budget);
+                run_batch(model.as_ref(), batch, &stats, &budget, &tracing);
             }
         })
 }
 
-fn run_batch(model: &dyn EmbeddingModel, batch: Batch, stats: &Stats, budget: &Budget) {
+/// One span per batch, linked to each job it served.
+fn trace_batch(tracing: &Tracing, batch: &Batch, started: Instant, ended: Instant, ok: bool) {
+    use opentelemetry::KeyValue;
+    let mut jobs: Vec<opentelemetry::trace::SpanContext> = Vec::new();
+    for item in &batch.items {
+        if let Some(sc) = &item.trace
+            && !jobs.iter().any(|j| j.span_id() == sc.span_id())
+        {
+            jobs.push(sc.clone());
+        }
+    }
+    let attributes = vec![
+        KeyValue::new("sluice.batch.id", batch.id as i64),
+        KeyValue::new("sluice.batch.items", batch.items.len() as i64),
+        KeyValue::new("sluice.batch.jobs", jobs.len() as i64),
+        KeyValue::new("sluice.batch.padded_tokens", batch.padded_tokens() as i64),
+        KeyValue::new("sluice.batch.real_tokens", batch.real_tokens() as i64),
+        KeyValue::new("sluice.batch.ok", ok),
+    ];
+    tracing.batch(started, ended, attributes, jobs);
+}
+
+fn run_batch(
+    model: &dyn EmbeddingModel,
+    batch: Batch,
+    stats: &Stats,
+    budget: &Budget,
+    tracing: &Tracing,
+) {
     let started = Instant::now();
     let seqs: Vec<&[u32]> = batch.items.iter().map(|i| i.ids.as_slice()).collect();
     let result = model.embed(&seqs);
-    let model_ms = started.elapsed().as_secs_f64() * 1e3;
+    let ended = Instant::now();
+    let model_ms = ended.duration_since(started).as_secs_f64() * 1e3;
     stats.record_batch(&batch, model_ms, result.is_ok());
+    if tracing.is_enabled() {
+        trace_batch(tracing, &batch, started, ended, result.is_ok());
+    }
     let report = BatchReport {
         id: batch.id,
         started,
@@ -120,7 +154,14 @@ mod tests {
         let budget = Budget::new(1000);
         let stats = Arc::new(Stats::default());
         let (tx, rx) = mpsc::channel(1);
-        let thread = spawn(Box::new(Exhausted), rx, Arc::clone(&stats), budget.clone()).unwrap();
+        let thread = spawn(
+            Box::new(Exhausted),
+            rx,
+            Arc::clone(&stats),
+            budget.clone(),
+            Tracing::disabled(),
+        )
+        .unwrap();
         let (job_tx, mut job_rx) = mpsc::unbounded_channel();
         let items = (0..3)
             .map(|index| BatchItem {
@@ -128,6 +169,7 @@ mod tests {
                 index,
                 job: job_tx.clone(),
                 ready_at: Instant::now(),
+                trace: None,
             })
             .collect();
         tx.send(Batch { id: 7, items }).await.unwrap();

@@ -9,14 +9,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::budget::{Budget, resident_bytes};
-use crate::telemetry::Stats;
+use crate::budget::{Budget, peak_resident_bytes, resident_bytes};
+use crate::telemetry::{MemoryFigures, Stats};
 
 #[derive(Clone)]
 pub struct State {
     pub stats: Arc<Stats>,
     pub budget: Budget,
+    /// Set once the model is warm and the consumer bound; cleared on drain.
     pub ready: Arc<AtomicBool>,
+    pub nats: async_nats::Client,
+    /// "cpu" or "cuda:N".
+    pub device: String,
 }
 
 /// Binds `addr` and serves in the background; returns the bound address.
@@ -61,13 +65,10 @@ async fn answer(mut conn: TcpStream, state: &State) -> std::io::Result<()> {
     }
     match path.split('?').next().unwrap_or("") {
         "/healthz" => respond(&mut conn, 200, "text/plain", "ok\n").await,
-        "/readyz" => {
-            if state.ready.load(Ordering::Acquire) {
-                respond(&mut conn, 200, "text/plain", "ready\n").await
-            } else {
-                respond(&mut conn, 503, "text/plain", "not ready\n").await
-            }
-        }
+        "/readyz" => match readiness(state) {
+            Ok(()) => respond(&mut conn, 200, "text/plain", "ready\n").await,
+            Err(why) => respond(&mut conn, 503, "text/plain", &format!("not ready: {why}\n")).await,
+        },
         "/debug/memory" => {
             let body = memory_json(state).to_string();
             respond(&mut conn, 200, "application/json", &body).await
@@ -77,7 +78,9 @@ async fn answer(mut conn: TcpStream, state: &State) -> std::io::Result<()> {
                 &mut conn,
                 200,
                 "text/plain; version=0.0.4",
-                &metrics_text(state),
+                &state
+                    .stats
+                    .render_prometheus(&state.budget.snapshot(), &memory_figures(state)),
             )
             .await
         }
@@ -102,119 +105,38 @@ async fn respond(conn: &mut TcpStream, code: u16, ctype: &str, body: &str) -> st
     conn.shutdown().await
 }
 
+fn memory_figures(state: &State) -> MemoryFigures {
+    MemoryFigures {
+        allocated_bytes: resident_bytes().unwrap_or(0),
+        peak_bytes: peak_resident_bytes().unwrap_or(0),
+        ready: readiness(state).is_ok(),
+    }
+}
+
 fn memory_json(state: &State) -> serde_json::Value {
     let b = state.budget.snapshot();
+    let m = memory_figures(state);
     serde_json::json!({
+        "device": state.device,
         "budget_bytes": b.limit_bytes,
         "reserved_bytes": b.reserved_bytes,
         "peak_reserved_bytes": b.peak_reserved_bytes,
-        "resident_bytes": resident_bytes(),
+        "allocated_bytes": m.allocated_bytes,
+        "peak_bytes": m.peak_bytes,
+        "resident_bytes": m.allocated_bytes,
         "jobs_in_flight": state.stats.jobs_in_flight.load(Ordering::Relaxed),
+        "tokens_in_flight": state.stats.tokens_in_flight.load(Ordering::Relaxed),
     })
 }
 
-fn metrics_text(state: &State) -> String {
-    use std::fmt::Write;
-    let s = &state.stats;
-    let b = state.budget.snapshot();
-    let mut out = String::new();
-    let mut line = |name: &str, kind: &str, help: &str, value: u64| {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
-        );
-    };
-    let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-    line(
-        "sluice_jobs_ok_total",
-        "counter",
-        "Jobs answered ok.",
-        get(&s.jobs_ok),
-    );
-    line(
-        "sluice_jobs_retried_total",
-        "counter",
-        "Transient failures Nak'ed for retry.",
-        get(&s.jobs_retried),
-    );
-    line(
-        "sluice_items_total",
-        "counter",
-        "Items embedded in ok jobs.",
-        get(&s.items_done),
-    );
-    line(
-        "sluice_tokens_total",
-        "counter",
-        "Real tokens in ok jobs.",
-        get(&s.tokens_done),
-    );
-    line(
-        "sluice_batches_total",
-        "counter",
-        "Batches run.",
-        get(&s.batches),
-    );
-    line(
-        "sluice_batch_items_total",
-        "counter",
-        "Items over all batches.",
-        get(&s.batch_items),
-    );
-    line(
-        "sluice_batch_real_tokens_total",
-        "counter",
-        "Real tokens over all batches.",
-        get(&s.batch_real_tokens),
-    );
-    line(
-        "sluice_batch_padded_tokens_total",
-        "counter",
-        "Padded tokens (items x longest) over all batches.",
-        get(&s.batch_padded_tokens),
-    );
-    line(
-        "sluice_batch_padded_tokens_max",
-        "gauge",
-        "Largest padded cost of a batch.",
-        get(&s.max_batch_padded_tokens),
-    );
-    line(
-        "sluice_batches_multi_job_total",
-        "counter",
-        "Batches holding items of several jobs.",
-        get(&s.batches_multi_job),
-    );
-    line(
-        "sluice_jobs_in_flight",
-        "gauge",
-        "Jobs admitted and not yet settled.",
-        get(&s.jobs_in_flight),
-    );
-    line(
-        "sluice_budget_bytes",
-        "gauge",
-        "Memory budget for jobs.",
-        b.limit_bytes,
-    );
-    line(
-        "sluice_budget_reserved_bytes",
-        "gauge",
-        "Bytes reserved by in-flight jobs.",
-        b.reserved_bytes,
-    );
-    line(
-        "sluice_budget_reserved_peak_bytes",
-        "gauge",
-        "Highest reserved bytes so far.",
-        b.peak_reserved_bytes,
-    );
-    let _ = writeln!(
-        out,
-        "# HELP sluice_jobs_failed_total Jobs failed for good, by error code.\n# TYPE sluice_jobs_failed_total counter"
-    );
-    for (code, n) in s.jobs_failed() {
-        let _ = writeln!(out, "sluice_jobs_failed_total{{code=\"{code}\"}} {n}");
+/// Ready: the model is loaded and warm and the consumer bound (both true
+/// once `ready` is set), NATS is connected, and the consumer is not draining.
+fn readiness(state: &State) -> Result<(), &'static str> {
+    if !state.ready.load(Ordering::Acquire) {
+        return Err("draining");
     }
-    out
+    if state.nats.connection_state() != async_nats::connection::State::Connected {
+        return Err("NATS disconnected");
+    }
+    Ok(())
 }

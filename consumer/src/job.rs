@@ -21,6 +21,10 @@ use crate::budget::Reservation;
 use crate::error::JobError;
 use crate::model::{TokenizeError, TokenizedItem};
 use crate::service::Shared;
+use crate::telemetry::TokensInFlight;
+use crate::trace::JobTrace;
+use opentelemetry::KeyValue;
+use std::sync::atomic::Ordering;
 
 /// What a successful job produced.
 struct Done {
@@ -48,15 +52,19 @@ struct Delivery {
     task: Option<Task>,
     /// Replays recorded in the job's status, carried into every status write.
     replays: u32,
+    /// The job's trace id, for log lines ("-" when tracing is off).
+    trace_id: String,
 }
 
 /// Handles one delivered job message; `reservation` is the budget it was
-/// admitted under and is released when this returns. When `abort` turns true
-/// (the drain deadline passed) the job stops where it is and is Nak'ed.
+/// admitted under (from `asked_at` on) and is released when this returns.
+/// When `abort` turns true (the drain deadline passed) the job stops where it
+/// is and is Nak'ed.
 pub async fn handle(
     shared: Arc<Shared>,
     msg: jetstream::Message,
     mut reservation: Reservation,
+    asked_at: Instant,
     mut abort: watch::Receiver<bool>,
 ) {
     let pulled_at = Instant::now();
@@ -71,28 +79,55 @@ pub async fn handle(
             job_id: None,
             task: None,
             replays: 0,
+            trace_id: "-".into(),
         },
         Err(e) => {
             tracing::error!(error = %e, subject = %msg.subject, "bug: a pulled message has no JetStream metadata; leaving it to redelivery");
             return;
         }
     };
+    let trace = shared
+        .tracing
+        .job(delivery.traceparent.as_deref(), asked_at);
+    if let Some(id) = trace.trace_id() {
+        delivery.trace_id = id;
+    }
+    trace.stage_with(
+        "admission",
+        asked_at,
+        pulled_at,
+        vec![KeyValue::new(
+            "sluice.reserved_bytes",
+            reservation.bytes() as i64,
+        )],
+    );
+    if delivery.attempt > 1 {
+        shared.stats.redeliveries.fetch_add(1, Ordering::Relaxed);
+    }
     let keepalive = KeepAlive::start(&shared, &msg);
     let mut timings = Timings {
         queue: Some(ms_between(delivery.published, OffsetDateTime::now_utc())),
         ..Timings::default()
     };
     let outcome = tokio::select! {
-        outcome = process(&shared, &msg, &mut delivery, &mut reservation, &mut timings) => outcome,
+        outcome = process(&shared, &msg, &mut delivery, &mut reservation, &mut timings, &trace) => outcome,
         () = aborted(&mut abort) => {
-            tracing::info!(job = delivery.job_id.as_deref().unwrap_or("?"), "drain deadline: Nak'ing the job for redelivery");
+            tracing::info!(job = delivery.job_id.as_deref().unwrap_or("?"), trace_id = %delivery.trace_id, "drain deadline: Nak'ing the job for redelivery");
             nak_now(&msg).await;
+            trace.end("requeued", None);
             return;
         }
     };
     keepalive.stop().await;
     timings.total = Some(pulled_at.elapsed().as_secs_f64() * 1e3);
-    settle(&shared, msg, delivery, outcome, timings).await;
+    trace.set_attributes(vec![
+        KeyValue::new("messaging.system", "nats"),
+        KeyValue::new("messaging.destination.name", delivery.subject.clone()),
+        KeyValue::new("sluice.job.id", delivery.job_id.clone().unwrap_or_default()),
+        KeyValue::new("sluice.attempt", i64::from(delivery.attempt)),
+        KeyValue::new("sluice.stream_sequence", delivery.stream_sequence as i64),
+    ]);
+    settle(&shared, msg, delivery, outcome, timings, trace).await;
 }
 
 /// The `id` of a job message that may be invalid otherwise, if it is a valid id.
@@ -170,6 +205,7 @@ async fn process(
     delivery: &mut Delivery,
     reservation: &mut Reservation,
     timings: &mut Timings,
+    trace: &JobTrace,
 ) -> Result<Finished, JobError> {
     let limits = &shared.limits;
     if msg.payload.len() as u64 > limits.max_input_bytes {
@@ -249,6 +285,12 @@ async fn process(
         .items(task, &job.inputs, limits.max_items_per_job)
         .await?;
     timings.fetch = Some(started.elapsed().as_secs_f64() * 1e3);
+    trace.stage_with(
+        "fetch",
+        started,
+        Instant::now(),
+        vec![KeyValue::new("sluice.inputs", job.inputs.len() as i64)],
+    );
     if fetched.items.is_empty() {
         return Err(JobError::new(
             ErrorCode::InputInvalid,
@@ -282,10 +324,20 @@ async fn process(
         tokens: tokenized.iter().map(|t| t.ids.len() as u64).sum(),
         truncated_items: tokenized.iter().filter(|t| t.truncated).count() as u64,
     };
+    trace.stage_with(
+        "tokenize",
+        started,
+        Instant::now(),
+        vec![
+            KeyValue::new("sluice.items", usage.items as i64),
+            KeyValue::new("sluice.tokens", usage.tokens as i64),
+        ],
+    );
+    let _in_flight = TokensInFlight::add(&shared.stats, usage.tokens);
     // The real cost is known now: give back the rest of the worst case.
     reservation.shrink_to(shared.cost.actual_bytes(usage.items, usage.tokens));
 
-    let vectors = embed(shared, tokenized, timings).await?;
+    let vectors = embed(shared, tokenized, timings, trace).await?;
     let vectors = if job.parameters.normalize() {
         vectors.into_iter().map(l2_normalize).collect()
     } else {
@@ -297,6 +349,18 @@ async fn process(
         .store_embeddings(&job.id, vectors, shared.dim, job.output.presign_get_secs)
         .await?;
     timings.write = Some(started.elapsed().as_secs_f64() * 1e3);
+    trace.stage_with(
+        "write",
+        started,
+        Instant::now(),
+        vec![KeyValue::new(
+            "sluice.output",
+            match &output {
+                Output::S3(_) => "s3",
+                Output::Inline { .. } => "inline",
+            },
+        )],
+    );
     Ok(Finished::Done(Done { output, usage }))
 }
 
@@ -305,8 +369,10 @@ async fn embed(
     shared: &Shared,
     tokenized: Vec<TokenizedItem>,
     timings: &mut Timings,
+    trace: &JobTrace,
 ) -> Result<Vec<Vec<f32>>, JobError> {
     let n = tokenized.len();
+    let span = trace.span_context();
     let (tx, mut rx) = mpsc::unbounded_channel();
     let mut ready_at = Instant::now();
     for (index, item) in tokenized.into_iter().enumerate() {
@@ -316,6 +382,7 @@ async fn embed(
             index,
             job: tx.clone(),
             ready_at,
+            trace: span.clone(),
         };
         shared.batcher.send(item).await.map_err(|_| {
             JobError::new(
@@ -329,6 +396,8 @@ async fn embed(
     let mut batches = HashSet::new();
     let mut inference_ms = 0.0;
     let mut last_start = ready_at;
+    let mut first_start: Option<Instant> = None;
+    let mut last_end = ready_at;
     for _ in 0..n {
         match rx.recv().await {
             Some(ItemOutcome::Done {
@@ -340,6 +409,9 @@ async fn embed(
                     inference_ms += batch.model_ms;
                 }
                 last_start = last_start.max(batch.started);
+                first_start = Some(first_start.map_or(batch.started, |f| f.min(batch.started)));
+                last_end =
+                    last_end.max(batch.started + Duration::from_secs_f64(batch.model_ms / 1e3));
                 if let Some(slot) = vectors.get_mut(index) {
                     *slot = Some(vector);
                 }
@@ -355,6 +427,16 @@ async fn embed(
     }
     timings.batch_wait = Some(last_start.saturating_duration_since(ready_at).as_secs_f64() * 1e3);
     timings.inference = Some(inference_ms);
+    trace.stage("batch_wait", ready_at, last_start.max(ready_at));
+    trace.stage_with(
+        "inference",
+        first_start.unwrap_or(ready_at),
+        last_end,
+        vec![
+            KeyValue::new("sluice.batches", batches.len() as i64),
+            KeyValue::new("sluice.model_ms", inference_ms),
+        ],
+    );
     vectors
         .into_iter()
         .collect::<Option<Vec<_>>>()
@@ -392,12 +474,16 @@ async fn settle(
     d: Delivery,
     outcome: Result<Finished, JobError>,
     timings: Timings,
+    trace: JobTrace,
 ) {
     let finished_at = OffsetDateTime::now_utc();
+    shared.stats.record_timings(&timings);
     match outcome {
         Ok(Finished::AlreadyFinal(state)) => {
+            trace.end("already_answered", None);
             tracing::info!(
                 job = d.job_id.as_deref().unwrap_or("?"),
+                trace_id = %d.trace_id,
                 ?state,
                 attempt = d.attempt,
                 "job already answered; acking the redelivery"
@@ -436,18 +522,21 @@ async fn settle(
                 .unwrap_or_else(|| shared.topology.result_subject(&job_id));
             // Status first: it is durable (a JetStream write), and a redelivery
             // that finds it final only acks, so a result is never published twice.
+            let publish_started = Instant::now();
             match shared.sink.finish_status(&record).await {
                 Ok(true) => {}
                 Ok(false) => {
-                    tracing::info!(job = %job_id, attempt = d.attempt, "another delivery finished the job first; not answering twice");
+                    tracing::info!(job = %job_id, trace_id = %d.trace_id, attempt = d.attempt, "another delivery finished the job first; not answering twice");
                     if let Err(e) = msg.double_ack().await {
                         tracing::warn!(error = %e, "double ack failed");
                     }
+                    trace.end("already_answered", None);
                     return;
                 }
                 Err(e) => {
-                    tracing::warn!(job = %job_id, error = %e, "cannot record a finished job; it will be redelivered");
+                    tracing::warn!(job = %job_id, trace_id = %d.trace_id, error = %e, "cannot record a finished job; it will be redelivered");
                     nak(&msg, retry_delay(shared, &d)).await;
+                    trace.end("retry", Some(ErrorCode::StorageUnavailable.as_str()));
                     return;
                 }
             }
@@ -461,37 +550,47 @@ async fn settle(
             if let Err(e) = msg.double_ack().await {
                 tracing::warn!(job = %job_id, error = %e, "double ack failed; a redelivery will find the job done");
             }
+            trace.stage("publish", publish_started, Instant::now());
+            trace.end("ok", None);
             shared
                 .stats
                 .record_job_ok(done.usage.items, done.usage.tokens);
             tracing::info!(
                 job = %job_id,
+                trace_id = %d.trace_id,
                 outcome = "ok",
                 attempt = d.attempt,
                 items = done.usage.items,
                 tokens = done.usage.tokens,
-                total_ms = timings.total.unwrap_or(0.0),
+                queue_ms = timings.queue.unwrap_or(0.0),
+                fetch_ms = timings.fetch.unwrap_or(0.0),
+                batch_wait_ms = timings.batch_wait.unwrap_or(0.0),
                 inference_ms = timings.inference.unwrap_or(0.0),
+                write_ms = timings.write.unwrap_or(0.0),
+                total_ms = timings.total.unwrap_or(0.0),
                 "job done"
             );
         }
         Err(error) if error.is_retryable() && i64::from(d.attempt) < shared.max_deliver => {
             let delay = retry_delay(shared, &d);
+            trace.end("retry", Some(error.code.as_str()));
             tracing::warn!(
                 job = d.job_id.as_deref().unwrap_or("?"),
+                trace_id = %d.trace_id,
                 code = %error.code,
                 attempt = d.attempt,
                 retry_in_ms = delay.as_millis() as u64,
                 error = %error.message,
                 "job failed; will retry"
             );
-            shared
-                .stats
-                .jobs_retried
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            shared.stats.record_job_retried(error.code);
             nak(&msg, delay).await;
         }
-        Err(error) => fail(shared, msg, d, error, timings, finished_at).await,
+        Err(error) => {
+            let code = error.code.as_str();
+            fail(shared, msg, d, error, timings, finished_at).await;
+            trace.end("failed", Some(code));
+        }
     }
 }
 
@@ -538,6 +637,7 @@ async fn give_up(
     finished_at: OffsetDateTime,
 ) -> Result<(), JobError> {
     let job_id = d.job_id.clone();
+    let timings_total = timings.total.unwrap_or(0.0);
     let dead_letter = error.code != ErrorCode::Cancelled;
     if let Some(id) = &job_id
         && dead_letter
@@ -613,12 +713,17 @@ async fn give_up(
         }
     }
     shared.stats.record_job_failed(error.code);
+    if dead_letter {
+        shared.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+    }
     tracing::info!(
         job = job_id.as_deref().unwrap_or("?"),
+        trace_id = %d.trace_id,
         outcome = "failed",
         code = %error.code,
         attempt = d.attempt,
         seq = d.stream_sequence,
+        total_ms = timings_total,
         error = %error.message,
         "job failed"
     );
@@ -655,6 +760,7 @@ pub async fn dead_letter_exhausted(
         job_id: decoded.as_ref().map(|v| v.job.id.clone()),
         task: decoded.as_ref().map(|v| v.task),
         replays: 0,
+        trace_id: "-".into(),
     };
     let error = JobError::new(
         ErrorCode::MaxDeliveriesExceeded,

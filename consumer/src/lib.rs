@@ -24,6 +24,7 @@ pub mod offline;
 pub mod service;
 pub mod sink;
 pub mod telemetry;
+pub mod trace;
 
 use std::time::Duration;
 

@@ -73,6 +73,7 @@ pub fn embed_file(args: &EmbedArgs) -> anyhow::Result<EmbedReport> {
             index,
             job: tx.clone(),
             ready_at: now,
+            trace: None,
         });
     }
     let mut vectors = vec![Vec::new(); n];

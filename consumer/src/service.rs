@@ -76,6 +76,7 @@ pub struct Shared {
     pub progress_interval: Duration,
     pub retry_base: Duration,
     pub retry_max: Duration,
+    pub tracing: crate::trace::Tracing,
 }
 
 /// The model side of start-up, also used by the offline `embed` command.
@@ -114,6 +115,7 @@ pub struct Running {
     admission: tokio::task::JoinHandle<anyhow::Result<()>>,
     executor: std::thread::JoinHandle<()>,
     ready: Arc<AtomicBool>,
+    tracing: crate::trace::Tracing,
 }
 
 impl Running {
@@ -127,6 +129,9 @@ impl Running {
         // The batcher ends when the last job drops its sender; the executor
         // when the batcher ends (after the batch it is running, if any).
         let _ = tokio::task::spawn_blocking(move || self.executor.join()).await;
+        // Export the spans still buffered (blocking HTTP: off the runtime).
+        let tracing = self.tracing;
+        let _ = tokio::task::spawn_blocking(move || tracing.shutdown()).await;
         result
     }
 
@@ -143,6 +148,11 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     crate::alloc::tune();
     let topology = config.topology();
     let loaded = load_model(&config.model)?;
+    let device_name = match loaded.device.location() {
+        candle_core::DeviceLocation::Cpu => "cpu".to_string(),
+        candle_core::DeviceLocation::Cuda { gpu_id } => format!("cuda:{gpu_id}"),
+        other => format!("{other:?}"),
+    };
     let model = loaded.model;
     let dim = model.dim();
 
@@ -259,11 +269,28 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             )
         })?;
 
+    let tracing = match config.otlp_endpoint.clone() {
+        // The exporter's HTTP client is a blocking one: build it off the runtime.
+        Some(endpoint) => {
+            let protocol = config.otlp_protocol;
+            tokio::task::spawn_blocking(move || crate::trace::Tracing::otlp(&endpoint, protocol))
+                .await
+                .context("tracing set-up panicked")??
+        }
+        None => crate::trace::Tracing::disabled(),
+    };
+
     let stats = Arc::new(Stats::default());
     let (item_tx, item_rx) = mpsc::channel(4096);
     let (batch_tx, batch_rx) = mpsc::channel(1);
 
-    let executor = executor::spawn(model, batch_rx, Arc::clone(&stats), budget.clone())?;
+    let executor = executor::spawn(
+        model,
+        batch_rx,
+        Arc::clone(&stats),
+        budget.clone(),
+        tracing.clone(),
+    )?;
     tokio::spawn(batcher::run(
         item_rx,
         batch_tx,
@@ -304,6 +331,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         progress_interval: Duration::from_secs(config.progress_interval_secs),
         retry_base: Duration::from_millis(config.retry_base_ms),
         retry_max: Duration::from_millis(config.retry_max_ms),
+        tracing: tracing.clone(),
     });
 
     let advisories = crate::advisory::subscribe(
@@ -326,6 +354,8 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             stats: Arc::clone(&stats),
             budget: budget.clone(),
             ready: Arc::clone(&ready),
+            nats: nats.clone(),
+            device: device_name,
         },
     )
     .await
@@ -350,6 +380,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         admission,
         executor,
         ready,
+        tracing,
     })
 }
 
@@ -395,6 +426,7 @@ async fn admit(
     'pulling: while stop.borrow().is_none() {
         // Reap finished job tasks.
         while jobs.try_join_next().is_some() {}
+        let asked_at = Instant::now();
         let first = tokio::select! {
             r = budget.reserve(worst) => r,
             _ = stop.changed() => break 'pulling,
@@ -452,7 +484,7 @@ async fn admit(
                     let abort = abort.clone();
                     jobs.spawn(async move {
                         let stats = Arc::clone(&shared.stats);
-                        job::handle(shared, msg, reservation, abort).await;
+                        job::handle(shared, msg, reservation, asked_at, abort).await;
                         stats.jobs_in_flight.fetch_sub(1, Ordering::Relaxed);
                     });
                 }

@@ -1,15 +1,102 @@
-//! Typed telemetry: one place records each event as counters (served on
-//! `/metrics` and `/debug/memory`) and as a log line. Per batch, not per item.
+//! Typed telemetry: one place records each event as counters and histograms
+//! (served as Prometheus text on `/metrics`, and on `/debug/memory`) and as a
+//! log line. Recorded per batch and per job, never per item.
+//!
+//! Metric names and label values are a fixed set: error codes come from
+//! [`ErrorCode::ALL`], stages from [`STAGES`]; every series is printed from
+//! the start (at zero), so dashboards and alerts never see a series appear.
 
-use std::collections::BTreeMap;
+use std::fmt::Write;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use sluice_schemas::ErrorCode;
+use sluice_schemas::{ErrorCode, Timings};
 
 use crate::batcher::Batch;
+use crate::budget::BudgetSnapshot;
 
-#[derive(Default)]
+/// A Prometheus histogram with fixed buckets (upper bounds, `+Inf` implied).
+pub struct Histogram {
+    bounds: &'static [f64],
+    counts: Vec<AtomicU64>,
+    count: AtomicU64,
+    /// The sum, as f64 bits.
+    sum: AtomicU64,
+}
+
+impl Histogram {
+    pub fn new(bounds: &'static [f64]) -> Histogram {
+        Histogram {
+            bounds,
+            counts: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
+            count: AtomicU64::new(0),
+            sum: AtomicU64::new(0f64.to_bits()),
+        }
+    }
+
+    pub fn observe(&self, value: f64) {
+        if let Some(i) = self.bounds.iter().position(|b| value <= *b) {
+            self.counts[i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        let _ = self
+            .sum
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+                Some((f64::from_bits(bits) + value).to_bits())
+            });
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    pub fn sum(&self) -> f64 {
+        f64::from_bits(self.sum.load(Ordering::Relaxed))
+    }
+
+    /// Writes the `_bucket`, `_sum` and `_count` lines; `labels` is empty or
+    /// `key="value"` pairs.
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
+        let sep = if labels.is_empty() { "" } else { "," };
+        let mut cumulative = 0;
+        for (bound, n) in self.bounds.iter().zip(&self.counts) {
+            cumulative += n.load(Ordering::Relaxed);
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {cumulative}"
+            );
+        }
+        let count = self.count();
+        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {count}");
+        let braces = if labels.is_empty() {
+            String::new()
+        } else {
+            format!("{{{labels}}}")
+        };
+        let _ = writeln!(out, "{name}_sum{braces} {}", self.sum());
+        let _ = writeln!(out, "{name}_count{braces} {count}");
+    }
+}
+
+/// The stages of a job, as in the result's `timings_ms` (and trace spans).
+pub const STAGES: [&str; 7] = [
+    "queue",
+    "fetch",
+    "tokenize",
+    "batch_wait",
+    "inference",
+    "write",
+    "total",
+];
+
+const SECONDS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
+const BATCH_ITEMS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0];
+const BATCH_TOKENS: &[f64] = &[
+    64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0, 32768.0,
+];
+
 pub struct Stats {
     pub batches: AtomicU64,
     pub batches_failed: AtomicU64,
@@ -24,12 +111,53 @@ pub struct Stats {
     pub batches_mixed_length: AtomicU64,
     pub model_micros: AtomicU64,
     pub jobs_ok: AtomicU64,
-    pub jobs_retried: AtomicU64,
     pub jobs_already_final: AtomicU64,
-    jobs_failed: Mutex<BTreeMap<&'static str, u64>>,
+    /// Deliveries after the first (attempt > 1).
+    pub redeliveries: AtomicU64,
+    pub dead_lettered: AtomicU64,
+    jobs_failed: Mutex<[u64; ErrorCode::ALL.len()]>,
+    jobs_retried: Mutex<[u64; ErrorCode::ALL.len()]>,
     pub items_done: AtomicU64,
     pub tokens_done: AtomicU64,
     pub jobs_in_flight: AtomicU64,
+    /// Real tokens of tokenized jobs not yet settled.
+    pub tokens_in_flight: AtomicU64,
+    pub batch_items_histogram: Histogram,
+    pub batch_padded_tokens_histogram: Histogram,
+    stage_seconds: [Histogram; STAGES.len()],
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Stats {
+            batches: AtomicU64::new(0),
+            batches_failed: AtomicU64::new(0),
+            batch_items: AtomicU64::new(0),
+            batch_real_tokens: AtomicU64::new(0),
+            batch_padded_tokens: AtomicU64::new(0),
+            max_batch_padded_tokens: AtomicU64::new(0),
+            batches_multi_job: AtomicU64::new(0),
+            batches_mixed_length: AtomicU64::new(0),
+            model_micros: AtomicU64::new(0),
+            jobs_ok: AtomicU64::new(0),
+            jobs_already_final: AtomicU64::new(0),
+            redeliveries: AtomicU64::new(0),
+            dead_lettered: AtomicU64::new(0),
+            jobs_failed: Mutex::new([0; ErrorCode::ALL.len()]),
+            jobs_retried: Mutex::new([0; ErrorCode::ALL.len()]),
+            items_done: AtomicU64::new(0),
+            tokens_done: AtomicU64::new(0),
+            jobs_in_flight: AtomicU64::new(0),
+            tokens_in_flight: AtomicU64::new(0),
+            batch_items_histogram: Histogram::new(BATCH_ITEMS),
+            batch_padded_tokens_histogram: Histogram::new(BATCH_TOKENS),
+            stage_seconds: std::array::from_fn(|_| Histogram::new(SECONDS)),
+        }
+    }
+}
+
+fn code_index(code: ErrorCode) -> usize {
+    ErrorCode::ALL.iter().position(|c| *c == code).unwrap_or(0)
 }
 
 impl Stats {
@@ -56,6 +184,8 @@ impl Stats {
             .fetch_max(padded, Ordering::Relaxed);
         self.model_micros
             .fetch_add((model_ms * 1e3) as u64, Ordering::Relaxed);
+        self.batch_items_histogram.observe(batch.items.len() as f64);
+        self.batch_padded_tokens_histogram.observe(padded as f64);
         if multi_job {
             self.batches_multi_job.fetch_add(1, Ordering::Relaxed);
         }
@@ -75,6 +205,31 @@ impl Stats {
         );
     }
 
+    /// The stage latencies of a settled job (those it reached).
+    pub fn record_timings(&self, t: &Timings) {
+        let stages = [
+            t.queue,
+            t.fetch,
+            t.tokenize,
+            t.batch_wait,
+            t.inference,
+            t.write,
+            t.total,
+        ];
+        for (h, ms) in self.stage_seconds.iter().zip(stages) {
+            if let Some(ms) = ms {
+                h.observe(ms / 1e3);
+            }
+        }
+    }
+
+    pub fn stage_seconds(&self, stage: &str) -> Option<&Histogram> {
+        STAGES
+            .iter()
+            .position(|s| *s == stage)
+            .map(|i| &self.stage_seconds[i])
+    }
+
     pub fn record_job_ok(&self, items: u64, tokens: u64) {
         self.jobs_ok.fetch_add(1, Ordering::Relaxed);
         self.items_done.fetch_add(items, Ordering::Relaxed);
@@ -83,14 +238,341 @@ impl Stats {
 
     pub fn record_job_failed(&self, code: ErrorCode) {
         if let Ok(mut m) = self.jobs_failed.lock() {
-            *m.entry(code.as_str()).or_default() += 1;
+            m[code_index(code)] += 1;
         }
     }
 
-    pub fn jobs_failed(&self) -> BTreeMap<&'static str, u64> {
-        self.jobs_failed
-            .lock()
-            .map(|m| m.clone())
-            .unwrap_or_default()
+    pub fn record_job_retried(&self, code: ErrorCode) {
+        if let Ok(mut m) = self.jobs_retried.lock() {
+            m[code_index(code)] += 1;
+        }
+    }
+
+    /// Jobs failed for good, by code (codes with none left out).
+    pub fn jobs_failed(&self) -> Vec<(ErrorCode, u64)> {
+        by_code(&self.jobs_failed)
+    }
+
+    /// Transient failures Nak'ed for retry, by code.
+    pub fn jobs_retried(&self) -> Vec<(ErrorCode, u64)> {
+        by_code(&self.jobs_retried)
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render_prometheus(&self, budget: &BudgetSnapshot, memory: &MemoryFigures) -> String {
+        let mut out = String::new();
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut one = |name: &str, kind: &str, help: &str, value: f64| {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+            );
+        };
+        one(
+            "sluice_ready",
+            "gauge",
+            "1 when taking jobs (see /readyz).",
+            f64::from(u8::from(memory.ready)),
+        );
+        one(
+            "sluice_jobs_ok_total",
+            "counter",
+            "Jobs answered ok.",
+            get(&self.jobs_ok) as f64,
+        );
+        one(
+            "sluice_jobs_already_answered_total",
+            "counter",
+            "Redeliveries of jobs already answered (acked without running).",
+            get(&self.jobs_already_final) as f64,
+        );
+        one(
+            "sluice_redeliveries_total",
+            "counter",
+            "Deliveries after a job's first.",
+            get(&self.redeliveries) as f64,
+        );
+        one(
+            "sluice_dead_lettered_total",
+            "counter",
+            "Jobs published to the dead-letter stream.",
+            get(&self.dead_lettered) as f64,
+        );
+        one(
+            "sluice_items_total",
+            "counter",
+            "Items embedded in ok jobs.",
+            get(&self.items_done) as f64,
+        );
+        one(
+            "sluice_tokens_total",
+            "counter",
+            "Real tokens in ok jobs.",
+            get(&self.tokens_done) as f64,
+        );
+        one(
+            "sluice_batches_total",
+            "counter",
+            "Batches run.",
+            get(&self.batches) as f64,
+        );
+        one(
+            "sluice_batches_failed_total",
+            "counter",
+            "Batches that failed.",
+            get(&self.batches_failed) as f64,
+        );
+        one(
+            "sluice_batch_real_tokens_total",
+            "counter",
+            "Real tokens over all batches.",
+            get(&self.batch_real_tokens) as f64,
+        );
+        one(
+            "sluice_batch_padded_tokens_total",
+            "counter",
+            "Padded tokens (items x longest) over all batches.",
+            get(&self.batch_padded_tokens) as f64,
+        );
+        one(
+            "sluice_batch_padded_tokens_max",
+            "gauge",
+            "Largest padded cost of a batch so far (at most --max-batch-tokens).",
+            get(&self.max_batch_padded_tokens) as f64,
+        );
+        let padded = get(&self.batch_padded_tokens);
+        one(
+            "sluice_batch_padding_ratio",
+            "gauge",
+            "Share of padded tokens that are padding, over all batches.",
+            if padded == 0 {
+                0.0
+            } else {
+                1.0 - get(&self.batch_real_tokens) as f64 / padded as f64
+            },
+        );
+        one(
+            "sluice_batches_multi_job_total",
+            "counter",
+            "Batches holding items of several jobs.",
+            get(&self.batches_multi_job) as f64,
+        );
+        one(
+            "sluice_jobs_in_flight",
+            "gauge",
+            "Jobs admitted and not yet settled.",
+            get(&self.jobs_in_flight) as f64,
+        );
+        one(
+            "sluice_tokens_in_flight",
+            "gauge",
+            "Real tokens of tokenized jobs not yet settled.",
+            get(&self.tokens_in_flight) as f64,
+        );
+        one(
+            "sluice_budget_bytes",
+            "gauge",
+            "Memory budget for jobs.",
+            budget.limit_bytes as f64,
+        );
+        one(
+            "sluice_budget_reserved_bytes",
+            "gauge",
+            "Bytes reserved by in-flight jobs.",
+            budget.reserved_bytes as f64,
+        );
+        one(
+            "sluice_budget_reserved_peak_bytes",
+            "gauge",
+            "Highest reserved bytes so far.",
+            budget.peak_reserved_bytes as f64,
+        );
+        one(
+            "sluice_memory_allocated_bytes",
+            "gauge",
+            "Memory the model's device holds now (on CPU: the process's resident set).",
+            memory.allocated_bytes as f64,
+        );
+        one(
+            "sluice_memory_peak_bytes",
+            "gauge",
+            "Highest memory the model's device has held (on CPU: peak resident set).",
+            memory.peak_bytes as f64,
+        );
+        for (name, help, counts) in [
+            (
+                "sluice_jobs_failed_total",
+                "Jobs failed for good (answered with an error), by error code.",
+                &self.jobs_failed,
+            ),
+            (
+                "sluice_jobs_retried_total",
+                "Transient failures Nak'ed for a retry, by error code.",
+                &self.jobs_retried,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            let counts = counts.lock().map(|m| *m).unwrap_or_default();
+            for (code, n) in ErrorCode::ALL.iter().zip(counts) {
+                if name == "sluice_jobs_retried_total" && !code.is_retryable() {
+                    continue;
+                }
+                let _ = writeln!(out, "{name}{{code=\"{}\"}} {n}", code.as_str());
+            }
+        }
+        let _ = writeln!(
+            out,
+            "# HELP sluice_batch_items Items per batch.\n# TYPE sluice_batch_items histogram"
+        );
+        self.batch_items_histogram
+            .render(&mut out, "sluice_batch_items", "");
+        let _ = writeln!(
+            out,
+            "# HELP sluice_batch_padded_tokens Padded cost (items x longest) per batch.\n# TYPE sluice_batch_padded_tokens histogram"
+        );
+        self.batch_padded_tokens_histogram
+            .render(&mut out, "sluice_batch_padded_tokens", "");
+        let _ = writeln!(
+            out,
+            "# HELP sluice_stage_seconds Time per job stage (queue: from publish to pull).\n# TYPE sluice_stage_seconds histogram"
+        );
+        for (stage, h) in STAGES.iter().zip(&self.stage_seconds) {
+            h.render(
+                &mut out,
+                "sluice_stage_seconds",
+                &format!("stage=\"{stage}\""),
+            );
+        }
+        out
+    }
+}
+
+fn by_code(counts: &Mutex<[u64; ErrorCode::ALL.len()]>) -> Vec<(ErrorCode, u64)> {
+    let counts = counts.lock().map(|m| *m).unwrap_or_default();
+    ErrorCode::ALL
+        .iter()
+        .zip(counts)
+        .filter(|(_, n)| *n > 0)
+        .map(|(c, n)| (*c, n))
+        .collect()
+}
+
+/// Memory figures read at scrape time.
+pub struct MemoryFigures {
+    pub allocated_bytes: u64,
+    pub peak_bytes: u64,
+    pub ready: bool,
+}
+
+/// Counts a job's tokens as in flight until dropped.
+pub struct TokensInFlight<'a> {
+    stats: &'a Stats,
+    tokens: u64,
+}
+
+impl<'a> TokensInFlight<'a> {
+    pub fn add(stats: &'a Stats, tokens: u64) -> TokensInFlight<'a> {
+        stats.tokens_in_flight.fetch_add(tokens, Ordering::Relaxed);
+        TokensInFlight { stats, tokens }
+    }
+}
+
+impl Drop for TokensInFlight<'_> {
+    fn drop(&mut self) {
+        self.stats
+            .tokens_in_flight
+            .fetch_sub(self.tokens, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative_and_sum_and_count_add_up() {
+        let h = Histogram::new(&[1.0, 10.0]);
+        for v in [0.5, 1.0, 5.0, 50.0] {
+            h.observe(v);
+        }
+        let mut out = String::new();
+        h.render(&mut out, "x", "stage=\"fetch\"");
+        assert_eq!(
+            out,
+            "x_bucket{stage=\"fetch\",le=\"1\"} 2\nx_bucket{stage=\"fetch\",le=\"10\"} 3\n\
+             x_bucket{stage=\"fetch\",le=\"+Inf\"} 4\nx_sum{stage=\"fetch\"} 56.5\nx_count{stage=\"fetch\"} 4\n"
+        );
+    }
+
+    #[test]
+    fn every_series_is_there_from_the_start() {
+        let stats = Stats::default();
+        let budget = crate::budget::Budget::new(100).snapshot();
+        let text = stats.render_prometheus(
+            &budget,
+            &MemoryFigures {
+                allocated_bytes: 1,
+                peak_bytes: 2,
+                ready: true,
+            },
+        );
+        for code in ErrorCode::ALL {
+            assert!(text.contains(&format!(
+                "sluice_jobs_failed_total{{code=\"{}\"}} 0",
+                code.as_str()
+            )));
+        }
+        for stage in STAGES {
+            assert!(text.contains(&format!(
+                "sluice_stage_seconds_count{{stage=\"{stage}\"}} 0"
+            )));
+        }
+        assert!(text.contains("sluice_ready 1"));
+        assert!(text.contains("sluice_budget_bytes 100"));
+    }
+}
+
+#[cfg(test)]
+mod dashboard_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// Every metric the shipped Grafana dashboard queries is one we export.
+    #[test]
+    fn the_grafana_dashboard_queries_only_exported_metrics() {
+        let dashboard: serde_json::Value =
+            serde_json::from_str(include_str!("../../deploy/grafana/sluice.json")).unwrap();
+        let exported = Stats::default().render_prometheus(
+            &crate::budget::Budget::new(1).snapshot(),
+            &MemoryFigures {
+                allocated_bytes: 0,
+                peak_bytes: 0,
+                ready: true,
+            },
+        );
+        let mut checked = 0;
+        for panel in dashboard["panels"].as_array().unwrap() {
+            for target in panel["targets"].as_array().unwrap() {
+                let expr = target["expr"].as_str().unwrap();
+                let mut rest = expr;
+                while let Some(at) = rest.find("sluice_") {
+                    let name: String = rest[at..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    assert!(
+                        exported.lines().any(|l| l
+                            .strip_prefix(name.as_str())
+                            .is_some_and(|r| r.starts_with([' ', '{']))),
+                        "panel {:?} queries {name}, which /metrics does not export",
+                        panel["title"]
+                    );
+                    checked += 1;
+                    rest = &rest[at + name.len()..];
+                }
+            }
+        }
+        assert!(checked > 20, "only {checked} metric references found");
     }
 }

@@ -210,10 +210,12 @@ impl Producer {
 
     /// Publishes `job` and waits for the stream to store it. The job id is the
     /// `Nats-Msg-Id`, so a second submit within the stream's duplicate window
-    /// is dropped by the server (the returned ack says `duplicate`).
+    /// is dropped by the server (the returned ack says `duplicate`). The job
+    /// starts a new trace; use [`Producer::submit_with`] to continue yours.
     pub async fn submit(&self, job: &Job) -> Result<jetstream::publish::PublishAck> {
         let reply_to = self.topology.result_subject(&job.id);
-        self.submit_with(job, &reply_to, None).await
+        self.submit_with(job, &reply_to, Some(&new_traceparent()))
+            .await
     }
 
     pub async fn submit_with(
@@ -309,6 +311,20 @@ impl Producer {
             None => Ok(None),
         }
     }
+}
+
+/// A fresh W3C `traceparent` (a new trace, sampled), for a job published
+/// without one: the consumer's spans then share one trace id, which the CLI
+/// prints and the consumer logs.
+pub fn new_traceparent() -> String {
+    let trace = uuid::Uuid::new_v4().simple().to_string();
+    let span = uuid::Uuid::new_v4().simple().to_string();
+    format!("00-{trace}-{}-01", &span[..16])
+}
+
+/// The trace id in a `traceparent` (its second field).
+pub fn trace_id_of(traceparent: &str) -> Option<&str> {
+    traceparent.split('-').nth(1)
 }
 
 /// A stream of results.

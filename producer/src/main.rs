@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand};
 use sluice_producer::dlq::Filter;
 use sluice_producer::provision::{self, Settings};
 use sluice_producer::watch::{Counts, Watcher};
-use sluice_producer::{Producer, ProducerConfig};
+use sluice_producer::{Producer, ProducerConfig, new_traceparent, trace_id_of};
 use sluice_schemas::{
     ErrorCode, Input, InputFormat, JobResult, JobState, JsonlError, Outcome, Output, S3Output,
     StatusRecord, Task,
@@ -91,6 +91,10 @@ enum Command {
         /// With --wait: download S3 outputs into this directory as <job id>.npy.
         #[arg(long)]
         download: Option<PathBuf>,
+        /// W3C trace context to continue (the jobs' spans join that trace);
+        /// default: a new trace per job, whose id is printed.
+        #[arg(long, env = "TRACEPARENT")]
+        traceparent: Option<String>,
     },
     /// Show a job's status record.
     Status { id: String },
@@ -295,6 +299,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             wait,
             timeout_secs,
             download,
+            traceparent,
         } => {
             let config = ProducerConfig { model, ..config };
             let inputs = collect_inputs(&paths)?;
@@ -315,6 +320,13 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             for url in &urls {
                 check_url(url)?;
             }
+            if let Some(tp) = &traceparent
+                && !is_traceparent(tp)
+            {
+                bail!(
+                    "--traceparent {tp:?} is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)"
+                );
+            }
             let p = Producer::connect(&config).await?;
             let mut results = if wait {
                 Some(p.subscribe_results().await?)
@@ -330,8 +342,12 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     .upload_input(&format!("{job_id}.jsonl"), body)
                     .await
                     .with_context(|| format!("uploading {name}"))?;
-                let ack = p.submit(&p.embed_job(&job_id, vec![input])).await?;
-                report_submit(cli.json, &job_id, &name, ack.sequence, ack.duplicate);
+                let tp = traceparent.clone().unwrap_or_else(new_traceparent);
+                let job = p.embed_job(&job_id, vec![input]);
+                let ack = p
+                    .submit_with(&job, &p.topology.result_subject(&job_id), Some(&tp))
+                    .await?;
+                report_submit(cli.json, &job_id, &name, &ack, &tp);
                 ids.push(job_id);
             }
             for url in urls {
@@ -343,8 +359,12 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     format: InputFormat::Jsonl,
                     object: None,
                 };
-                let ack = p.submit(&p.embed_job(&job_id, vec![input])).await?;
-                report_submit(cli.json, &job_id, "url", ack.sequence, ack.duplicate);
+                let tp = traceparent.clone().unwrap_or_else(new_traceparent);
+                let job = p.embed_job(&job_id, vec![input]);
+                let ack = p
+                    .submit_with(&job, &p.topology.result_subject(&job_id), Some(&tp))
+                    .await?;
+                report_submit(cli.json, &job_id, "url", &ack, &tp);
                 ids.push(job_id);
             }
             let Some(results) = results.as_mut() else {
@@ -718,17 +738,38 @@ async fn download_output(
     Ok(())
 }
 
-fn report_submit(json: bool, id: &str, name: &str, seq: u64, duplicate: bool) {
+fn report_submit(
+    json: bool,
+    id: &str,
+    name: &str,
+    ack: &async_nats::jetstream::publish::PublishAck,
+    traceparent: &str,
+) {
+    let trace_id = trace_id_of(traceparent).unwrap_or("-");
     if json {
         println!(
             "{}",
-            serde_json::json!({"event": "submitted", "job_id": id, "input": name, "sequence": seq, "duplicate": duplicate})
+            serde_json::json!({"event": "submitted", "job_id": id, "input": name,
+                "sequence": ack.sequence, "duplicate": ack.duplicate, "trace_id": trace_id})
         );
-    } else if duplicate {
+    } else if ack.duplicate {
         println!("{id}: {name} was already submitted (duplicate id; not queued again)");
     } else {
-        println!("{id}: submitted {name} (stream sequence {seq})");
+        println!(
+            "{id}: submitted {name} (stream sequence {}, trace {trace_id})",
+            ack.sequence
+        );
     }
+}
+
+fn is_traceparent(value: &str) -> bool {
+    let parts: Vec<&str> = value.split('-').collect();
+    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
+    parts.len() == 4
+        && hex(parts[0], 2)
+        && hex(parts[1], 32)
+        && hex(parts[2], 16)
+        && hex(parts[3], 2)
 }
 
 fn report_result(json: bool, r: &JobResult) {

@@ -19,6 +19,7 @@ use tempfile::TempDir;
 
 pub mod deploy;
 pub mod fixtures;
+pub mod otlp;
 
 /// The repository root (the workspace holding this crate).
 pub fn repo_root() -> PathBuf {

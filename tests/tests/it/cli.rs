@@ -135,6 +135,11 @@ async fn submit_wait_download_status_dedup_and_watch() {
     assert_eq!(events[0]["event"], "submitted");
     assert_eq!(events[0]["job_id"], "queued-1");
     assert_eq!(events[0]["duplicate"], false);
+    let trace_id = events[0]["trace_id"].as_str().unwrap();
+    assert!(
+        trace_id.len() == 32 && trace_id.bytes().all(|b| b.is_ascii_hexdigit()),
+        "each job starts a trace whose id is printed: {run:?}"
+    );
     let status = d.cli(&["status", "queued-1", "--json"], None, T).await;
     assert_eq!(status.code, Some(0), "{status:?}");
     let record = &status.json_lines()[0];
@@ -312,6 +317,15 @@ async fn bad_usage_gets_a_clear_message_a_nonzero_exit_and_publishes_nothing() {
         ),
         (vec!["submit", "--url", "not a url"], "is not a URL"),
         (vec!["submit"], "nothing to submit"),
+        (
+            vec![
+                "submit",
+                "--traceparent",
+                "00-abc-01",
+                good.to_str().unwrap(),
+            ],
+            "is not a W3C traceparent",
+        ),
         (
             vec![
                 "submit",

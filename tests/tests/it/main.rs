@@ -6,4 +6,5 @@ mod failures;
 mod faults;
 mod flood;
 mod harness;
+mod observability;
 mod publishers;
