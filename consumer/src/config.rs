@@ -59,6 +59,8 @@ pub struct Config {
     /// NATS server URL(s), comma-separated.
     #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
     pub nats_url: String,
+    #[command(flatten)]
+    pub nats_auth: sluice_connect::NatsAuth,
     /// Prefix worked into every stream, consumer, bucket and subject name, so
     /// several deployments can share one NATS server. Empty: the standard names.
     #[arg(long, env = "SLUICE_NAMESPACE", default_value = "")]

@@ -145,6 +145,7 @@ impl Running {
 /// a message naming the knob to change.
 pub async fn start(config: Config) -> anyhow::Result<Running> {
     config.validate()?;
+    config.nats_auth.validate()?;
     crate::alloc::tune();
     let topology = config.topology();
     let loaded = load_model(&config.model)?;
@@ -209,19 +210,14 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     // The one batch in flight holds its activations outside the job budget.
     let budget = Budget::new(limit - activation);
 
-    let nats = async_nats::ConnectOptions::new()
-        .name("sluice-consumer")
-        .retry_on_initial_connect()
-        .connect(config.nats_url.as_str());
-    let nats = tokio::time::timeout(Duration::from_secs(30), nats)
-        .await
-        .map_err(|_| {
-            anyhow::anyhow!(
-                "cannot reach NATS at {} within 30 s (--nats-url / NATS_URL)",
-                config.nats_url
-            )
-        })?
-        .with_context(|| format!("cannot connect to NATS at {}", config.nats_url))?;
+    let nats = sluice_connect::connect_nats(
+        &config.nats_url,
+        &config.nats_auth,
+        "sluice-consumer",
+        true,
+        Duration::from_secs(30),
+    )
+    .await?;
     let js = jetstream::new(nats.clone());
     let stream = js.get_stream(&topology.job_stream).await.with_context(|| {
         format!(
@@ -256,7 +252,16 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             )
         })?;
 
-    let s3 = s3_client(&config).await;
+    let credentials = config
+        .s3_access_key_id
+        .as_deref()
+        .zip(config.s3_secret_access_key.as_ref());
+    let s3 = sluice_connect::s3_client(
+        config.s3_endpoint.as_deref(),
+        &config.s3_region,
+        credentials,
+    )
+    .await;
     s3.head_bucket()
         .bucket(&config.output_bucket)
         .send()
@@ -382,26 +387,6 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         ready,
         tracing,
     })
-}
-
-async fn s3_client(config: &Config) -> aws_sdk_s3::Client {
-    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
-        .region(aws_config::Region::new(config.s3_region.clone()));
-    if let (Some(id), Some(secret)) = (&config.s3_access_key_id, &config.s3_secret_access_key) {
-        loader = loader.credentials_provider(aws_sdk_s3::config::Credentials::new(
-            id,
-            secret.expose(),
-            None,
-            None,
-            "sluice-config",
-        ));
-    }
-    let shared = loader.load().await;
-    let mut builder = aws_sdk_s3::config::Builder::from(&shared);
-    if let Some(endpoint) = &config.s3_endpoint {
-        builder = builder.endpoint_url(endpoint).force_path_style(true);
-    }
-    aws_sdk_s3::Client::from_conf(builder.build())
 }
 
 struct PullPlan {

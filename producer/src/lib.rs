@@ -36,7 +36,10 @@ use sluice_schemas::{
 /// Where the producer connects and what it names things.
 #[derive(Debug, Clone)]
 pub struct ProducerConfig {
+    /// NATS server URL(s), comma-separated.
     pub nats_url: String,
+    /// NATS auth and TLS (none by default).
+    pub nats_auth: sluice_connect::NatsAuth,
     /// Namespace worked into every name (see [`Topology::namespaced`]); empty for the standard names.
     pub namespace: String,
     /// S3 endpoint (SeaweedFS, MinIO); None for AWS's default. Credentials come
@@ -59,6 +62,7 @@ impl Default for ProducerConfig {
     fn default() -> Self {
         ProducerConfig {
             nats_url: "nats://127.0.0.1:4222".into(),
+            nats_auth: Default::default(),
             namespace: String::new(),
             s3_endpoint: None,
             s3_region: "us-east-1".into(),
@@ -90,47 +94,24 @@ pub struct Producer {
     status: tokio::sync::OnceCell<kv::Store>,
 }
 
-/// Builds an S3 client from the standard AWS chain plus an optional endpoint.
-pub async fn s3_client(
-    endpoint: Option<&str>,
-    region: &str,
-    credentials: Option<&(String, sluice_schemas::Secret)>,
-) -> aws_sdk_s3::Client {
-    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
-        .region(aws_config::Region::new(region.to_string()));
-    if let Some((id, secret)) = credentials {
-        loader = loader.credentials_provider(aws_sdk_s3::config::Credentials::new(
-            id,
-            secret.expose(),
-            None,
-            None,
-            "sluice-config",
-        ));
-    }
-    let shared = loader.load().await;
-    let mut builder = aws_sdk_s3::config::Builder::from(&shared);
-    if let Some(endpoint) = endpoint {
-        builder = builder.endpoint_url(endpoint).force_path_style(true);
-    }
-    aws_sdk_s3::Client::from_conf(builder.build())
-}
-
 impl Producer {
     pub async fn connect(config: &ProducerConfig) -> Result<Producer> {
-        let nats = tokio::time::timeout(
+        let nats = sluice_connect::connect_nats(
+            &config.nats_url,
+            &config.nats_auth,
+            "sluice-producer",
+            false,
             Duration::from_secs(10),
-            async_nats::ConnectOptions::new()
-                .name("sluice-producer")
-                .connect(config.nats_url.as_str()),
         )
-        .await
-        .map_err(|_| anyhow::anyhow!("cannot reach NATS at {} within 10 s", config.nats_url))?
-        .with_context(|| format!("cannot connect to NATS at {}", config.nats_url))?;
+        .await?;
         let js = jetstream::new(nats.clone());
-        let s3 = s3_client(
+        let s3 = sluice_connect::s3_client(
             config.s3_endpoint.as_deref(),
             &config.s3_region,
-            config.s3_credentials.as_ref(),
+            config
+                .s3_credentials
+                .as_ref()
+                .map(|(id, secret)| (id.as_str(), secret)),
         )
         .await;
         Ok(Producer {

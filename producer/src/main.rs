@@ -38,6 +38,8 @@ struct Cli {
         default_value = "nats://127.0.0.1:4222"
     )]
     nats_url: String,
+    #[command(flatten)]
+    nats_auth: sluice_connect::NatsAuth,
     /// Namespace of stream, consumer, bucket and subject names (empty: the standard names).
     #[arg(long, global = true, env = "SLUICE_NAMESPACE", default_value = "")]
     namespace: String,
@@ -191,6 +193,7 @@ async fn main() -> ExitCode {
 async fn run(cli: Cli) -> Result<ExitCode> {
     let config = ProducerConfig {
         nats_url: cli.nats_url.clone(),
+        nats_auth: cli.nats_auth.clone(),
         namespace: cli.namespace.clone(),
         s3_endpoint: cli.s3_endpoint.clone(),
         s3_region: cli.s3_region.clone(),

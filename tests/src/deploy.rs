@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
+use sluice_connect::NatsAuth;
 use sluice_consumer::Config;
 use sluice_producer::provision::{self, Settings};
 use sluice_producer::{Producer, ProducerConfig};
@@ -35,11 +36,21 @@ impl Deployment {
     }
 
     pub async fn start_with(settings: Settings) -> Result<Deployment> {
-        let servers = Servers::start().await?;
+        Deployment::start_on(Servers::start().await?, NatsAuth::default(), settings).await
+    }
+
+    /// On servers the caller started (a NATS server with auth or TLS, say),
+    /// the producer connecting with `auth`.
+    pub async fn start_on(
+        servers: Servers,
+        auth: NatsAuth,
+        settings: Settings,
+    ) -> Result<Deployment> {
         let namespace = unique_name("t");
         let bucket = servers.s3.bucket("sluice").await?;
         let producer = Producer::connect(&ProducerConfig {
             nats_url: servers.nats.url(),
+            nats_auth: auth,
             namespace: namespace.clone(),
             s3_endpoint: Some(servers.s3.endpoint()),
             s3_credentials: Some((

@@ -179,20 +179,38 @@ where
 pub struct NatsServer {
     process: Owned,
     dir: TempDir,
+    config: Option<PathBuf>,
     pub port: u16,
     pub monitor_port: u16,
 }
 
 impl NatsServer {
     pub async fn start() -> Result<NatsServer> {
+        NatsServer::start_with_config(None).await
+    }
+
+    /// With a server config file holding `config` (auth, TLS, ...); the
+    /// ports, store and JetStream still come from the command line.
+    pub async fn start_with_config(config: Option<&str>) -> Result<NatsServer> {
         let dir = tempfile::Builder::new().prefix("sluice-nats-").tempdir()?;
+        let config = match config {
+            Some(text) => {
+                let path = dir.path().join("server.conf");
+                std::fs::write(&path, text)?;
+                Some(path)
+            }
+            None => None,
+        };
         let mut last = None;
         for _ in 0..3 {
-            match NatsServer::start_in(dir.path(), free_port(), free_port()).await {
+            match NatsServer::start_in(dir.path(), free_port(), free_port(), config.as_deref())
+                .await
+            {
                 Ok((process, port, monitor_port)) => {
                     return Ok(NatsServer {
                         process,
                         dir,
+                        config,
                         port,
                         monitor_port,
                     });
@@ -203,9 +221,17 @@ impl NatsServer {
         Err(last.unwrap_or_else(|| anyhow::anyhow!("nats-server did not start")))
     }
 
-    async fn start_in(dir: &Path, port: u16, monitor_port: u16) -> Result<(Owned, u16, u16)> {
+    async fn start_in(
+        dir: &Path,
+        port: u16,
+        monitor_port: u16,
+        config: Option<&Path>,
+    ) -> Result<(Owned, u16, u16)> {
         let bin = find_binary("nats-server")?;
         let mut cmd = Command::new(bin);
+        if let Some(config) = config {
+            cmd.arg("-c").arg(config);
+        }
         cmd.args(["-js", "-sd"])
             .arg(dir.join("store"))
             .args(["-a", "127.0.0.1", "-p", &port.to_string()])
@@ -246,8 +272,13 @@ impl NatsServer {
     /// Starts the server again on the same ports and store (after [`stop`]).
     pub async fn restart(&mut self) -> Result<()> {
         self.stop();
-        let (process, _, _) =
-            NatsServer::start_in(self.dir.path(), self.port, self.monitor_port).await?;
+        let (process, _, _) = NatsServer::start_in(
+            self.dir.path(),
+            self.port,
+            self.monitor_port,
+            self.config.as_deref(),
+        )
+        .await?;
         self.process = process;
         Ok(())
     }
@@ -425,7 +456,15 @@ pub struct Servers {
 
 impl Servers {
     pub async fn start() -> Result<Servers> {
-        let (nats, s3) = tokio::try_join!(NatsServer::start(), S3Server::start())?;
+        Servers::start_with_nats_config(None).await
+    }
+
+    /// With `nats_config` in the NATS server's config file (auth, TLS).
+    pub async fn start_with_nats_config(nats_config: Option<&str>) -> Result<Servers> {
+        let (nats, s3) = tokio::try_join!(
+            NatsServer::start_with_config(nats_config),
+            S3Server::start()
+        )?;
         Ok(Servers { nats, s3 })
     }
 }

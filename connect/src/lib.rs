@@ -1,0 +1,298 @@
+//! How sluice reaches its servers, shared by the consumer and the `sluice`
+//! CLI so both take the same flags: NATS with any of its auth methods
+//! (user/password, token, NKey seed, `.creds` file) and TLS with a custom CA
+//! or client certificate; S3 through the standard AWS chain.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use sluice_schemas::Secret;
+
+/// NATS authentication and TLS. At most one auth method; none is the
+/// default (a server without auth). Secrets are never printed: their env
+/// values are hidden from `--help` and their Debug form is redacted.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct NatsAuth {
+    /// User name (with --nats-password).
+    #[arg(long, global = true, env = "NATS_USER")]
+    pub nats_user: Option<String>,
+    /// Password (with --nats-user).
+    #[arg(long, global = true, env = "NATS_PASSWORD", hide_env_values = true)]
+    pub nats_password: Option<Secret>,
+    /// Authentication token.
+    #[arg(long, global = true, env = "NATS_TOKEN", hide_env_values = true)]
+    pub nats_token: Option<Secret>,
+    /// File holding an NKey user seed (SU...).
+    #[arg(long, global = true, env = "NATS_NKEY_SEED_FILE")]
+    pub nats_nkey_seed_file: Option<PathBuf>,
+    /// A `.creds` file (user JWT and seed, decentralized auth).
+    #[arg(long, global = true, env = "NATS_CREDS")]
+    pub nats_creds: Option<PathBuf>,
+    /// PEM file of the CA(s) that signed the server's certificate; implies TLS.
+    #[arg(long, global = true, env = "NATS_CA")]
+    pub nats_ca: Option<PathBuf>,
+    /// PEM client certificate for mutual TLS (with --nats-key).
+    #[arg(long, global = true, env = "NATS_CERT")]
+    pub nats_cert: Option<PathBuf>,
+    /// PEM private key of --nats-cert.
+    #[arg(long, global = true, env = "NATS_KEY")]
+    pub nats_key: Option<PathBuf>,
+    /// Refuse to connect without TLS (also implied by --nats-ca, --nats-cert
+    /// and tls:// URLs).
+    #[arg(long, global = true, env = "NATS_TLS")]
+    pub nats_tls: bool,
+}
+
+impl NatsAuth {
+    /// Checks the combination before anything connects; the error names the flags.
+    pub fn validate(&self) -> Result<()> {
+        let methods = [
+            self.nats_user.is_some() || self.nats_password.is_some(),
+            self.nats_token.is_some(),
+            self.nats_nkey_seed_file.is_some(),
+            self.nats_creds.is_some(),
+        ];
+        if methods.iter().filter(|m| **m).count() > 1 {
+            bail!(
+                "give one NATS auth method: --nats-user/--nats-password, --nats-token, \
+                 --nats-nkey-seed-file or --nats-creds"
+            );
+        }
+        if self.nats_user.is_some() != self.nats_password.is_some() {
+            bail!("--nats-user and --nats-password go together");
+        }
+        if self.nats_cert.is_some() != self.nats_key.is_some() {
+            bail!("--nats-cert and --nats-key go together");
+        }
+        for (flag, path) in [
+            ("--nats-nkey-seed-file", &self.nats_nkey_seed_file),
+            ("--nats-creds", &self.nats_creds),
+            ("--nats-ca", &self.nats_ca),
+            ("--nats-cert", &self.nats_cert),
+            ("--nats-key", &self.nats_key),
+        ] {
+            if let Some(p) = path
+                && !p.is_file()
+            {
+                bail!("{flag} {}: no such file", p.display());
+            }
+        }
+        Ok(())
+    }
+
+    /// Connect options for a client named `name`.
+    pub async fn options(&self, name: &str) -> Result<async_nats::ConnectOptions> {
+        self.validate()?;
+        let mut o = match (
+            &self.nats_user,
+            &self.nats_password,
+            &self.nats_token,
+            &self.nats_nkey_seed_file,
+            &self.nats_creds,
+        ) {
+            (Some(user), Some(pass), ..) => async_nats::ConnectOptions::with_user_and_password(
+                user.clone(),
+                pass.expose().to_string(),
+            ),
+            (_, _, Some(token), ..) => {
+                async_nats::ConnectOptions::with_token(token.expose().to_string())
+            }
+            (_, _, _, Some(seed_file), _) => {
+                let seed = std::fs::read_to_string(seed_file).with_context(|| {
+                    format!("cannot read --nats-nkey-seed-file {}", seed_file.display())
+                })?;
+                async_nats::ConnectOptions::with_nkey(seed.trim().to_string())
+            }
+            (_, _, _, _, Some(creds)) => async_nats::ConnectOptions::with_credentials_file(creds)
+                .await
+                .with_context(|| format!("cannot read --nats-creds {}", creds.display()))?,
+            _ => async_nats::ConnectOptions::new(),
+        };
+        o = o.name(name);
+        if let Some(ca) = &self.nats_ca {
+            o = o.add_root_certificates(ca.clone()).require_tls(true);
+        }
+        if let (Some(cert), Some(key)) = (&self.nats_cert, &self.nats_key) {
+            o = o
+                .add_client_certificate(cert.clone(), key.clone())
+                .require_tls(true);
+        }
+        if self.nats_tls {
+            o = o.require_tls(true);
+        }
+        Ok(o)
+    }
+}
+
+/// Connects to `url` (comma-separated for a cluster) within `timeout`.
+/// `retry` keeps trying while the server is not up yet (for services that
+/// start alongside it); without it, a refused connection fails at once.
+/// Either way, a refused login or a failed TLS handshake fails at once: no
+/// retry can fix those.
+pub async fn connect_nats(
+    url: &str,
+    auth: &NatsAuth,
+    name: &str,
+    retry: bool,
+    timeout: Duration,
+) -> Result<async_nats::Client> {
+    let servers: Vec<&str> = url
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    if servers.is_empty() {
+        bail!("no NATS server URL given (--nats-url / NATS_URL)");
+    }
+    let deadline = tokio::time::Instant::now() + timeout;
+    let too_slow = || {
+        anyhow::anyhow!(
+            "cannot reach NATS at {url} within {} s (--nats-url / NATS_URL)",
+            timeout.as_secs()
+        )
+    };
+    let failed = |e: async_nats::ConnectError| {
+        anyhow::anyhow!("cannot connect to NATS at {url}: {e}{}", auth_hint(&e))
+    };
+    let first = tokio::time::timeout_at(
+        deadline,
+        auth.options(name).await?.connect(servers.as_slice()),
+    )
+    .await
+    .map_err(|_| too_slow())?;
+    match first {
+        Ok(client) => Ok(client),
+        Err(e) if retry && refusal(&e) == Refusal::Other => {
+            let options = auth.options(name).await?.retry_on_initial_connect();
+            tokio::time::timeout_at(deadline, options.connect(servers.as_slice()))
+                .await
+                .map_err(|_| too_slow())?
+                .map_err(failed)
+        }
+        Err(e) => Err(failed(e)),
+    }
+}
+
+/// What went wrong, as far as the user can act on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    /// The server refused the login.
+    Auth,
+    /// The TLS handshake failed (an untrusted or missing certificate).
+    Tls,
+    /// Anything else (down, unreachable): worth retrying.
+    Other,
+}
+
+fn refusal(e: &async_nats::ConnectError) -> Refusal {
+    use async_nats::ConnectErrorKind as Kind;
+    // rustls' handshake errors arrive as I/O errors: read the message too.
+    let text = e.to_string().to_lowercase();
+    match e.kind() {
+        Kind::Authentication | Kind::AuthorizationViolation => Refusal::Auth,
+        Kind::Tls => Refusal::Tls,
+        _ if text.contains("authorization") || text.contains("authentication") => Refusal::Auth,
+        _ if ["certificate", "tls", "handshake"]
+            .iter()
+            .any(|w| text.contains(w)) =>
+        {
+            Refusal::Tls
+        }
+        _ => Refusal::Other,
+    }
+}
+
+/// A hint for the errors users most often cause.
+fn auth_hint(e: &async_nats::ConnectError) -> &'static str {
+    match refusal(e) {
+        Refusal::Auth => {
+            " (check --nats-user/--nats-password, --nats-token, --nats-nkey-seed-file or --nats-creds)"
+        }
+        Refusal::Tls => {
+            " (check --nats-ca, --nats-cert/--nats-key, and that the server speaks TLS)"
+        }
+        Refusal::Other => "",
+    }
+}
+
+/// An S3 client from the standard AWS chain (env, profile, instance or IRSA
+/// role), or explicit credentials, plus an optional endpoint (path-style,
+/// for SeaweedFS, MinIO and the like).
+pub async fn s3_client(
+    endpoint: Option<&str>,
+    region: &str,
+    credentials: Option<(&str, &Secret)>,
+) -> aws_sdk_s3::Client {
+    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .region(aws_config::Region::new(region.to_string()));
+    if let Some((id, secret)) = credentials {
+        loader = loader.credentials_provider(aws_sdk_s3::config::Credentials::new(
+            id,
+            secret.expose(),
+            None,
+            None,
+            "sluice-config",
+        ));
+    }
+    let shared = loader.load().await;
+    let mut builder = aws_sdk_s3::config::Builder::from(&shared);
+    if let Some(endpoint) = endpoint {
+        builder = builder.endpoint_url(endpoint).force_path_style(true);
+    }
+    aws_sdk_s3::Client::from_conf(builder.build())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn auth_combinations_are_checked_naming_the_flags() {
+        let two = NatsAuth {
+            nats_token: Some(Secret::new("t")),
+            nats_user: Some("u".into()),
+            nats_password: Some(Secret::new("p")),
+            ..NatsAuth::default()
+        };
+        assert!(
+            two.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("one NATS auth method")
+        );
+        let half = NatsAuth {
+            nats_user: Some("u".into()),
+            ..NatsAuth::default()
+        };
+        assert!(
+            half.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("--nats-password")
+        );
+        let missing = NatsAuth {
+            nats_ca: Some("/no/such/ca.pem".into()),
+            ..NatsAuth::default()
+        };
+        assert!(
+            missing
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("--nats-ca /no/such/ca.pem: no such file")
+        );
+        assert!(NatsAuth::default().validate().is_ok());
+    }
+
+    #[test]
+    fn secrets_stay_out_of_debug_output() {
+        let auth = NatsAuth {
+            nats_user: Some("u".into()),
+            nats_password: Some(Secret::new("hunter2")),
+            ..NatsAuth::default()
+        };
+        assert!(!format!("{auth:?}").contains("hunter2"));
+    }
+}

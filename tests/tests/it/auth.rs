@@ -1,0 +1,243 @@
+//! NATS auth and TLS: the consumer and the CLI connect to a real nats-server
+//! configured for each method, a job goes through, and wrong or missing
+//! credentials get a clear error and publish nothing.
+
+use std::path::Path;
+use std::time::Duration;
+
+use sluice_connect::NatsAuth;
+use sluice_producer::provision::Settings;
+use sluice_schemas::Secret;
+use sluice_tests::Servers;
+use sluice_tests::deploy::{Deployment, run_cli};
+use sluice_tests::fixtures::jsonl;
+
+const T: Duration = Duration::from_secs(120);
+
+/// One way of securing the server, and how clients pass it (or fail it).
+struct Case {
+    /// The nats-server config (auth or TLS blocks).
+    server: String,
+    /// What the producer library, the consumer flags and the CLI env carry.
+    auth: NatsAuth,
+    consumer_flags: Vec<String>,
+    cli_env: Vec<(&'static str, String)>,
+    /// A wrong or missing credential, and what the error must say.
+    wrong_env: Vec<(&'static str, String)>,
+    wrong_says: &'static str,
+}
+
+async fn check(case: Case) {
+    let servers = Servers::start_with_nats_config(Some(&case.server))
+        .await
+        .unwrap();
+    let d = Deployment::start_on(servers, case.auth.clone(), Settings::default())
+        .await
+        .unwrap();
+    let flags: Vec<&str> = case.consumer_flags.iter().map(String::as_str).collect();
+    let consumer = d.start_consumer(&flags).await.unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.jsonl");
+    std::fs::write(
+        &input,
+        jsonl(&["secured".to_string(), "sluice".to_string()]),
+    )
+    .unwrap();
+
+    // The CLI with the right credentials: the job goes through.
+    let mut env = d.publisher_env();
+    env.extend(case.cli_env.clone());
+    let run = run_cli(
+        &env,
+        &["submit", "--wait", "--json", input.to_str().unwrap()],
+        None,
+        T,
+    )
+    .await;
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert!(run.stdout.contains("\"status\":\"ok\""), "{run:?}");
+
+    // Wrong or missing credentials: exit 2, a message that says what to
+    // check, and nothing published.
+    let mut env = d.publisher_env();
+    env.extend(case.wrong_env.clone());
+    let run = run_cli(&env, &["submit", input.to_str().unwrap()], None, T).await;
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert!(
+        run.stderr.contains("cannot connect to NATS") && run.stderr.contains(case.wrong_says),
+        "{run:?}"
+    );
+    assert_eq!(d.jobs_in_stream().await, 0);
+
+    // A consumer without them fails at start-up at once (no 30 s of retries).
+    let started = std::time::Instant::now();
+    let error = match d.start_consumer(&[]).await {
+        Ok(_) => panic!("a consumer without credentials started"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(error.contains("cannot connect to NATS"), "{error}");
+    assert!(started.elapsed() < Duration::from_secs(25), "{error}");
+    consumer.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+#[tokio::test]
+async fn user_and_password() {
+    let password = sluice_tests::unique_name("pw");
+    check(Case {
+        server: format!("authorization {{ user: sluice, password: \"{password}\" }}"),
+        auth: NatsAuth {
+            nats_user: Some("sluice".into()),
+            nats_password: Some(Secret::new(password.clone())),
+            ..NatsAuth::default()
+        },
+        consumer_flags: vec![
+            "--nats-user=sluice".into(),
+            format!("--nats-password={password}"),
+        ],
+        cli_env: vec![
+            ("NATS_USER", "sluice".into()),
+            ("NATS_PASSWORD", password.clone()),
+        ],
+        wrong_env: vec![
+            ("NATS_USER", "sluice".into()),
+            ("NATS_PASSWORD", "wrong".into()),
+        ],
+        wrong_says: "--nats-password",
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn token() {
+    let token = sluice_tests::unique_name("tok");
+    check(Case {
+        server: format!("authorization {{ token: \"{token}\" }}"),
+        auth: NatsAuth {
+            nats_token: Some(Secret::new(token.clone())),
+            ..NatsAuth::default()
+        },
+        consumer_flags: vec![format!("--nats-token={token}")],
+        cli_env: vec![("NATS_TOKEN", token.clone())],
+        wrong_env: vec![],
+        wrong_says: "--nats-token",
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn nkey_seed() {
+    let user = nkeys::KeyPair::new_user();
+    let dir = tempfile::tempdir().unwrap();
+    let seed_file = dir.path().join("user.nk");
+    std::fs::write(&seed_file, user.seed().unwrap()).unwrap();
+    let seed_path = seed_file.to_str().unwrap().to_string();
+    check(Case {
+        server: format!(
+            "authorization {{ users: [ {{ nkey: \"{}\" }} ] }}",
+            user.public_key()
+        ),
+        auth: NatsAuth {
+            nats_nkey_seed_file: Some(seed_file.clone()),
+            ..NatsAuth::default()
+        },
+        consumer_flags: vec![format!("--nats-nkey-seed-file={seed_path}")],
+        cli_env: vec![("NATS_NKEY_SEED_FILE", seed_path.clone())],
+        wrong_env: vec![],
+        wrong_says: "--nats-nkey-seed-file",
+    })
+    .await;
+}
+
+/// A CA, a server certificate for 127.0.0.1 and a client certificate,
+/// written as PEM files into `dir`.
+fn make_certificates(dir: &Path) {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(DnType::CommonName, "sluice test CA");
+    let ca_key = KeyPair::generate().unwrap();
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let server_key = KeyPair::generate().unwrap();
+    let server = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
+        .unwrap()
+        .signed_by(&server_key, &ca_cert, &ca_key)
+        .unwrap();
+    let client_key = KeyPair::generate().unwrap();
+    let mut client_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    client_params
+        .distinguished_name
+        .push(DnType::CommonName, "sluice-consumer");
+    let client = client_params
+        .signed_by(&client_key, &ca_cert, &ca_key)
+        .unwrap();
+    for (name, pem) in [
+        ("ca.pem", ca_cert.pem()),
+        ("server.pem", server.pem()),
+        ("server-key.pem", server_key.serialize_pem()),
+        ("client.pem", client.pem()),
+        ("client-key.pem", client_key.serialize_pem()),
+    ] {
+        std::fs::write(dir.join(name), pem).unwrap();
+    }
+}
+
+#[tokio::test]
+async fn tls_with_a_custom_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    make_certificates(dir.path());
+    let p = |f: &str| dir.path().join(f).to_str().unwrap().to_string();
+    check(Case {
+        server: format!(
+            "tls {{ cert_file: \"{}\", key_file: \"{}\" }}",
+            p("server.pem"),
+            p("server-key.pem")
+        ),
+        auth: NatsAuth {
+            nats_ca: Some(dir.path().join("ca.pem")),
+            ..NatsAuth::default()
+        },
+        consumer_flags: vec![format!("--nats-ca={}", p("ca.pem"))],
+        cli_env: vec![("NATS_CA", p("ca.pem"))],
+        // Without the CA, the server's certificate cannot be trusted.
+        wrong_env: vec![],
+        wrong_says: "--nats-ca",
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn mutual_tls_with_a_client_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    make_certificates(dir.path());
+    let p = |f: &str| dir.path().join(f).to_str().unwrap().to_string();
+    check(Case {
+        server: format!(
+            "tls {{ cert_file: \"{}\", key_file: \"{}\", ca_file: \"{}\", verify: true }}",
+            p("server.pem"),
+            p("server-key.pem"),
+            p("ca.pem")
+        ),
+        auth: NatsAuth {
+            nats_ca: Some(dir.path().join("ca.pem")),
+            nats_cert: Some(dir.path().join("client.pem")),
+            nats_key: Some(dir.path().join("client-key.pem")),
+            ..NatsAuth::default()
+        },
+        consumer_flags: vec![
+            format!("--nats-ca={}", p("ca.pem")),
+            format!("--nats-cert={}", p("client.pem")),
+            format!("--nats-key={}", p("client-key.pem")),
+        ],
+        cli_env: vec![
+            ("NATS_CA", p("ca.pem")),
+            ("NATS_CERT", p("client.pem")),
+            ("NATS_KEY", p("client-key.pem")),
+        ],
+        // Trusting the server is not enough: it wants our certificate.
+        wrong_env: vec![("NATS_CA", p("ca.pem"))],
+        wrong_says: "cannot connect",
+    })
+    .await;
+}
