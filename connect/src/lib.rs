@@ -121,6 +121,18 @@ impl NatsAuth {
         if self.nats_tls {
             o = o.require_tls(true);
         }
+        // The server reports a denied publish or subscribe only as an event
+        // (the request itself just times out): say so where people look.
+        o = o.event_callback(|event| async move {
+            match event {
+                async_nats::Event::ServerError(e) => {
+                    tracing::warn!(error = %e, "the NATS server refused an operation (check this user's permissions)");
+                }
+                async_nats::Event::Disconnected => tracing::warn!("disconnected from NATS; reconnecting"),
+                async_nats::Event::Connected => tracing::debug!("connected to NATS"),
+                other => tracing::debug!(event = %other, "NATS"),
+            }
+        });
         Ok(o)
     }
 }

@@ -48,7 +48,7 @@ impl Producer {
             .await
             .with_context(|| {
                 format!(
-                    "dead-letter stream {} not found: run `sluice init`",
+                    "cannot open the dead-letter stream {} (not created yet? run `sluice init`)",
                     self.topology.dlq_stream
                 )
             })?;

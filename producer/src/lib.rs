@@ -272,7 +272,7 @@ impl Producer {
                     .await
                     .with_context(|| {
                         format!(
-                            "status bucket {} not found: run `sluice init`",
+                            "cannot open the status bucket {} (not created yet? run `sluice init`)",
                             self.topology.status_bucket
                         )
                     })

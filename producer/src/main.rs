@@ -181,6 +181,17 @@ fn parse_filter(code: Option<String>, since: Option<String>) -> Result<Filter> {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Warnings only (a refused permission, a lost connection), on stderr.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(false)
+        .without_time()
+        .try_init();
     match run(cli).await {
         Ok(code) => code,
         Err(e) => {

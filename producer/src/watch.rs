@@ -146,24 +146,28 @@ impl<'a> Watcher<'a> {
         self.tally.fill(&mut counts);
         let p = self.producer;
         let t = &p.topology;
-        let mut jobs =
-            p.js.get_stream(&t.job_stream).await.with_context(|| {
-                format!("job stream {} not found: run `sluice init`", t.job_stream)
-            })?;
+        let mut jobs = p.js.get_stream(&t.job_stream).await.with_context(|| {
+            format!(
+                "cannot open the job stream {} (not created yet? run `sluice init`)",
+                t.job_stream
+            )
+        })?;
         let state = jobs.info().await?.state.clone();
         counts.stream.messages = state.messages;
         counts.stream.bytes = state.bytes;
-        let info = jobs
-            .consumer_info(&t.consumer)
-            .await
-            .with_context(|| format!("consumer {} not found: run `sluice init`", t.consumer))?;
+        let info = jobs.consumer_info(&t.consumer).await.with_context(|| {
+            format!(
+                "cannot read the consumer {} (not created yet? run `sluice init`)",
+                t.consumer
+            )
+        })?;
         counts.stream.pending = info.num_pending;
         counts.stream.in_flight = info.num_ack_pending as u64;
         counts.stream.redelivered = info.num_redelivered as u64;
         counts.stream.waiting_pulls = info.num_waiting as u64;
         let mut dlq = p.js.get_stream(&t.dlq_stream).await.with_context(|| {
             format!(
-                "dead-letter stream {} not found: run `sluice init`",
+                "cannot open the dead-letter stream {} (not created yet? run `sluice init`)",
                 t.dlq_stream
             )
         })?;

@@ -18,6 +18,10 @@ use crate::{Owned, Servers, models_dir, unique_name};
 
 pub struct Deployment {
     pub servers: Servers,
+    /// The other nodes when NATS is a cluster (`servers.nats` is node 0).
+    pub cluster: Vec<crate::NatsServer>,
+    /// Every NATS URL, comma-separated (what clients are given).
+    pub nats_urls: String,
     pub namespace: String,
     pub topology: Topology,
     pub bucket: String,
@@ -46,10 +50,36 @@ impl Deployment {
         auth: NatsAuth,
         settings: Settings,
     ) -> Result<Deployment> {
-        let namespace = unique_name("t");
+        Deployment::start_clustered(servers, Vec::new(), auth, settings).await
+    }
+
+    /// On a NATS cluster: `servers.nats` and the nodes in `cluster`.
+    pub async fn start_clustered(
+        servers: Servers,
+        cluster: Vec<crate::NatsServer>,
+        auth: NatsAuth,
+        settings: Settings,
+    ) -> Result<Deployment> {
+        Deployment::start_named(servers, cluster, auth, settings, &unique_name("t")).await
+    }
+
+    /// With the given namespace ("" for the standard names).
+    pub async fn start_named(
+        servers: Servers,
+        cluster: Vec<crate::NatsServer>,
+        auth: NatsAuth,
+        settings: Settings,
+        namespace: &str,
+    ) -> Result<Deployment> {
+        let nats_urls = std::iter::once(&servers.nats)
+            .chain(&cluster)
+            .map(|n| n.url())
+            .collect::<Vec<_>>()
+            .join(",");
+        let namespace = namespace.to_string();
         let bucket = servers.s3.bucket("sluice").await?;
         let producer = Producer::connect(&ProducerConfig {
-            nats_url: servers.nats.url(),
+            nats_url: nats_urls.clone(),
             nats_auth: auth,
             namespace: namespace.clone(),
             s3_endpoint: Some(servers.s3.endpoint()),
@@ -61,15 +91,29 @@ impl Deployment {
             ..ProducerConfig::default()
         })
         .await?;
-        provision::ensure(
-            &producer.js,
-            Some(&producer.s3),
-            &bucket,
-            &producer.topology,
-            &settings,
-        )
-        .await?;
+        // A new cluster elects its JetStream leaders for a moment: retry.
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            match provision::ensure(
+                &producer.js,
+                Some(&producer.s3),
+                &bucket,
+                &producer.topology,
+                &settings,
+            )
+            .await
+            {
+                Ok(_) => break,
+                Err(e) if Instant::now() < until && !cluster.is_empty() => {
+                    tracing::debug!(error = %e, "cluster not ready for init yet");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
         Ok(Deployment {
+            cluster,
+            nats_urls,
             topology: producer.topology.clone(),
             servers,
             namespace,
@@ -94,7 +138,7 @@ impl Deployment {
     pub fn consumer_args(&self, extra: &[&str]) -> Vec<String> {
         let model = models_dir().join("all-minilm-l6-v2");
         let mut args = vec![
-            format!("--nats-url={}", self.servers.nats.url()),
+            format!("--nats-url={}", self.nats_urls),
             format!("--namespace={}", self.namespace),
             format!("--s3-endpoint={}", self.servers.s3.endpoint()),
             format!("--s3-access-key-id={}", self.servers.s3.access_key),
@@ -208,7 +252,7 @@ impl Deployment {
     /// examples read too).
     pub fn publisher_env(&self) -> Vec<(&'static str, String)> {
         vec![
-            ("NATS_URL", self.servers.nats.url()),
+            ("NATS_URL", self.nats_urls.clone()),
             ("SLUICE_NAMESPACE", self.namespace.clone()),
             ("SLUICE_BUCKET", self.bucket.clone()),
             ("AWS_ENDPOINT_URL", self.servers.s3.endpoint()),

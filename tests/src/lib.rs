@@ -264,6 +264,11 @@ impl NatsServer {
         self.process.pid()
     }
 
+    /// Kills the server (SIGKILL: no goodbye to its cluster), keeping its store.
+    pub fn kill(&mut self) {
+        self.process.kill();
+    }
+
     /// Stops the server (SIGTERM, then kill), keeping its store.
     pub fn stop(&mut self) {
         self.process.stop(Duration::from_secs(10));
@@ -446,6 +451,24 @@ pub fn s3_client_for(endpoint: &str, access_key: &str, secret_key: &str) -> aws_
         .force_path_style(true)
         .build();
     aws_sdk_s3::Client::from_conf(config)
+}
+
+/// A JetStream cluster of `n` nats-servers on loopback (routes between
+/// them, one store each), named `n0`, `n1`, ...
+pub async fn start_nats_cluster(n: usize) -> Result<Vec<NatsServer>> {
+    let cluster_ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
+    let routes: Vec<String> = cluster_ports
+        .iter()
+        .map(|p| format!("nats-route://127.0.0.1:{p}"))
+        .collect();
+    let starts = cluster_ports.iter().enumerate().map(|(i, port)| {
+        let config = format!(
+            "server_name: n{i}\ncluster {{\n  name: sluice-test\n  listen: 127.0.0.1:{port}\n  routes: [{}]\n}}\n",
+            routes.join(", ")
+        );
+        async move { NatsServer::start_with_config(Some(&config)).await }
+    });
+    futures::future::try_join_all(starts).await
 }
 
 /// Both servers a sluice test needs.

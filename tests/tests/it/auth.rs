@@ -241,3 +241,72 @@ async fn mutual_tls_with_a_client_certificate() {
     })
     .await;
 }
+
+/// deploy/nats/permissions.conf as shipped: the consumer and the publisher
+/// each do their job with only their own permissions, and a publisher cannot
+/// read the dead-letter stream.
+#[tokio::test]
+async fn the_shipped_permissions_let_each_role_do_its_job_and_no_more() {
+    let permissions =
+        std::fs::read_to_string(sluice_tests::repo_root().join("deploy/nats/permissions.conf"))
+            .unwrap();
+    let servers = Servers::start_with_nats_config(Some(&permissions))
+        .await
+        .unwrap();
+    let as_user = |user: &str| NatsAuth {
+        nats_user: Some(user.into()),
+        nats_password: Some(Secret::new("change-me")),
+        ..NatsAuth::default()
+    };
+    // `sluice init` as admin, with the standard names the file is written for.
+    let d = Deployment::start_named(
+        servers,
+        Vec::new(),
+        as_user("admin"),
+        Settings::default(),
+        "",
+    )
+    .await
+    .unwrap();
+    let consumer = d
+        .start_consumer(&["--nats-user=consumer", "--nats-password=change-me"])
+        .await
+        .unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.jsonl");
+    std::fs::write(&input, jsonl(&["allowed".to_string()])).unwrap();
+    let mut env = d.publisher_env();
+    env.extend([
+        ("NATS_USER", "publisher".to_string()),
+        ("NATS_PASSWORD", "change-me".to_string()),
+    ]);
+    let run = run_cli(
+        &env,
+        &[
+            "submit",
+            "--wait",
+            "--json",
+            "--id",
+            "perm-1",
+            input.to_str().unwrap(),
+        ],
+        None,
+        T,
+    )
+    .await;
+    assert_eq!(run.code, Some(0), "{run:?}\nconsumer log: see above");
+    assert!(run.stdout.contains("\"status\":\"ok\""), "{run:?}");
+    let run = run_cli(&env, &["status", "perm-1"], None, T).await;
+    assert_eq!(run.code, Some(0), "{run:?}");
+
+    // Reading dead letters is not a publisher's business.
+    let run = run_cli(&env, &["dlq", "ls"], None, T).await;
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert!(
+        run.stderr.contains("Permissions Violation") && run.stderr.contains("SLUICE_DLQ"),
+        "the refusal is named: {run:?}"
+    );
+    eprintln!("publisher running `sluice dlq ls`: {}", run.stderr.trim());
+    consumer.shutdown(Duration::from_secs(10)).await.unwrap();
+}

@@ -39,8 +39,12 @@ async fn wait_drained(d: &Deployment, timeout: Duration) {
     let until = Instant::now() + timeout;
     loop {
         let pending = async {
-            let js = async_nats::jetstream::new(d.servers.nats.connect().await.ok()?);
-            let mut stream = js.get_stream(&d.topology.job_stream).await.ok()?;
+            let mut stream = d
+                .producer
+                .js
+                .get_stream(&d.topology.job_stream)
+                .await
+                .ok()?;
             let messages = stream.info().await.ok()?.state.messages;
             let info = stream.consumer_info(&d.topology.consumer).await.ok()?;
             Some(messages + info.num_ack_pending as u64 + info.num_pending)
@@ -276,4 +280,84 @@ async fn sigterm_drains_and_a_second_consumer_finishes_the_rest() {
     assert_none_twice(&counts);
     assert_eq!(counts.len(), ids.len());
     drop(second);
+}
+
+#[tokio::test]
+async fn stream_leader_killed_mid_run_on_a_three_node_cluster_loses_nothing() {
+    let mut nodes = sluice_tests::start_nats_cluster(3).await.unwrap();
+    let s3 = sluice_tests::S3Server::start().await.unwrap();
+    let servers = sluice_tests::Servers {
+        nats: nodes.remove(0),
+        s3,
+    };
+    let settings = Settings {
+        replicas: 3,
+        ..fault_settings()
+    };
+    let mut d = Deployment::start_clustered(servers, nodes, Default::default(), settings)
+        .await
+        .unwrap();
+    let mut stream = d
+        .producer
+        .js
+        .get_stream(&d.topology.job_stream)
+        .await
+        .unwrap();
+    assert_eq!(stream.info().await.unwrap().config.num_replicas, 3);
+    let counter = count_results(d.producer.subscribe_results().await.unwrap());
+    let ids = publish(&d, "cluster", 2000).await;
+    let a = d.start_consumer(&FAULT_ARGS).await.unwrap();
+    let b = d.start_consumer(&FAULT_ARGS).await.unwrap();
+    let done = || {
+        a.stats.jobs_ok.load(std::sync::atomic::Ordering::Relaxed)
+            + b.stats.jobs_ok.load(std::sync::atomic::Ordering::Relaxed)
+    };
+    while done() < 300 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Kill the job stream's leader mid-run, then bring it back.
+    let info = stream.info().await.unwrap().clone();
+    let leader = info
+        .cluster
+        .and_then(|c| c.leader)
+        .expect("an R3 stream has a leader");
+    let index: usize = leader.trim_start_matches('n').parse().unwrap();
+    eprintln!("killing the stream leader {leader} after {} jobs", done());
+    {
+        let node = if index == 0 {
+            &mut d.servers.nats
+        } else {
+            &mut d.cluster[index - 1]
+        };
+        node.kill();
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let during = done();
+    {
+        let node = if index == 0 {
+            &mut d.servers.nats
+        } else {
+            &mut d.cluster[index - 1]
+        };
+        node.restart().await.unwrap();
+    }
+    eprintln!("restarted {leader}; {during} jobs done by then");
+    wait_drained(&d, Duration::from_secs(600)).await;
+    assert_all_done(&d, &ids, true).await;
+    let counts = final_counts(counter).await;
+    assert_none_twice(&counts);
+    let dead = d
+        .producer
+        .dead_letters(&sluice_producer::dlq::Filter::default())
+        .await
+        .unwrap();
+    assert!(dead.is_empty(), "dead letters: {dead:?}");
+    assert!(
+        done() >= ids.len() as u64,
+        "the consumers answered {} of {} jobs",
+        done(),
+        ids.len()
+    );
+    a.shutdown(Duration::from_secs(10)).await.unwrap();
+    b.shutdown(Duration::from_secs(10)).await.unwrap();
 }

@@ -2,6 +2,7 @@
 
 mod auth;
 mod cli;
+mod deploy_files;
 mod embed;
 mod failures;
 mod faults;

