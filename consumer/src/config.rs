@@ -163,6 +163,9 @@ pub struct Config {
         default_value = "http/protobuf"
     )]
     pub otlp_protocol: crate::trace::OtlpProtocol,
+    /// With --otlp-endpoint: seconds between metric pushes (to <endpoint>/v1/metrics).
+    #[arg(long, env = "SLUICE_OTLP_METRICS_INTERVAL_SECS", default_value_t = 15)]
+    pub otlp_metrics_interval_secs: u64,
 }
 
 /// A config error: which key, which value, and what to do.

@@ -21,6 +21,7 @@ pub mod job;
 pub mod model;
 pub mod npy;
 pub mod offline;
+pub mod otlp_metrics;
 pub mod service;
 pub mod sink;
 pub mod telemetry;

@@ -116,6 +116,7 @@ pub struct Running {
     executor: std::thread::JoinHandle<()>,
     ready: Arc<AtomicBool>,
     tracing: crate::trace::Tracing,
+    otlp_metrics: Option<crate::otlp_metrics::OtlpMetrics>,
 }
 
 impl Running {
@@ -131,7 +132,14 @@ impl Running {
         let _ = tokio::task::spawn_blocking(move || self.executor.join()).await;
         // Export the spans still buffered (blocking HTTP: off the runtime).
         let tracing = self.tracing;
-        let _ = tokio::task::spawn_blocking(move || tracing.shutdown()).await;
+        let metrics = self.otlp_metrics;
+        let _ = tokio::task::spawn_blocking(move || {
+            tracing.shutdown();
+            if let Some(m) = metrics {
+                m.shutdown();
+            }
+        })
+        .await;
         result
     }
 
@@ -286,6 +294,23 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     };
 
     let stats = Arc::new(Stats::default());
+    let otlp_metrics = match config.otlp_endpoint.clone() {
+        Some(endpoint) => {
+            let (protocol, stats, budget) =
+                (config.otlp_protocol, Arc::clone(&stats), budget.clone());
+            let interval = Duration::from_secs(config.otlp_metrics_interval_secs.max(1));
+            Some(
+                tokio::task::spawn_blocking(move || {
+                    crate::otlp_metrics::OtlpMetrics::start(
+                        &endpoint, protocol, interval, stats, budget,
+                    )
+                })
+                .await
+                .context("metrics set-up panicked")??,
+            )
+        }
+        None => None,
+    };
     let (item_tx, item_rx) = mpsc::channel(4096);
     let (batch_tx, batch_rx) = mpsc::channel(1);
 
@@ -386,6 +411,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         executor,
         ready,
         tracing,
+        otlp_metrics,
     })
 }
 

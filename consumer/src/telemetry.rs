@@ -125,6 +125,8 @@ pub struct Stats {
     pub batch_items_histogram: Histogram,
     pub batch_padded_tokens_histogram: Histogram,
     stage_seconds: [Histogram; STAGES.len()],
+    /// The OTLP histograms, when metrics are pushed over OTLP.
+    pub otel: std::sync::OnceLock<crate::otlp_metrics::OtelHistograms>,
 }
 
 impl Default for Stats {
@@ -152,6 +154,7 @@ impl Default for Stats {
             batch_items_histogram: Histogram::new(BATCH_ITEMS),
             batch_padded_tokens_histogram: Histogram::new(BATCH_TOKENS),
             stage_seconds: std::array::from_fn(|_| Histogram::new(SECONDS)),
+            otel: std::sync::OnceLock::new(),
         }
     }
 }
@@ -186,6 +189,10 @@ impl Stats {
             .fetch_add((model_ms * 1e3) as u64, Ordering::Relaxed);
         self.batch_items_histogram.observe(batch.items.len() as f64);
         self.batch_padded_tokens_histogram.observe(padded as f64);
+        if let Some(otel) = self.otel.get() {
+            otel.batch_items.record(batch.items.len() as u64, &[]);
+            otel.batch_padded_tokens.record(padded, &[]);
+        }
         if multi_job {
             self.batches_multi_job.fetch_add(1, Ordering::Relaxed);
         }
@@ -216,9 +223,14 @@ impl Stats {
             t.write,
             t.total,
         ];
-        for (h, ms) in self.stage_seconds.iter().zip(stages) {
+        let otel = self.otel.get();
+        for ((h, ms), stage) in self.stage_seconds.iter().zip(stages).zip(STAGES) {
             if let Some(ms) = ms {
                 h.observe(ms / 1e3);
+                if let Some(otel) = otel {
+                    otel.stage_seconds
+                        .record(ms / 1e3, &[opentelemetry::KeyValue::new("stage", stage)]);
+                }
             }
         }
     }

@@ -1,6 +1,7 @@
-//! A real OTLP/HTTP trace receiver for tests: it accepts
-//! `POST /v1/traces` with the JSON encoding of the OTLP protocol (what an
-//! OpenTelemetry collector accepts on port 4318) and keeps every span.
+//! A real OTLP/HTTP receiver for tests: it accepts `POST /v1/traces` and
+//! `POST /v1/metrics` with the JSON encoding of the OTLP protocol (what an
+//! OpenTelemetry collector accepts on port 4318) and keeps every span and
+//! every metric data point.
 
 use std::sync::{Arc, Mutex};
 
@@ -23,9 +24,42 @@ pub struct ReceivedSpan {
     pub service_name: String,
 }
 
+/// One metric as exported: its name and its OTLP JSON (`sum`, `gauge` or
+/// `histogram` with `dataPoints`).
+#[derive(Debug, Clone)]
+pub struct ReceivedMetric {
+    pub name: String,
+    pub data: Value,
+}
+
+impl ReceivedMetric {
+    /// The value of a sum or gauge data point with these attributes
+    /// (`key=value`, empty for none); the count of a histogram's.
+    pub fn value(&self, attribute: Option<(&str, &str)>) -> Option<f64> {
+        let (kind, body) = ["sum", "gauge", "histogram"]
+            .iter()
+            .find_map(|k| self.data.get(*k).map(|b| (*k, b)))?;
+        let points = body["dataPoints"].as_array()?;
+        let point = points.iter().find(|p| match attribute {
+            None => true,
+            Some((key, value)) => p["attributes"].as_array().is_some_and(|a| {
+                a.iter()
+                    .any(|kv| kv["key"] == key && kv["value"]["stringValue"] == value)
+            }),
+        })?;
+        let number = |v: &Value| v.as_f64().or_else(|| v.as_str()?.parse().ok());
+        if kind == "histogram" {
+            number(&point["count"])
+        } else {
+            number(&point["asInt"]).or_else(|| number(&point["asDouble"]))
+        }
+    }
+}
+
 pub struct OtlpReceiver {
     pub endpoint: String,
     spans: Arc<Mutex<Vec<ReceivedSpan>>>,
+    metrics: Arc<Mutex<Vec<ReceivedMetric>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -41,12 +75,15 @@ impl OtlpReceiver {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let endpoint = format!("http://{}", listener.local_addr()?);
         let spans = Arc::new(Mutex::new(Vec::new()));
+        let metrics = Arc::new(Mutex::new(Vec::new()));
         let sink = Arc::clone(&spans);
+        let metric_sink = Arc::clone(&metrics);
         let task = tokio::spawn(async move {
             while let Ok((conn, _)) = listener.accept().await {
                 let sink = Arc::clone(&sink);
+                let metric_sink = Arc::clone(&metric_sink);
                 tokio::spawn(async move {
-                    if let Err(e) = serve(conn, &sink).await {
+                    if let Err(e) = serve(conn, &sink, &metric_sink).await {
                         eprintln!("otlp receiver: {e:#}");
                     }
                 });
@@ -55,6 +92,7 @@ impl OtlpReceiver {
         Ok(OtlpReceiver {
             endpoint,
             spans,
+            metrics,
             task,
         })
     }
@@ -62,9 +100,19 @@ impl OtlpReceiver {
     pub fn spans(&self) -> Vec<ReceivedSpan> {
         self.spans.lock().map(|s| s.clone()).unwrap_or_default()
     }
+
+    /// The latest export of the metric called `name`.
+    pub fn metric(&self, name: &str) -> Option<ReceivedMetric> {
+        let metrics = self.metrics.lock().ok()?;
+        metrics.iter().rev().find(|m| m.name == name).cloned()
+    }
 }
 
-async fn serve(mut conn: TcpStream, sink: &Mutex<Vec<ReceivedSpan>>) -> Result<()> {
+async fn serve(
+    mut conn: TcpStream,
+    sink: &Mutex<Vec<ReceivedSpan>>,
+    metric_sink: &Mutex<Vec<ReceivedMetric>>,
+) -> Result<()> {
     loop {
         let mut buf = Vec::new();
         let head_end = loop {
@@ -94,18 +142,23 @@ async fn serve(mut conn: TcpStream, sink: &Mutex<Vec<ReceivedSpan>>) -> Result<(
             buf.extend_from_slice(&chunk[..n]);
         }
         let body = &buf[head_end..head_end + length];
-        let (status, reply) = if head.starts_with("POST /v1/traces ") {
-            match serde_json::from_slice::<Value>(body) {
-                Ok(v) => {
-                    if let Ok(mut s) = sink.lock() {
-                        s.extend(spans_of(&v));
-                    }
-                    ("200 OK", "{}")
+        let traces = head.starts_with("POST /v1/traces ");
+        let metrics = head.starts_with("POST /v1/metrics ");
+        let (status, reply) = match serde_json::from_slice::<Value>(body) {
+            Ok(v) if traces => {
+                if let Ok(mut s) = sink.lock() {
+                    s.extend(spans_of(&v));
                 }
-                Err(_) => ("400 Bad Request", "{\"error\":\"not OTLP JSON\"}"),
+                ("200 OK", "{}")
             }
-        } else {
-            ("404 Not Found", "{}")
+            Ok(v) if metrics => {
+                if let Ok(mut m) = metric_sink.lock() {
+                    m.extend(metrics_of(&v));
+                }
+                ("200 OK", "{}")
+            }
+            Ok(_) => ("404 Not Found", "{}"),
+            Err(_) => ("400 Bad Request", "{\"error\":\"not OTLP JSON\"}"),
         };
         let response = format!(
             "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{reply}",
@@ -113,6 +166,23 @@ async fn serve(mut conn: TcpStream, sink: &Mutex<Vec<ReceivedSpan>>) -> Result<(
         );
         conn.write_all(response.as_bytes()).await?;
     }
+}
+
+/// The metrics of an `ExportMetricsServiceRequest` in OTLP/JSON.
+fn metrics_of(request: &Value) -> Vec<ReceivedMetric> {
+    let mut out = Vec::new();
+    let empty = Vec::new();
+    for rm in request["resourceMetrics"].as_array().unwrap_or(&empty) {
+        for sm in rm["scopeMetrics"].as_array().unwrap_or(&empty) {
+            for m in sm["metrics"].as_array().unwrap_or(&empty) {
+                out.push(ReceivedMetric {
+                    name: m["name"].as_str().unwrap_or_default().to_string(),
+                    data: m.clone(),
+                });
+            }
+        }
+    }
+    out
 }
 
 /// The spans of an `ExportTraceServiceRequest` in OTLP/JSON.

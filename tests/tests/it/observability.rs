@@ -97,6 +97,34 @@ async fn the_consumer_continues_the_publishers_trace_over_otlp() {
             children.keys()
         );
     }
+    // The metrics went out over OTLP too (pushed once more on shutdown).
+    let ok = receiver
+        .metric("sluice_jobs_ok")
+        .unwrap_or_else(|| panic!("no sluice_jobs_ok metric exported"));
+    assert_eq!(ok.value(None), Some(1.0), "{ok:?}");
+    let tokens = receiver.metric("sluice_tokens").unwrap();
+    assert_eq!(
+        tokens.value(None),
+        Some(got[0].usage.tokens as f64),
+        "{tokens:?}"
+    );
+    let failed = receiver.metric("sluice_jobs_failed").unwrap();
+    assert_eq!(failed.value(Some(("code", "input_invalid"))), Some(0.0));
+    let stages = receiver.metric("sluice_stage_seconds").unwrap();
+    assert_eq!(
+        stages.value(Some(("stage", "inference"))),
+        Some(1.0),
+        "{stages:?}"
+    );
+    assert!(
+        receiver
+            .metric("sluice_budget_bytes")
+            .unwrap()
+            .value(None)
+            .unwrap()
+            > 0.0
+    );
+
     // The batch span links to the job it served.
     let linked = spans.iter().any(|s| {
         s.name == "sluice.batch"
