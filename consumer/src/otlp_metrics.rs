@@ -10,13 +10,12 @@ use std::time::Duration;
 
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::{Meter, MeterProvider as _};
-use opentelemetry_otlp::{Protocol, WithExportConfig};
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use sluice_schemas::ErrorCode;
 
 use crate::budget::{Budget, peak_resident_bytes, resident_bytes};
 use crate::telemetry::Stats;
-use crate::trace::OtlpProtocol;
+use crate::trace::{OtlpProtocol, otlp_resource, otlp_target};
 
 /// Histograms recorded as events happen (set once, when exporting).
 pub struct OtelHistograms {
@@ -38,15 +37,13 @@ impl OtlpMetrics {
         stats: Arc<Stats>,
         budget: Budget,
     ) -> anyhow::Result<OtlpMetrics> {
-        let url = format!("{}/v1/metrics", endpoint.trim_end_matches('/'));
-        let exporter = opentelemetry_otlp::MetricExporter::builder()
-            .with_http()
-            .with_protocol(match protocol {
-                OtlpProtocol::HttpProtobuf => Protocol::HttpBinary,
-                OtlpProtocol::HttpJson => Protocol::HttpJson,
-            })
-            .with_endpoint(url.clone())
-            .with_timeout(Duration::from_secs(10))
+        let (builder, url) = otlp_target(
+            opentelemetry_otlp::MetricExporter::builder().with_http(),
+            endpoint,
+            "metrics",
+            protocol,
+        );
+        let exporter = builder
             .build()
             .map_err(|e| anyhow::anyhow!("cannot set up OTLP metrics export to {url}: {e}"))?;
         let reader = PeriodicReader::builder(exporter)
@@ -54,11 +51,7 @@ impl OtlpMetrics {
             .build();
         let provider = SdkMeterProvider::builder()
             .with_reader(reader)
-            .with_resource(
-                opentelemetry_sdk::Resource::builder()
-                    .with_service_name("sluice-consumer")
-                    .build(),
-            )
+            .with_resource(otlp_resource())
             .build();
         let meter = provider.meter("sluice-consumer");
         register(&meter, &stats, budget);

@@ -30,6 +30,33 @@ pub enum OtlpProtocol {
     HttpJson,
 }
 
+/// Points an OTLP/HTTP exporter builder at `<endpoint>/v1/<signal>`; returns
+/// it and that URL (for error messages).
+pub fn otlp_target<B: WithExportConfig>(
+    builder: B,
+    endpoint: &str,
+    signal: &str,
+    protocol: OtlpProtocol,
+) -> (B, String) {
+    let url = format!("{}/v1/{signal}", endpoint.trim_end_matches('/'));
+    let builder = builder
+        .with_protocol(match protocol {
+            OtlpProtocol::HttpProtobuf => Protocol::HttpBinary,
+            OtlpProtocol::HttpJson => Protocol::HttpJson,
+        })
+        .with_endpoint(url.clone())
+        .with_timeout(Duration::from_secs(10));
+    (builder, url)
+}
+
+/// What every exported span and metric says about its source.
+pub fn otlp_resource() -> opentelemetry_sdk::Resource {
+    opentelemetry_sdk::Resource::builder()
+        .with_service_name("sluice-consumer")
+        .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
+        .build()
+}
+
 /// The consumer's tracer: disabled (the default) or exporting over OTLP.
 #[derive(Clone, Default)]
 pub struct Tracing {
@@ -48,24 +75,18 @@ impl Tracing {
 
     /// Exports spans in batches to `<endpoint>/v1/traces`.
     pub fn otlp(endpoint: &str, protocol: OtlpProtocol) -> anyhow::Result<Tracing> {
-        let url = format!("{}/v1/traces", endpoint.trim_end_matches('/'));
-        let exporter = opentelemetry_otlp::SpanExporter::builder()
-            .with_http()
-            .with_protocol(match protocol {
-                OtlpProtocol::HttpProtobuf => Protocol::HttpBinary,
-                OtlpProtocol::HttpJson => Protocol::HttpJson,
-            })
-            .with_endpoint(url.clone())
-            .with_timeout(Duration::from_secs(10))
+        let (builder, url) = otlp_target(
+            opentelemetry_otlp::SpanExporter::builder().with_http(),
+            endpoint,
+            "traces",
+            protocol,
+        );
+        let exporter = builder
             .build()
             .map_err(|e| anyhow::anyhow!("cannot set up OTLP export to {url}: {e}"))?;
-        let resource = opentelemetry_sdk::Resource::builder()
-            .with_service_name("sluice-consumer")
-            .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
-            .build();
         let provider = SdkTracerProvider::builder()
             .with_batch_exporter(exporter)
-            .with_resource(resource)
+            .with_resource(otlp_resource())
             .build();
         let tracer = provider.tracer("sluice-consumer");
         Ok(Tracing {
