@@ -10,7 +10,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::budget::{Budget, peak_resident_bytes, resident_bytes};
-use crate::telemetry::{MemoryFigures, Stats};
+use crate::telemetry::{MemoryFigures, Readings, Stats};
 
 #[derive(Clone)]
 pub struct State {
@@ -78,9 +78,7 @@ async fn answer(mut conn: TcpStream, state: &State) -> std::io::Result<()> {
                 &mut conn,
                 200,
                 "text/plain; version=0.0.4",
-                &state
-                    .stats
-                    .render_prometheus(&state.budget.snapshot(), &memory_figures(state)),
+                &state.stats.render_prometheus(&state.readings()),
             )
             .await
         }
@@ -103,6 +101,16 @@ async fn respond(conn: &mut TcpStream, code: u16, ctype: &str, body: &str) -> st
     conn.write_all(head.as_bytes()).await?;
     conn.write_all(body.as_bytes()).await?;
     conn.shutdown().await
+}
+
+impl State {
+    /// The budget and memory now, as `/metrics` and the OTLP push read them.
+    pub fn readings(&self) -> Readings {
+        Readings {
+            budget: self.budget.snapshot(),
+            memory: memory_figures(self),
+        }
+    }
 }
 
 fn memory_figures(state: &State) -> MemoryFigures {

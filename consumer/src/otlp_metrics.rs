@@ -1,32 +1,33 @@
 //! The same metrics as `/metrics`, pushed over OTLP/HTTP when an endpoint is
-//! configured (`--otlp-endpoint`, beside the traces). Counters and gauges are
-//! observed from [`Stats`] at each export; histograms are recorded as events
-//! happen, through [`OtelHistograms`]. Names are the Prometheus names without
-//! the `_total` suffix (a collector's Prometheus exporter adds it back).
+//! configured (`--otlp-endpoint`, beside the traces), from the same tables
+//! ([`SCALARS`], [`BY_CODE`], [`HISTOGRAMS`]). Counters and gauges are
+//! observed at each export; histograms are recorded as events happen, through
+//! [`OtelHistograms`]. Names are the Prometheus names without the `_total`
+//! suffix (a collector's Prometheus exporter adds it back).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::{Meter, MeterProvider as _};
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
-use sluice_schemas::ErrorCode;
 
-use crate::budget::{Budget, peak_resident_bytes, resident_bytes};
-use crate::telemetry::Stats;
+use crate::telemetry::{BY_CODE, HISTOGRAMS, MetricKind, Readings, SCALARS, Stats};
 use crate::trace::{OtlpProtocol, otlp_resource, otlp_target};
 
 /// Histograms recorded as events happen (set once, when exporting).
 pub struct OtelHistograms {
     pub stage_seconds: opentelemetry::metrics::Histogram<f64>,
-    pub batch_items: opentelemetry::metrics::Histogram<u64>,
-    pub batch_padded_tokens: opentelemetry::metrics::Histogram<u64>,
+    pub batch_items: opentelemetry::metrics::Histogram<f64>,
+    pub batch_padded_tokens: opentelemetry::metrics::Histogram<f64>,
 }
 
 pub struct OtlpMetrics {
     provider: SdkMeterProvider,
 }
+
+/// Reads the budget and memory at export time.
+pub type ReadNow = Arc<dyn Fn() -> Readings + Send + Sync>;
 
 impl OtlpMetrics {
     /// Starts pushing to `<endpoint>/v1/metrics` every `interval`.
@@ -35,7 +36,7 @@ impl OtlpMetrics {
         protocol: OtlpProtocol,
         interval: Duration,
         stats: Arc<Stats>,
-        budget: Budget,
+        now: ReadNow,
     ) -> anyhow::Result<OtlpMetrics> {
         let (builder, url) = otlp_target(
             opentelemetry_otlp::MetricExporter::builder().with_http(),
@@ -54,21 +55,23 @@ impl OtlpMetrics {
             .with_resource(otlp_resource())
             .build();
         let meter = provider.meter("sluice-consumer");
-        register(&meter, &stats, budget);
+        register(&meter, &stats, now);
+        let histogram = |name: &str| {
+            let Some(m) = HISTOGRAMS.iter().find(|h| h.name == name) else {
+                unreachable!("{name} is in HISTOGRAMS");
+            };
+            let builder = meter.f64_histogram(m.name).with_description(m.help);
+            if m.seconds {
+                builder.with_unit("s")
+            } else {
+                builder
+            }
+            .build()
+        };
         let _ = stats.otel.set(OtelHistograms {
-            stage_seconds: meter
-                .f64_histogram("sluice_stage_seconds")
-                .with_unit("s")
-                .with_description("Time per job stage (queue: from publish to pull).")
-                .build(),
-            batch_items: meter
-                .u64_histogram("sluice_batch_items")
-                .with_description("Items per batch.")
-                .build(),
-            batch_padded_tokens: meter
-                .u64_histogram("sluice_batch_padded_tokens")
-                .with_description("Padded cost (items x longest) per batch.")
-                .build(),
+            stage_seconds: histogram("sluice_stage_seconds"),
+            batch_items: histogram("sluice_batch_items"),
+            batch_padded_tokens: histogram("sluice_batch_padded_tokens"),
         });
         Ok(OtlpMetrics { provider })
     }
@@ -81,148 +84,44 @@ impl OtlpMetrics {
     }
 }
 
-/// Observable counters and gauges over the atomics `/metrics` reads too.
-fn register(meter: &Meter, stats: &Arc<Stats>, budget: Budget) {
-    type Read = fn(&Stats) -> &AtomicU64;
-    let counters: [(&'static str, &'static str, Read); 11] = [
-        ("sluice_jobs_ok", "Jobs answered ok.", |s| &s.jobs_ok),
-        (
-            "sluice_jobs_already_answered",
-            "Redeliveries of jobs already answered.",
-            |s| &s.jobs_already_final,
-        ),
-        (
-            "sluice_redeliveries",
-            "Deliveries after a job's first.",
-            |s| &s.redeliveries,
-        ),
-        (
-            "sluice_dead_lettered",
-            "Jobs published to the dead-letter stream.",
-            |s| &s.dead_lettered,
-        ),
-        ("sluice_items", "Items embedded in ok jobs.", |s| {
-            &s.items_done
-        }),
-        ("sluice_tokens", "Real tokens in ok jobs.", |s| {
-            &s.tokens_done
-        }),
-        ("sluice_batches", "Batches run.", |s| &s.batches),
-        ("sluice_batches_failed", "Batches that failed.", |s| {
-            &s.batches_failed
-        }),
-        (
-            "sluice_batch_real_tokens",
-            "Real tokens over all batches.",
-            |s| &s.batch_real_tokens,
-        ),
-        (
-            "sluice_batch_padded_tokens_sum",
-            "Padded tokens over all batches.",
-            |s| &s.batch_padded_tokens,
-        ),
-        (
-            "sluice_batches_multi_job",
-            "Batches holding items of several jobs.",
-            |s| &s.batches_multi_job,
-        ),
-    ];
-    for (name, help, read) in counters {
-        let stats = Arc::clone(stats);
-        meter
-            .u64_observable_counter(name)
-            .with_description(help)
-            .with_callback(move |o| o.observe(read(&stats).load(Ordering::Relaxed), &[]))
-            .build();
+/// Observable counters and gauges over what `/metrics` reads too.
+fn register(meter: &Meter, stats: &Arc<Stats>, now: ReadNow) {
+    for m in SCALARS {
+        let (stats, now) = (Arc::clone(stats), Arc::clone(&now));
+        let name = m.otlp_name();
+        let unit = if m.bytes { "By" } else { "" };
+        let read = m.read;
+        match m.kind {
+            MetricKind::Counter => {
+                // Counts are whole numbers.
+                meter
+                    .u64_observable_counter(name)
+                    .with_description(m.help)
+                    .with_unit(unit)
+                    .with_callback(move |o| o.observe(read(&stats, &now()) as u64, &[]))
+                    .build();
+            }
+            MetricKind::Gauge => {
+                meter
+                    .f64_observable_gauge(name)
+                    .with_description(m.help)
+                    .with_unit(unit)
+                    .with_callback(move |o| o.observe(read(&stats, &now()), &[]))
+                    .build();
+            }
+        }
     }
-    for (name, help, failed) in [
-        (
-            "sluice_jobs_failed",
-            "Jobs failed for good, by error code.",
-            true,
-        ),
-        (
-            "sluice_jobs_retried",
-            "Transient failures Nak'ed for a retry, by error code.",
-            false,
-        ),
-    ] {
+    for m in BY_CODE {
         let stats = Arc::clone(stats);
+        let read = m.read;
         meter
-            .u64_observable_counter(name)
-            .with_description(help)
+            .u64_observable_counter(m.name.strip_suffix("_total").unwrap_or(m.name))
+            .with_description(m.help)
             .with_callback(move |o| {
-                let counts = if failed {
-                    stats.jobs_failed()
-                } else {
-                    stats.jobs_retried()
-                };
-                for code in ErrorCode::ALL {
-                    if !failed && !code.is_retryable() {
-                        continue;
-                    }
-                    let n = counts
-                        .iter()
-                        .find(|(c, _)| *c == code)
-                        .map_or(0, |(_, n)| *n);
+                for (code, n) in read(&stats) {
                     o.observe(n, &[KeyValue::new("code", code.as_str())]);
                 }
             })
-            .build();
-    }
-    let gauges: [(&'static str, &'static str, Read); 2] = [
-        (
-            "sluice_jobs_in_flight",
-            "Jobs admitted and not yet settled.",
-            |s| &s.jobs_in_flight,
-        ),
-        (
-            "sluice_tokens_in_flight",
-            "Real tokens of tokenized jobs not yet settled.",
-            |s| &s.tokens_in_flight,
-        ),
-    ];
-    for (name, help, read) in gauges {
-        let stats = Arc::clone(stats);
-        meter
-            .u64_observable_gauge(name)
-            .with_description(help)
-            .with_callback(move |o| o.observe(read(&stats).load(Ordering::Relaxed), &[]))
-            .build();
-    }
-    type Bytes = fn(&Budget) -> u64;
-    let bytes: [(&'static str, &'static str, Bytes); 5] = [
-        ("sluice_budget_bytes", "Memory budget for jobs.", |b| {
-            b.snapshot().limit_bytes
-        }),
-        (
-            "sluice_budget_reserved_bytes",
-            "Bytes reserved by in-flight jobs.",
-            |b| b.snapshot().reserved_bytes,
-        ),
-        (
-            "sluice_budget_reserved_peak_bytes",
-            "Highest reserved bytes so far.",
-            |b| b.snapshot().peak_reserved_bytes,
-        ),
-        (
-            "sluice_memory_allocated_bytes",
-            "Memory the model's device holds (on CPU: the resident set).",
-            |_| resident_bytes().unwrap_or(0),
-        ),
-        (
-            "sluice_memory_peak_bytes",
-            "Highest memory the model's device has held (on CPU: peak resident set).",
-            |_| peak_resident_bytes().unwrap_or(0),
-        ),
-    ];
-    for (name, help, read) in bytes {
-        let budget = budget.clone();
-        meter
-            .u64_observable_gauge(name)
-            .with_unit("By")
-            .with_description(help)
-            .with_callback(move |o| o.observe(read(&budget), &[]))
             .build();
     }
 }

@@ -294,23 +294,6 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     };
 
     let stats = Arc::new(Stats::default());
-    let otlp_metrics = match config.otlp_endpoint.clone() {
-        Some(endpoint) => {
-            let (protocol, stats, budget) =
-                (config.otlp_protocol, Arc::clone(&stats), budget.clone());
-            let interval = Duration::from_secs(config.otlp_metrics_interval_secs.max(1));
-            Some(
-                tokio::task::spawn_blocking(move || {
-                    crate::otlp_metrics::OtlpMetrics::start(
-                        &endpoint, protocol, interval, stats, budget,
-                    )
-                })
-                .await
-                .context("metrics set-up panicked")??,
-            )
-        }
-        None => None,
-    };
     let (item_tx, item_rx) = mpsc::channel(4096);
     let (batch_tx, batch_rx) = mpsc::channel(1);
 
@@ -378,18 +361,37 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     ));
 
     let ready = Arc::new(AtomicBool::new(true));
-    let http_addr = http::serve(
-        config.http_addr,
-        http::State {
-            stats: Arc::clone(&stats),
-            budget: budget.clone(),
-            ready: Arc::clone(&ready),
-            nats: nats.clone(),
-            device: device_name,
-        },
-    )
-    .await
-    .with_context(|| format!("cannot listen on {} (--http-addr)", config.http_addr))?;
+    let http_state = http::State {
+        stats: Arc::clone(&stats),
+        budget: budget.clone(),
+        ready: Arc::clone(&ready),
+        nats: nats.clone(),
+        device: device_name,
+    };
+    let otlp_metrics = match config.otlp_endpoint.clone() {
+        Some(endpoint) => {
+            let (protocol, stats, state) =
+                (config.otlp_protocol, Arc::clone(&stats), http_state.clone());
+            let interval = Duration::from_secs(config.otlp_metrics_interval_secs.max(1));
+            Some(
+                tokio::task::spawn_blocking(move || {
+                    crate::otlp_metrics::OtlpMetrics::start(
+                        &endpoint,
+                        protocol,
+                        interval,
+                        stats,
+                        Arc::new(move || state.readings()),
+                    )
+                })
+                .await
+                .context("metrics set-up panicked")??,
+            )
+        }
+        None => None,
+    };
+    let http_addr = http::serve(config.http_addr, http_state)
+        .await
+        .with_context(|| format!("cannot listen on {} (--http-addr)", config.http_addr))?;
 
     let (stop, stop_rx) = watch::channel(None);
     let admission = tokio::spawn(admit(

@@ -190,8 +190,8 @@ impl Stats {
         self.batch_items_histogram.observe(batch.items.len() as f64);
         self.batch_padded_tokens_histogram.observe(padded as f64);
         if let Some(otel) = self.otel.get() {
-            otel.batch_items.record(batch.items.len() as u64, &[]);
-            otel.batch_padded_tokens.record(padded, &[]);
+            otel.batch_items.record(batch.items.len() as f64, &[]);
+            otel.batch_padded_tokens.record(padded as f64, &[]);
         }
         if multi_job {
             self.batches_multi_job.fetch_add(1, Ordering::Relaxed);
@@ -235,13 +235,6 @@ impl Stats {
         }
     }
 
-    pub fn stage_seconds(&self, stage: &str) -> Option<&Histogram> {
-        STAGES
-            .iter()
-            .position(|s| *s == stage)
-            .map(|i| &self.stage_seconds[i])
-    }
-
     pub fn record_job_ok(&self, items: u64, tokens: u64) {
         self.jobs_ok.fetch_add(1, Ordering::Relaxed);
         self.items_done.fetch_add(items, Ordering::Relaxed);
@@ -260,211 +253,313 @@ impl Stats {
         }
     }
 
-    /// Jobs failed for good, by code (codes with none left out).
-    pub fn jobs_failed(&self) -> Vec<(ErrorCode, u64)> {
-        by_code(&self.jobs_failed)
-    }
-
-    /// Transient failures Nak'ed for retry, by code.
+    /// Transient failures Nak'ed for retry, by code (codes with none left out).
     pub fn jobs_retried(&self) -> Vec<(ErrorCode, u64)> {
-        by_code(&self.jobs_retried)
+        let mut counts = all_codes(&self.jobs_retried, |_| true);
+        counts.retain(|(_, n)| *n > 0);
+        counts
     }
 
     /// The Prometheus text exposition of every metric.
-    pub fn render_prometheus(&self, budget: &BudgetSnapshot, memory: &MemoryFigures) -> String {
+    pub fn render_prometheus(&self, now: &Readings) -> String {
         let mut out = String::new();
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let mut one = |name: &str, kind: &str, help: &str, value: f64| {
+        for m in SCALARS {
+            let (name, kind) = (m.name, m.kind.as_str());
             let _ = writeln!(
                 out,
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+                "# HELP {name} {}\n# TYPE {name} {kind}\n{name} {}",
+                m.help,
+                (m.read)(self, now)
             );
-        };
-        one(
-            "sluice_ready",
-            "gauge",
-            "1 when taking jobs (see /readyz).",
-            f64::from(u8::from(memory.ready)),
-        );
-        one(
-            "sluice_jobs_ok_total",
-            "counter",
-            "Jobs answered ok.",
-            get(&self.jobs_ok) as f64,
-        );
-        one(
-            "sluice_jobs_already_answered_total",
-            "counter",
-            "Redeliveries of jobs already answered (acked without running).",
-            get(&self.jobs_already_final) as f64,
-        );
-        one(
-            "sluice_redeliveries_total",
-            "counter",
-            "Deliveries after a job's first.",
-            get(&self.redeliveries) as f64,
-        );
-        one(
-            "sluice_dead_lettered_total",
-            "counter",
-            "Jobs published to the dead-letter stream.",
-            get(&self.dead_lettered) as f64,
-        );
-        one(
-            "sluice_items_total",
-            "counter",
-            "Items embedded in ok jobs.",
-            get(&self.items_done) as f64,
-        );
-        one(
-            "sluice_tokens_total",
-            "counter",
-            "Real tokens in ok jobs.",
-            get(&self.tokens_done) as f64,
-        );
-        one(
-            "sluice_batches_total",
-            "counter",
-            "Batches run.",
-            get(&self.batches) as f64,
-        );
-        one(
-            "sluice_batches_failed_total",
-            "counter",
-            "Batches that failed.",
-            get(&self.batches_failed) as f64,
-        );
-        one(
-            "sluice_batch_real_tokens_total",
-            "counter",
-            "Real tokens over all batches.",
-            get(&self.batch_real_tokens) as f64,
-        );
-        one(
-            "sluice_batch_padded_tokens_total",
-            "counter",
-            "Padded tokens (items x longest) over all batches.",
-            get(&self.batch_padded_tokens) as f64,
-        );
-        one(
-            "sluice_batch_padded_tokens_max",
-            "gauge",
-            "Largest padded cost of a batch so far (at most --max-batch-tokens).",
-            get(&self.max_batch_padded_tokens) as f64,
-        );
-        let padded = get(&self.batch_padded_tokens);
-        one(
-            "sluice_batch_padding_ratio",
-            "gauge",
-            "Share of padded tokens that are padding, over all batches.",
-            if padded == 0 {
-                0.0
-            } else {
-                1.0 - get(&self.batch_real_tokens) as f64 / padded as f64
-            },
-        );
-        one(
-            "sluice_batches_multi_job_total",
-            "counter",
-            "Batches holding items of several jobs.",
-            get(&self.batches_multi_job) as f64,
-        );
-        one(
-            "sluice_jobs_in_flight",
-            "gauge",
-            "Jobs admitted and not yet settled.",
-            get(&self.jobs_in_flight) as f64,
-        );
-        one(
-            "sluice_tokens_in_flight",
-            "gauge",
-            "Real tokens of tokenized jobs not yet settled.",
-            get(&self.tokens_in_flight) as f64,
-        );
-        one(
-            "sluice_budget_bytes",
-            "gauge",
-            "Memory budget for jobs.",
-            budget.limit_bytes as f64,
-        );
-        one(
-            "sluice_budget_reserved_bytes",
-            "gauge",
-            "Bytes reserved by in-flight jobs.",
-            budget.reserved_bytes as f64,
-        );
-        one(
-            "sluice_budget_reserved_peak_bytes",
-            "gauge",
-            "Highest reserved bytes so far.",
-            budget.peak_reserved_bytes as f64,
-        );
-        one(
-            "sluice_memory_allocated_bytes",
-            "gauge",
-            "Memory the model's device holds now (on CPU: the process's resident set).",
-            memory.allocated_bytes as f64,
-        );
-        one(
-            "sluice_memory_peak_bytes",
-            "gauge",
-            "Highest memory the model's device has held (on CPU: peak resident set).",
-            memory.peak_bytes as f64,
-        );
-        for (name, help, counts) in [
-            (
-                "sluice_jobs_failed_total",
-                "Jobs failed for good (answered with an error), by error code.",
-                &self.jobs_failed,
-            ),
-            (
-                "sluice_jobs_retried_total",
-                "Transient failures Nak'ed for a retry, by error code.",
-                &self.jobs_retried,
-            ),
-        ] {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-            let counts = counts.lock().map(|m| *m).unwrap_or_default();
-            for (code, n) in ErrorCode::ALL.iter().zip(counts) {
-                if name == "sluice_jobs_retried_total" && !code.is_retryable() {
-                    continue;
-                }
+        }
+        for m in BY_CODE {
+            let name = m.name;
+            let _ = writeln!(out, "# HELP {name} {}\n# TYPE {name} counter", m.help);
+            for (code, n) in (m.read)(self) {
                 let _ = writeln!(out, "{name}{{code=\"{}\"}} {n}", code.as_str());
             }
         }
-        let _ = writeln!(
-            out,
-            "# HELP sluice_batch_items Items per batch.\n# TYPE sluice_batch_items histogram"
-        );
-        self.batch_items_histogram
-            .render(&mut out, "sluice_batch_items", "");
-        let _ = writeln!(
-            out,
-            "# HELP sluice_batch_padded_tokens Padded cost (items x longest) per batch.\n# TYPE sluice_batch_padded_tokens histogram"
-        );
-        self.batch_padded_tokens_histogram
-            .render(&mut out, "sluice_batch_padded_tokens", "");
-        let _ = writeln!(
-            out,
-            "# HELP sluice_stage_seconds Time per job stage (queue: from publish to pull).\n# TYPE sluice_stage_seconds histogram"
-        );
-        for (stage, h) in STAGES.iter().zip(&self.stage_seconds) {
-            h.render(
-                &mut out,
-                "sluice_stage_seconds",
-                &format!("stage=\"{stage}\""),
-            );
+        for m in HISTOGRAMS {
+            let name = m.name;
+            let _ = writeln!(out, "# HELP {name} {}\n# TYPE {name} histogram", m.help);
+            match m.label {
+                None => (m.read)(self, 0).render(&mut out, name, ""),
+                Some((label, values)) => {
+                    for (i, value) in values.iter().enumerate() {
+                        (m.read)(self, i).render(&mut out, name, &format!("{label}=\"{value}\""));
+                    }
+                }
+            }
         }
         out
     }
 }
 
-fn by_code(counts: &Mutex<[u64; ErrorCode::ALL.len()]>) -> Vec<(ErrorCode, u64)> {
+/// What metrics read besides [`Stats`]: the budget and the memory now.
+pub struct Readings {
+    pub budget: BudgetSnapshot,
+    pub memory: MemoryFigures,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum MetricKind {
+    Counter,
+    Gauge,
+}
+
+impl MetricKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MetricKind::Counter => "counter",
+            MetricKind::Gauge => "gauge",
+        }
+    }
+}
+
+/// One number: its Prometheus name (counters end in `_total`), kind, help
+/// text, and how to read it. `/metrics` and the OTLP push both print from
+/// [`SCALARS`], [`BY_CODE`] and [`HISTOGRAMS`], so the two never drift apart.
+pub struct Scalar {
+    pub name: &'static str,
+    pub kind: MetricKind,
+    /// Counted in bytes (the OTLP unit `By`).
+    pub bytes: bool,
+    pub help: &'static str,
+    pub read: fn(&Stats, &Readings) -> f64,
+}
+
+impl Scalar {
+    /// The OTLP name: without `_total`, which a collector's Prometheus
+    /// exporter adds back. A counter whose bare name is also a histogram's
+    /// gets `_sum`.
+    pub fn otlp_name(&self) -> String {
+        let bare = self.name.strip_suffix("_total").unwrap_or(self.name);
+        if HISTOGRAMS.iter().any(|h| h.name == bare) {
+            format!("{bare}_sum")
+        } else {
+            bare.to_string()
+        }
+    }
+}
+
+fn load(a: &AtomicU64) -> f64 {
+    a.load(Ordering::Relaxed) as f64
+}
+
+const fn counter(
+    name: &'static str,
+    help: &'static str,
+    read: fn(&Stats, &Readings) -> f64,
+) -> Scalar {
+    Scalar {
+        name,
+        kind: MetricKind::Counter,
+        bytes: false,
+        help,
+        read,
+    }
+}
+
+const fn gauge(
+    name: &'static str,
+    help: &'static str,
+    read: fn(&Stats, &Readings) -> f64,
+) -> Scalar {
+    Scalar {
+        name,
+        kind: MetricKind::Gauge,
+        bytes: false,
+        help,
+        read,
+    }
+}
+
+const fn bytes_gauge(
+    name: &'static str,
+    help: &'static str,
+    read: fn(&Stats, &Readings) -> f64,
+) -> Scalar {
+    Scalar {
+        name,
+        kind: MetricKind::Gauge,
+        bytes: true,
+        help,
+        read,
+    }
+}
+
+pub const SCALARS: &[Scalar] = &[
+    gauge(
+        "sluice_ready",
+        "1 when taking jobs (see /readyz).",
+        |_, r| f64::from(u8::from(r.memory.ready)),
+    ),
+    counter("sluice_jobs_ok_total", "Jobs answered ok.", |s, _| {
+        load(&s.jobs_ok)
+    }),
+    counter(
+        "sluice_jobs_already_answered_total",
+        "Redeliveries of jobs already answered (acked without running).",
+        |s, _| load(&s.jobs_already_final),
+    ),
+    counter(
+        "sluice_redeliveries_total",
+        "Deliveries after a job's first.",
+        |s, _| load(&s.redeliveries),
+    ),
+    counter(
+        "sluice_dead_lettered_total",
+        "Jobs published to the dead-letter stream.",
+        |s, _| load(&s.dead_lettered),
+    ),
+    counter(
+        "sluice_items_total",
+        "Items embedded in ok jobs.",
+        |s, _| load(&s.items_done),
+    ),
+    counter("sluice_tokens_total", "Real tokens in ok jobs.", |s, _| {
+        load(&s.tokens_done)
+    }),
+    counter("sluice_batches_total", "Batches run.", |s, _| {
+        load(&s.batches)
+    }),
+    counter(
+        "sluice_batches_failed_total",
+        "Batches that failed.",
+        |s, _| load(&s.batches_failed),
+    ),
+    counter(
+        "sluice_batch_real_tokens_total",
+        "Real tokens over all batches.",
+        |s, _| load(&s.batch_real_tokens),
+    ),
+    counter(
+        "sluice_batch_padded_tokens_total",
+        "Padded tokens (items x longest) over all batches.",
+        |s, _| load(&s.batch_padded_tokens),
+    ),
+    gauge(
+        "sluice_batch_padded_tokens_max",
+        "Largest padded cost of a batch so far (at most --max-batch-tokens).",
+        |s, _| load(&s.max_batch_padded_tokens),
+    ),
+    gauge(
+        "sluice_batch_padding_ratio",
+        "Share of padded tokens that are padding, over all batches.",
+        |s, _| {
+            let padded = load(&s.batch_padded_tokens);
+            if padded == 0.0 {
+                0.0
+            } else {
+                1.0 - load(&s.batch_real_tokens) / padded
+            }
+        },
+    ),
+    counter(
+        "sluice_batches_multi_job_total",
+        "Batches holding items of several jobs.",
+        |s, _| load(&s.batches_multi_job),
+    ),
+    gauge(
+        "sluice_jobs_in_flight",
+        "Jobs admitted and not yet settled.",
+        |s, _| load(&s.jobs_in_flight),
+    ),
+    gauge(
+        "sluice_tokens_in_flight",
+        "Real tokens of tokenized jobs not yet settled.",
+        |s, _| load(&s.tokens_in_flight),
+    ),
+    bytes_gauge("sluice_budget_bytes", "Memory budget for jobs.", |_, r| {
+        r.budget.limit_bytes as f64
+    }),
+    bytes_gauge(
+        "sluice_budget_reserved_bytes",
+        "Bytes reserved by in-flight jobs.",
+        |_, r| r.budget.reserved_bytes as f64,
+    ),
+    bytes_gauge(
+        "sluice_budget_reserved_peak_bytes",
+        "Highest reserved bytes so far.",
+        |_, r| r.budget.peak_reserved_bytes as f64,
+    ),
+    bytes_gauge(
+        "sluice_memory_allocated_bytes",
+        "Memory the model's device holds now (on CPU: the process's resident set).",
+        |_, r| r.memory.allocated_bytes as f64,
+    ),
+    bytes_gauge(
+        "sluice_memory_peak_bytes",
+        "Highest memory the model's device has held (on CPU: peak resident set).",
+        |_, r| r.memory.peak_bytes as f64,
+    ),
+];
+
+/// A counter with one series per error code.
+pub struct ByCode {
+    pub name: &'static str,
+    pub help: &'static str,
+    /// Every code the series exists for, with its count.
+    pub read: fn(&Stats) -> Vec<(ErrorCode, u64)>,
+}
+
+pub const BY_CODE: &[ByCode] = &[
+    ByCode {
+        name: "sluice_jobs_failed_total",
+        help: "Jobs failed for good (answered with an error), by error code.",
+        read: |s| all_codes(&s.jobs_failed, |_| true),
+    },
+    ByCode {
+        name: "sluice_jobs_retried_total",
+        help: "Transient failures Nak'ed for a retry, by error code.",
+        read: |s| all_codes(&s.jobs_retried, ErrorCode::is_retryable),
+    },
+];
+
+/// A histogram, optionally one per value of a label.
+pub struct HistogramMetric {
+    pub name: &'static str,
+    pub help: &'static str,
+    /// Seconds (the OTLP unit `s`).
+    pub seconds: bool,
+    pub label: Option<(&'static str, &'static [&'static str])>,
+    /// The histogram for the label's `i`th value (0 without a label).
+    pub read: fn(&Stats, usize) -> &Histogram,
+}
+
+pub const HISTOGRAMS: &[HistogramMetric] = &[
+    HistogramMetric {
+        name: "sluice_batch_items",
+        help: "Items per batch.",
+        seconds: false,
+        label: None,
+        read: |s, _| &s.batch_items_histogram,
+    },
+    HistogramMetric {
+        name: "sluice_batch_padded_tokens",
+        help: "Padded cost (items x longest) per batch.",
+        seconds: false,
+        label: None,
+        read: |s, _| &s.batch_padded_tokens_histogram,
+    },
+    HistogramMetric {
+        name: "sluice_stage_seconds",
+        help: "Time per job stage (queue: from publish to pull).",
+        seconds: true,
+        label: Some(("stage", &STAGES)),
+        read: |s, i| &s.stage_seconds[i],
+    },
+];
+
+fn all_codes(
+    counts: &Mutex<[u64; ErrorCode::ALL.len()]>,
+    keep: fn(ErrorCode) -> bool,
+) -> Vec<(ErrorCode, u64)> {
     let counts = counts.lock().map(|m| *m).unwrap_or_default();
     ErrorCode::ALL
         .iter()
         .zip(counts)
-        .filter(|(_, n)| *n > 0)
+        .filter(|(c, _)| keep(**c))
         .map(|(c, n)| (*c, n))
         .collect()
 }
@@ -521,14 +616,14 @@ mod tests {
     fn every_series_is_there_from_the_start() {
         let stats = Stats::default();
         let budget = crate::budget::Budget::new(100).snapshot();
-        let text = stats.render_prometheus(
-            &budget,
-            &MemoryFigures {
+        let text = stats.render_prometheus(&Readings {
+            budget,
+            memory: MemoryFigures {
                 allocated_bytes: 1,
                 peak_bytes: 2,
                 ready: true,
             },
-        );
+        });
         for code in ErrorCode::ALL {
             assert!(text.contains(&format!(
                 "sluice_jobs_failed_total{{code=\"{}\"}} 0",
@@ -546,6 +641,28 @@ mod tests {
 }
 
 #[cfg(test)]
+mod name_tests {
+    use super::*;
+
+    /// OTLP drops `_total`, so a counter could collide with a histogram.
+    #[test]
+    fn otlp_names_are_unique() {
+        let mut names: Vec<String> = SCALARS.iter().map(Scalar::otlp_name).collect();
+        names.extend(
+            BY_CODE
+                .iter()
+                .map(|m| m.name.trim_end_matches("_total").to_string()),
+        );
+        names.extend(HISTOGRAMS.iter().map(|m| m.name.to_string()));
+        let count = names.len();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), count, "{names:?}");
+        assert!(names.contains(&"sluice_batch_padded_tokens_sum".to_string()));
+    }
+}
+
+#[cfg(test)]
 mod dashboard_tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
@@ -555,14 +672,14 @@ mod dashboard_tests {
     fn the_grafana_dashboard_queries_only_exported_metrics() {
         let dashboard: serde_json::Value =
             serde_json::from_str(include_str!("../../deploy/grafana/sluice.json")).unwrap();
-        let exported = Stats::default().render_prometheus(
-            &crate::budget::Budget::new(1).snapshot(),
-            &MemoryFigures {
+        let exported = Stats::default().render_prometheus(&Readings {
+            budget: crate::budget::Budget::new(1).snapshot(),
+            memory: MemoryFigures {
                 allocated_bytes: 0,
                 peak_bytes: 0,
                 ready: true,
             },
-        );
+        });
         let mut checked = 0;
         for panel in dashboard["panels"].as_array().unwrap() {
             for target in panel["targets"].as_array().unwrap() {

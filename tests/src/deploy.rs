@@ -35,6 +35,14 @@ struct ConfigArgs {
 }
 
 impl Deployment {
+    /// NATS node `index` of the cluster (node 0 is `servers.nats`).
+    pub fn nats_node(&mut self, index: usize) -> &mut crate::NatsServer {
+        match index {
+            0 => &mut self.servers.nats,
+            i => &mut self.cluster[i - 1],
+        }
+    }
+
     pub async fn start() -> Result<Deployment> {
         Deployment::start_with(Settings::default()).await
     }

@@ -323,24 +323,10 @@ async fn stream_leader_killed_mid_run_on_a_three_node_cluster_loses_nothing() {
         .expect("an R3 stream has a leader");
     let index: usize = leader.trim_start_matches('n').parse().unwrap();
     eprintln!("killing the stream leader {leader} after {} jobs", done());
-    {
-        let node = if index == 0 {
-            &mut d.servers.nats
-        } else {
-            &mut d.cluster[index - 1]
-        };
-        node.kill();
-    }
+    d.nats_node(index).kill();
     tokio::time::sleep(Duration::from_secs(5)).await;
     let during = done();
-    {
-        let node = if index == 0 {
-            &mut d.servers.nats
-        } else {
-            &mut d.cluster[index - 1]
-        };
-        node.restart().await.unwrap();
-    }
+    d.nats_node(index).restart().await.unwrap();
     eprintln!("restarted {leader}; {during} jobs done by then");
     wait_drained(&d, Duration::from_secs(600)).await;
     assert_all_done(&d, &ids, true).await;
