@@ -149,6 +149,117 @@ async fn nkey_seed() {
     .await;
 }
 
+/// A NATS JWT (decentralized auth): `claims` plus the standard fields,
+/// signed by `issuer`. The format is nats-io/jwt v2's: base64url header,
+/// claims and ed25519 signature over the first two.
+fn nats_jwt(issuer: &nkeys::KeyPair, subject: &str, name: &str, nats: serde_json::Value) -> String {
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let mut claims = serde_json::json!({
+        "iat": time::OffsetDateTime::now_utc().unix_timestamp(),
+        "iss": issuer.public_key(),
+        "sub": subject,
+        "name": name,
+        "nats": nats,
+    });
+    let id = hex::encode_upper(sha2::Sha256::digest(claims.to_string().as_bytes()));
+    claims["jti"] = id.into();
+    let signing_input = format!(
+        "{}.{}",
+        b64.encode(r#"{"typ":"JWT","alg":"ed25519-nkey"}"#),
+        b64.encode(claims.to_string())
+    );
+    let signature = issuer.sign(signing_input.as_bytes()).unwrap();
+    format!("{signing_input}.{}", b64.encode(signature))
+}
+
+/// An account JWT without limits, and with JetStream unless it is the
+/// system account (which the server refuses JetStream).
+fn account_jwt(
+    operator: &nkeys::KeyPair,
+    account: &nkeys::KeyPair,
+    name: &str,
+    jetstream: bool,
+) -> String {
+    let js = if jetstream { -1 } else { 0 };
+    let unlimited = serde_json::json!({
+        "subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1,
+        "wildcards": true, "conn": -1, "leaf": -1,
+        "mem_storage": js, "disk_storage": js, "streams": js, "consumer": js,
+    });
+    nats_jwt(
+        operator,
+        &account.public_key(),
+        name,
+        serde_json::json!({ "type": "account", "version": 2, "limits": unlimited }),
+    )
+}
+
+/// A `.creds` file for a new user of `account`: its JWT and its seed, in
+/// the layout `nsc generate creds` writes.
+fn creds_file(path: &Path, account: &nkeys::KeyPair) {
+    let user = nkeys::KeyPair::new_user();
+    let jwt = nats_jwt(
+        account,
+        &user.public_key(),
+        "sluice",
+        serde_json::json!({
+            "type": "user", "version": 2, "pub": {}, "sub": {},
+            "subs": -1, "data": -1, "payload": -1,
+        }),
+    );
+    std::fs::write(
+        path,
+        format!(
+            "-----BEGIN NATS USER JWT-----\n{jwt}\n------END NATS USER JWT------\n\n\
+             -----BEGIN USER NKEY SEED-----\n{}\n------END USER NKEY SEED------\n",
+            user.seed().unwrap()
+        ),
+    )
+    .unwrap();
+}
+
+#[tokio::test]
+async fn creds_file_with_operator_signed_jwts() {
+    let operator = nkeys::KeyPair::new_operator();
+    let system = nkeys::KeyPair::new_account();
+    let account = nkeys::KeyPair::new_account();
+    let operator_jwt = nats_jwt(
+        &operator,
+        &operator.public_key(),
+        "sluice-test",
+        serde_json::json!({ "type": "operator", "version": 2,
+                            "system_account": system.public_key() }),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let creds = dir.path().join("sluice.creds");
+    creds_file(&creds, &account);
+    // A user of an account this server does not know: refused.
+    let stranger = dir.path().join("stranger.creds");
+    creds_file(&stranger, &nkeys::KeyPair::new_account());
+    let creds_path = creds.to_str().unwrap().to_string();
+    check(Case {
+        server: format!(
+            "operator: \"{operator_jwt}\"\nsystem_account: {sys}\nresolver: MEMORY\n\
+             resolver_preload: {{\n  {sys}: \"{sys_jwt}\"\n  {acc}: \"{acc_jwt}\"\n}}\n",
+            sys = system.public_key(),
+            sys_jwt = account_jwt(&operator, &system, "SYS", false),
+            acc = account.public_key(),
+            acc_jwt = account_jwt(&operator, &account, "sluice", true),
+        ),
+        auth: NatsAuth {
+            nats_creds: Some(creds.clone()),
+            ..NatsAuth::default()
+        },
+        consumer_flags: vec![format!("--nats-creds={creds_path}")],
+        cli_env: vec![("NATS_CREDS", creds_path.clone())],
+        wrong_env: vec![("NATS_CREDS", stranger.to_str().unwrap().to_string())],
+        wrong_says: "--nats-creds",
+    })
+    .await;
+}
+
 /// A CA, a server certificate for 127.0.0.1 and a client certificate,
 /// written as PEM files into `dir`.
 fn make_certificates(dir: &Path) {
