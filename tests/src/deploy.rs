@@ -217,11 +217,15 @@ pub fn cli_binary() -> Result<PathBuf> {
 }
 
 fn workspace_binary(name: &str, package: &str) -> Result<PathBuf> {
+    // Test binaries live in `target/<profile>/deps/`, benchmark binaries in
+    // `target/<profile>/` itself.
     let exe = std::env::current_exe()?;
-    let profile_dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .context("cannot locate the target directory")?;
+    let mut profile_dir = exe.parent().context("cannot locate the target directory")?;
+    if profile_dir.ends_with("deps") {
+        profile_dir = profile_dir
+            .parent()
+            .context("cannot locate the target directory")?;
+    }
     let bin = profile_dir.join(name);
     if !bin.is_file() {
         bail!(

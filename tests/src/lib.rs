@@ -491,3 +491,20 @@ impl Servers {
         Ok(Servers { nats, s3 })
     }
 }
+
+/// The value of one series in Prometheus text: `series` is the name with its
+/// labels, as printed (`sluice_jobs_failed_total{code="input_invalid"}`).
+pub fn prometheus_value(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// The first `n` lines of a benchmark corpus (`bench/corpus.py` output);
+/// an error if it has fewer.
+pub fn corpus_lines(path: &str, n: usize) -> Result<Vec<String>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {path}"))?;
+    let lines: Vec<String> = text.lines().take(n).map(str::to_string).collect();
+    anyhow::ensure!(lines.len() == n, "{path} has only {} lines", lines.len());
+    Ok(lines)
+}

@@ -22,13 +22,7 @@ async fn main() -> Result<()> {
     let rounds: usize = args.get(4).map_or(Ok(2), |s| s.parse())?;
     let max_batch_tokens = 8192;
 
-    let text = std::fs::read_to_string(corpus)?;
-    let lines: Vec<&str> = text.lines().take(jobs * per_job).collect();
-    anyhow::ensure!(
-        lines.len() == jobs * per_job,
-        "the corpus has only {} lines",
-        lines.len()
-    );
+    let lines = sluice_tests::corpus_lines(corpus, jobs * per_job)?;
     let subset = std::env::temp_dir().join(format!("sluice-e2e-{}.jsonl", std::process::id()));
     std::fs::write(&subset, lines.join("\n") + "\n")?;
     let model_args = EmbedArgs {

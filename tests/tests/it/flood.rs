@@ -36,10 +36,7 @@ async fn publish_jobs(d: &Deployment, prefix: &str, n: usize) {
 }
 
 fn metric(text: &str, name: &str) -> u64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
+    sluice_tests::prometheus_value(text, name).map_or(0, |v| v as u64)
 }
 
 fn exactly_once(results: &[sluice_schemas::JobResult], prefix: &str, n: usize) {
@@ -183,26 +180,35 @@ async fn flood_of_20000_jobs_stays_in_budget_and_completes_each_once() {
 }
 
 #[tokio::test]
-async fn two_consumer_processes_share_one_durable_consumer() {
+async fn three_consumer_processes_share_one_durable_consumer() {
     const N: usize = 1_000;
     let d = Deployment::start().await.unwrap();
     let mut results = d.producer.subscribe_results().await.unwrap();
     let args = ["--memory-budget=800000000", "--pull-max-messages=16"];
-    let (a, b) = tokio::join!(d.spawn_consumer(&args), d.spawn_consumer(&args));
-    let (mut a, mut b) = (a.unwrap(), b.unwrap());
+    let (a, b, c) = tokio::join!(
+        d.spawn_consumer(&args),
+        d.spawn_consumer(&args),
+        d.spawn_consumer(&args)
+    );
+    let mut fleet = [a.unwrap(), b.unwrap(), c.unwrap()];
     publish_jobs(&d, "fleet", N).await;
     let got = wait_results(&mut results, N, Duration::from_secs(600)).await;
     exactly_once(&got, "fleet", N);
     assert_drained(&d).await;
-    let done_a = metric(&a.get("/metrics").await.unwrap(), "sluice_jobs_ok_total");
-    let done_b = metric(&b.get("/metrics").await.unwrap(), "sluice_jobs_ok_total");
-    eprintln!("fleet: consumer A did {done_a}, consumer B did {done_b}");
-    assert_eq!(done_a + done_b, N as u64);
+    let mut done = Vec::new();
+    for c in &fleet {
+        done.push(metric(
+            &c.get("/metrics").await.unwrap(),
+            "sluice_jobs_ok_total",
+        ));
+    }
+    eprintln!("fleet: jobs done per consumer {done:?}");
+    assert_eq!(done.iter().sum::<u64>(), N as u64);
     assert!(
-        done_a > 0 && done_b > 0,
-        "one consumer did all the work: {done_a} / {done_b}"
+        done.iter().all(|&n| n > 0),
+        "a consumer did none of the work: {done:?}"
     );
-    for c in [&mut a, &mut b] {
+    for c in &mut fleet {
         let status = c.terminate(Duration::from_secs(30));
         assert!(
             status.is_some_and(|s| s.success()),

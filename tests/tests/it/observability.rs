@@ -27,11 +27,8 @@ async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
 
 /// The value of one series in Prometheus text (`name` with its labels).
 fn metric(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+    sluice_tests::prometheus_value(text, series)
         .unwrap_or_else(|| panic!("no series {series} in:\n{text}"))
-        .parse()
-        .unwrap()
 }
 
 #[tokio::test]
