@@ -2,6 +2,9 @@
 //! tests drive any of them the same way. A model reports its limits and what a
 //! batch costs in memory, which is what the budget and the batcher plan with.
 
+pub mod generation;
+pub mod gguf_tokenizer;
+pub mod llama;
 mod minilm;
 mod tokenizer;
 

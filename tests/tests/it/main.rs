@@ -7,6 +7,7 @@ mod embed;
 mod failures;
 mod faults;
 mod flood;
+mod generate;
 mod harness;
 mod observability;
 mod publishers;

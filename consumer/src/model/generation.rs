@@ -1,0 +1,285 @@
+//! Continuous batching for text generation. Sequences join the running set
+//! at any step and leave the step they finish (freeing their KV cache at
+//! once); each step is one [`Llama::forward`] over a token segment per
+//! sequence: the next chunk of a prompt still being read (prefill, chunked so
+//! a step's tokens stay under `max_step_tokens`) or the one token a decoding
+//! sequence sampled last.
+
+use candle_transformers::generation::{LogitsProcessor, Sampling};
+
+use super::ModelError;
+use super::gguf_tokenizer::GgufTokenizer;
+use super::llama::{KvCache, Llama, Segment};
+
+/// Per-prompt sampling and stopping.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerationParams {
+    pub max_new_tokens: usize,
+    /// 0: greedy (the most likely token, always).
+    pub temperature: f64,
+    /// Nucleus sampling: keep the most likely tokens whose probabilities sum
+    /// to `top_p` (1.0: all).
+    pub top_p: f64,
+    /// Same seed, same parameters, same prompt: same output.
+    pub seed: u64,
+    /// Generation stops before the first of these appears in the text.
+    pub stop: Vec<String>,
+    /// Go on past the end-of-turn token (benchmarks: fixed lengths).
+    pub ignore_eos: bool,
+}
+
+impl Default for GenerationParams {
+    fn default() -> Self {
+        GenerationParams {
+            max_new_tokens: 128,
+            temperature: 0.0,
+            top_p: 1.0,
+            seed: 0,
+            stop: Vec::new(),
+            ignore_eos: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// `max_new_tokens` reached.
+    Length,
+    /// A stop sequence appeared (it is not part of the text).
+    Stop,
+    /// The model ended its turn.
+    Eos,
+}
+
+/// What a finished sequence produced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Generated {
+    pub text: String,
+    pub finish_reason: FinishReason,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// The sampled token ids (stop-sequence tokens included).
+    pub tokens: Vec<u32>,
+}
+
+struct Running<K> {
+    key: K,
+    prompt: Vec<u32>,
+    /// Prompt tokens already in the cache.
+    read: usize,
+    /// The token to feed next once the prompt is read.
+    next: Option<u32>,
+    generated: Vec<u32>,
+    params: GenerationParams,
+    sampler: LogitsProcessor,
+    cache: KvCache,
+}
+
+/// The sequences being generated, keyed by the caller's `K`.
+pub struct Generator<'m, K> {
+    model: &'m Llama,
+    tokenizer: &'m GgufTokenizer,
+    eos: Vec<u32>,
+    max_step_tokens: usize,
+    prefill_chunk: usize,
+    running: Vec<Running<K>>,
+}
+
+impl<'m, K: Clone> Generator<'m, K> {
+    /// `max_step_tokens` caps the tokens of one step (prompt chunks plus one
+    /// per decoding sequence); prompts are read in chunks of half of it, so
+    /// decoding sequences always have the other half.
+    pub fn new(model: &'m Llama, tokenizer: &'m GgufTokenizer, max_step_tokens: usize) -> Self {
+        let mut eos = vec![tokenizer.eos_id];
+        for name in ["<|im_end|>", "<|endoftext|>", "<|eot_id|>"] {
+            if let Some(id) = tokenizer.tokenizer.token_to_id(name)
+                && !eos.contains(&id)
+            {
+                eos.push(id);
+            }
+        }
+        Generator {
+            model,
+            tokenizer,
+            eos,
+            max_step_tokens: max_step_tokens.max(1),
+            prefill_chunk: (max_step_tokens / 2).max(1),
+            running: Vec::new(),
+        }
+    }
+
+    /// Sequences in the running set.
+    pub fn len(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.running.is_empty()
+    }
+
+    /// Adds a sequence; it takes part from the next step. Its KV cache is
+    /// allocated now, for `prompt + max_new_tokens` tokens.
+    pub fn add(
+        &mut self,
+        key: K,
+        prompt: Vec<u32>,
+        params: GenerationParams,
+    ) -> Result<(), ModelError> {
+        if prompt.is_empty() {
+            return Err(ModelError::Failed("an empty prompt".into()));
+        }
+        let capacity = prompt.len() + params.max_new_tokens;
+        if capacity > self.model.config.context_length {
+            return Err(ModelError::Failed(format!(
+                "prompt ({}) + max_new_tokens ({}) exceed the model's context of {} tokens",
+                prompt.len(),
+                params.max_new_tokens,
+                self.model.config.context_length
+            )));
+        }
+        let sampling = if params.temperature <= 0.0 {
+            Sampling::ArgMax
+        } else if params.top_p < 1.0 {
+            Sampling::TopP {
+                p: params.top_p,
+                temperature: params.temperature,
+            }
+        } else {
+            Sampling::All {
+                temperature: params.temperature,
+            }
+        };
+        self.running.push(Running {
+            key,
+            prompt,
+            read: 0,
+            next: None,
+            generated: Vec::new(),
+            sampler: LogitsProcessor::from_sampling(params.seed, sampling),
+            cache: self.model.new_cache(capacity)?,
+            params,
+        });
+        Ok(())
+    }
+
+    /// One forward step over every running sequence; returns the sequences
+    /// that finished in it (their caches are freed).
+    pub fn step(&mut self) -> Result<Vec<(K, Generated)>, ModelError> {
+        if self.running.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Decoding sequences first (one token each), then prompt chunks in
+        // arrival order while the step has room; at least one sequence
+        // always moves. A prompt is read in chunks of `prefill_chunk` tokens
+        // from its start whatever else shares the step, so its numbers (and
+        // its greedy output) do not depend on the batch it lands in.
+        let mut budget = self.max_step_tokens;
+        let mut plan: Vec<(usize, usize)> = Vec::new(); // (index, prompt tokens)
+        for (i, r) in self.running.iter().enumerate() {
+            if r.next.is_some() && budget > 0 {
+                plan.push((i, 0));
+                budget -= 1;
+            }
+        }
+        for (i, r) in self.running.iter().enumerate() {
+            if r.next.is_none() {
+                let take = (r.prompt.len() - r.read).min(self.prefill_chunk);
+                if take <= budget || plan.is_empty() {
+                    plan.push((i, take));
+                    budget = budget.saturating_sub(take);
+                }
+            }
+        }
+        plan.sort_unstable();
+        let feeds: Vec<Vec<u32>> = plan
+            .iter()
+            .map(|&(i, take)| {
+                let r = &self.running[i];
+                match r.next {
+                    Some(t) => vec![t],
+                    None => r.prompt[r.read..r.read + take].to_vec(),
+                }
+            })
+            .collect();
+        let logits = {
+            let mut planned = plan.iter().map(|&(i, _)| i).peekable();
+            let mut segments = Vec::with_capacity(plan.len());
+            for (i, r) in self.running.iter_mut().enumerate() {
+                if planned.peek() == Some(&i) {
+                    planned.next();
+                    let at = segments.len();
+                    segments.push(Segment {
+                        cache: &mut r.cache,
+                        tokens: &feeds[at],
+                    });
+                }
+            }
+            self.model.forward(&mut segments)?
+        };
+        let mut finished = Vec::new();
+        for (row, &(i, take)) in plan.iter().enumerate() {
+            let r = &mut self.running[i];
+            if r.next.is_none() {
+                r.read += take;
+                if r.read < r.prompt.len() {
+                    continue; // more of the prompt to read first
+                }
+            }
+            let token = r.sampler.sample(&logits.get(row)?)?;
+            if let Some(reason) = record(&self.eos, self.tokenizer, r, token) {
+                finished.push((i, reason));
+            }
+        }
+        let mut done = Vec::with_capacity(finished.len());
+        // Highest index first, so the lower ones stay where they are.
+        for &(i, reason) in finished.iter().rev() {
+            let r = self.running.remove(i);
+            done.push((r.key.clone(), self.result(&r, reason)));
+        }
+        done.reverse();
+        Ok(done)
+    }
+
+    fn result(&self, r: &Running<K>, reason: FinishReason) -> Generated {
+        let mut text = self.tokenizer.decode(&r.generated);
+        if reason == FinishReason::Stop
+            && let Some(at) = r
+                .params
+                .stop
+                .iter()
+                .filter_map(|s| text.find(s.as_str()))
+                .min()
+        {
+            text.truncate(at);
+        }
+        Generated {
+            text,
+            finish_reason: reason,
+            prompt_tokens: r.prompt.len(),
+            completion_tokens: r.generated.len(),
+            tokens: r.generated.clone(),
+        }
+    }
+}
+
+/// Records `token` and says whether the sequence is done.
+fn record<K>(
+    eos: &[u32],
+    tokenizer: &GgufTokenizer,
+    r: &mut Running<K>,
+    token: u32,
+) -> Option<FinishReason> {
+    if !r.params.ignore_eos && eos.contains(&token) {
+        return Some(FinishReason::Eos);
+    }
+    r.generated.push(token);
+    r.next = Some(token);
+    if !r.params.stop.is_empty() {
+        let text = tokenizer.decode(&r.generated);
+        if r.params.stop.iter().any(|s| text.contains(s.as_str())) {
+            return Some(FinishReason::Stop);
+        }
+    }
+    (r.generated.len() >= r.params.max_new_tokens).then_some(FinishReason::Length)
+}

@@ -1,0 +1,349 @@
+//! Our own llama forward pass on candle ops, over a GGUF's quantized weights,
+//! built for continuous batching: one forward step takes a token segment per
+//! sequence (a prompt chunk, or the one token a decoding sequence adds), runs
+//! the linear layers over all of the step's tokens at once (the weights are
+//! read once per step, whatever the batch), and attention per sequence against
+//! its own KV cache at its own positions. Sequences of any lengths share a
+//! step; one that finishes simply stops appearing in the next.
+//!
+//! Conventions follow llama.cpp's GGUF export: `blk.N.attn_q` etc., Q and K
+//! permuted for interleaved (pairwise) rotary embeddings.
+
+use std::path::Path;
+
+use candle_core::quantized::gguf_file::Content;
+use candle_core::quantized::{QMatMul, QTensor};
+use candle_core::{D, DType, Device, Module, Tensor};
+
+use super::ModelError;
+use super::gguf_tokenizer::GgufTokenizer;
+
+/// Shape of the network, from the GGUF metadata (`llama.*`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LlamaConfig {
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub hidden: usize,
+    pub ffn: usize,
+    pub vocab: usize,
+    pub context_length: usize,
+    pub rms_eps: f64,
+    pub rope_base: f32,
+}
+
+impl LlamaConfig {
+    fn from_gguf(content: &Content) -> Result<LlamaConfig, ModelError> {
+        let get = |key: &str| {
+            content
+                .metadata
+                .get(key)
+                .ok_or_else(|| ModelError::Failed(format!("GGUF metadata has no {key}")))
+        };
+        let int = |key: &str| -> Result<usize, ModelError> { Ok(get(key)?.to_u32()? as usize) };
+        let arch = get("general.architecture")?.to_string()?.clone();
+        if arch != "llama" {
+            return Err(ModelError::Failed(format!(
+                "general.architecture is {arch:?}; only llama GGUFs are supported"
+            )));
+        }
+        let heads = int("llama.attention.head_count")?;
+        let hidden = int("llama.embedding_length")?;
+        let vocab = match content.metadata.get("llama.vocab_size") {
+            Some(v) => v.to_u32()? as usize,
+            None => get("tokenizer.ggml.tokens")?.to_vec()?.len(),
+        };
+        Ok(LlamaConfig {
+            layers: int("llama.block_count")?,
+            heads,
+            kv_heads: int("llama.attention.head_count_kv")?,
+            head_dim: hidden / heads,
+            hidden,
+            ffn: int("llama.feed_forward_length")?,
+            vocab,
+            context_length: int("llama.context_length")?,
+            rms_eps: get("llama.attention.layer_norm_rms_epsilon")?.to_f32()? as f64,
+            rope_base: match content.metadata.get("llama.rope.freq_base") {
+                Some(v) => v.to_f32()?,
+                None => 10_000.0,
+            },
+        })
+    }
+
+    /// KV-cache bytes one token of one sequence holds: keys and values
+    /// (f32) of every layer's KV heads.
+    pub fn kv_bytes_per_token(&self) -> u64 {
+        (2 * self.layers * self.kv_heads * self.head_dim * DType::F32.size_in_bytes()) as u64
+    }
+
+    /// Peak activation bytes of a step over `tokens` tokens whose longest
+    /// sequence attends to `context` positions: the step's hidden states and
+    /// MLP intermediates, one layer's attention scores for that sequence,
+    /// and the logits of up to `tokens` sequences (f32 throughout).
+    pub fn step_activation_bytes(&self, tokens: usize, context: usize) -> u64 {
+        let f = DType::F32.size_in_bytes() as u64;
+        let (t, c) = (tokens as u64, context as u64);
+        let per_token = (4 * self.hidden + 3 * self.ffn) as u64 + 2 * self.vocab as u64;
+        let scores = self.heads as u64 * t.min(c).max(1) * c;
+        f * (t * per_token + 2 * scores)
+    }
+}
+
+struct Block {
+    attn_norm: Tensor,
+    q: QMatMul,
+    k: QMatMul,
+    v: QMatMul,
+    o: QMatMul,
+    ffn_norm: Tensor,
+    gate: QMatMul,
+    up: QMatMul,
+    down: QMatMul,
+}
+
+pub struct Llama {
+    pub config: LlamaConfig,
+    embed: Tensor,
+    blocks: Vec<Block>,
+    norm: Tensor,
+    output: QMatMul,
+    cos: Tensor,
+    sin: Tensor,
+    device: Device,
+}
+
+/// One sequence's keys and values for every layer, allocated once for the
+/// most tokens it may ever hold (prompt + max_new_tokens), which is exactly
+/// what its budget reservation covered.
+pub struct KvCache {
+    /// Per layer: keys and values, each `[kv_heads, capacity, head_dim]`.
+    layers: Vec<(Tensor, Tensor)>,
+    len: usize,
+    capacity: usize,
+}
+
+impl KvCache {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+}
+
+/// A sequence's part in one forward step: its cache and the tokens to add.
+pub struct Segment<'a> {
+    pub cache: &'a mut KvCache,
+    pub tokens: &'a [u32],
+}
+
+impl Llama {
+    /// Loads the weights and builds the tokenizer from the same file.
+    pub fn load(path: &Path, device: &Device) -> Result<(Llama, GgufTokenizer), ModelError> {
+        let mut file = std::fs::File::open(path)
+            .map_err(|e| ModelError::Failed(format!("cannot open {}: {e}", path.display())))?;
+        let content = Content::read(&mut file).map_err(|e| {
+            ModelError::Failed(format!("{} is not a GGUF file: {e}", path.display()))
+        })?;
+        let tokenizer = GgufTokenizer::from_gguf(&content)
+            .map_err(|e| ModelError::Failed(format!("{}: {e}", path.display())))?;
+        let config = LlamaConfig::from_gguf(&content)?;
+        let mut tensor = |name: &str| -> Result<QTensor, ModelError> {
+            content
+                .tensor(&mut file, name, device)
+                .map_err(|e| ModelError::Failed(format!("tensor {name}: {e}")))
+        };
+        let embed_q = tensor("token_embd.weight")?;
+        let embed = embed_q.dequantize(device)?;
+        let norm = tensor("output_norm.weight")?.dequantize(device)?;
+        // Tied embeddings when the file has no separate output matrix.
+        let output = match tensor("output.weight") {
+            Ok(t) => QMatMul::from_qtensor(t)?,
+            Err(_) => QMatMul::from_qtensor(embed_q)?,
+        };
+        let mut blocks = Vec::with_capacity(config.layers);
+        for i in 0..config.layers {
+            let mut matmul = |part: &str| -> Result<QMatMul, ModelError> {
+                Ok(QMatMul::from_qtensor(tensor(&format!(
+                    "blk.{i}.{part}.weight"
+                ))?)?)
+            };
+            blocks.push(Block {
+                q: matmul("attn_q")?,
+                k: matmul("attn_k")?,
+                v: matmul("attn_v")?,
+                o: matmul("attn_output")?,
+                gate: matmul("ffn_gate")?,
+                up: matmul("ffn_up")?,
+                down: matmul("ffn_down")?,
+                attn_norm: tensor(&format!("blk.{i}.attn_norm.weight"))?.dequantize(device)?,
+                ffn_norm: tensor(&format!("blk.{i}.ffn_norm.weight"))?.dequantize(device)?,
+            });
+        }
+        let (cos, sin) = rope_tables(&config, device)?;
+        Ok((
+            Llama {
+                config,
+                embed,
+                blocks,
+                norm,
+                output,
+                cos,
+                sin,
+                device: device.clone(),
+            },
+            tokenizer,
+        ))
+    }
+
+    /// An empty cache for a sequence of at most `capacity` tokens.
+    pub fn new_cache(&self, capacity: usize) -> Result<KvCache, ModelError> {
+        let c = &self.config;
+        let shape = (c.kv_heads, capacity, c.head_dim);
+        let layers = (0..c.layers)
+            .map(|_| {
+                Ok((
+                    Tensor::zeros(shape, DType::F32, &self.device)?,
+                    Tensor::zeros(shape, DType::F32, &self.device)?,
+                ))
+            })
+            .collect::<Result<_, candle_core::Error>>()?;
+        Ok(KvCache {
+            layers,
+            len: 0,
+            capacity,
+        })
+    }
+
+    /// Runs every segment's tokens through the model in one step, appends
+    /// them to the segments' caches, and returns the logits after each
+    /// segment's last token, `[segments, vocab]`.
+    pub fn forward(&self, segments: &mut [Segment]) -> Result<Tensor, ModelError> {
+        let c = &self.config;
+        let mut ids = Vec::new();
+        for s in segments.iter() {
+            if s.tokens.is_empty() {
+                return Err(ModelError::Failed("a segment without tokens".into()));
+            }
+            if s.cache.len + s.tokens.len() > s.cache.capacity {
+                return Err(ModelError::Failed(format!(
+                    "a sequence outgrew its KV cache ({} + {} > {} tokens)",
+                    s.cache.len,
+                    s.tokens.len(),
+                    s.cache.capacity
+                )));
+            }
+            ids.extend_from_slice(s.tokens);
+        }
+        let ids = Tensor::new(ids.as_slice(), &self.device)?;
+        let mut x = self.embed.index_select(&ids, 0)?;
+        let eps = c.rms_eps as f32;
+        let scale = 1.0 / (c.head_dim as f64).sqrt();
+        let group = c.heads / c.kv_heads;
+        for (layer, block) in self.blocks.iter().enumerate() {
+            let h = candle_nn::ops::rms_norm(&x, &block.attn_norm, eps)?;
+            let q = block.q.forward(&h)?;
+            let k = block.k.forward(&h)?;
+            let v = block.v.forward(&h)?;
+            let mut contexts = Vec::with_capacity(segments.len());
+            let mut offset = 0;
+            for s in segments.iter_mut() {
+                let n = s.tokens.len();
+                let start = s.cache.len;
+                let heads = |t: &Tensor, count: usize| -> candle_core::Result<Tensor> {
+                    t.narrow(0, offset, n)?
+                        .reshape((n, count, c.head_dim))?
+                        .transpose(0, 1)?
+                        .contiguous()
+                };
+                let cos = self.cos.narrow(0, start, n)?;
+                let sin = self.sin.narrow(0, start, n)?;
+                let rope = |t: Tensor| -> candle_core::Result<Tensor> {
+                    candle_nn::rotary_emb::rope_i(&t.unsqueeze(0)?, &cos, &sin)?.squeeze(0)
+                };
+                let qs = rope(heads(&q, c.heads)?)?;
+                let ks = rope(heads(&k, c.kv_heads)?)?;
+                let vs = heads(&v, c.kv_heads)?;
+                let (k_cache, v_cache) = &s.cache.layers[layer];
+                k_cache.slice_set(&ks, 1, start)?;
+                v_cache.slice_set(&vs, 1, start)?;
+                let len = start + n;
+                let keys = k_cache.narrow(1, 0, len)?;
+                let values = v_cache.narrow(1, 0, len)?;
+                // The query heads that share a KV head, side by side:
+                // [kv_heads, group * n, head_dim].
+                let qg = qs.reshape((c.kv_heads, group * n, c.head_dim))?;
+                let mut scores = (qg.matmul(&keys.t()?)? * scale)?;
+                if n > 1 {
+                    scores = scores.broadcast_add(&causal_mask(group, n, start, &self.device)?)?;
+                }
+                let weights = candle_nn::ops::softmax_last_dim(&scores)?;
+                let ctx = weights
+                    .matmul(&values.contiguous()?)?
+                    .reshape((c.heads, n, c.head_dim))?
+                    .transpose(0, 1)?
+                    .reshape((n, c.heads * c.head_dim))?;
+                contexts.push(ctx);
+                offset += n;
+            }
+            let attn = Tensor::cat(&contexts, 0)?;
+            x = (x + block.o.forward(&attn)?)?;
+            let h = candle_nn::ops::rms_norm(&x, &block.ffn_norm, eps)?;
+            let mlp = (candle_nn::ops::silu(&block.gate.forward(&h)?)? * block.up.forward(&h)?)?;
+            x = (x + block.down.forward(&mlp)?)?;
+        }
+        let mut last = Vec::with_capacity(segments.len());
+        let mut end = 0u32;
+        for s in segments.iter_mut() {
+            end += s.tokens.len() as u32;
+            last.push(end - 1);
+            s.cache.len += s.tokens.len();
+        }
+        let last = Tensor::new(last.as_slice(), &self.device)?;
+        let x = candle_nn::ops::rms_norm(&x.index_select(&last, 0)?, &self.norm, eps)?;
+        Ok(self.output.forward(&x)?.to_dtype(DType::F32)?)
+    }
+}
+
+/// 0 where query `i` (of `n`, at position `start + i`, repeated for each of
+/// `group` heads) may see key `j`, minus infinity where `j` is in its future.
+fn causal_mask(
+    group: usize,
+    n: usize,
+    start: usize,
+    device: &Device,
+) -> candle_core::Result<Tensor> {
+    let len = start + n;
+    let mask: Vec<f32> = (0..group * n)
+        .flat_map(|row| {
+            let pos = start + row % n;
+            (0..len).map(move |j| if j <= pos { 0.0 } else { f32::NEG_INFINITY })
+        })
+        .collect();
+    Tensor::from_vec(mask, (group * n, len), device)
+}
+
+/// cos and sin of every position's rotation angles, `[context, head_dim / 2]`.
+fn rope_tables(c: &LlamaConfig, device: &Device) -> candle_core::Result<(Tensor, Tensor)> {
+    let half = c.head_dim / 2;
+    let inv_freq: Vec<f32> = (0..half)
+        .map(|i| 1.0 / c.rope_base.powf(2.0 * i as f32 / c.head_dim as f32))
+        .collect();
+    let inv_freq = Tensor::from_vec(inv_freq, (1, half), device)?;
+    let positions = Tensor::arange(0u32, c.context_length as u32, device)?
+        .to_dtype(DType::F32)?
+        .reshape((c.context_length, 1))?;
+    let angles = positions.broadcast_mul(&inv_freq)?;
+    Ok((angles.cos()?, angles.sin()?))
+}
+
+/// Index of the largest logit (greedy decoding).
+pub fn argmax(logits: &Tensor) -> Result<u32, ModelError> {
+    Ok(logits.argmax(D::Minus1)?.to_scalar::<u32>()?)
+}

@@ -1,0 +1,111 @@
+//! Generation throughput of sluice's llama forward on SmolLM2-135M (Q4_1
+//! GGUF): prompt tokens/s, and decode tokens/s at 1, 4, 8 and 16 concurrent
+//! sequences (continuous batching, greedy, fixed lengths). `bench/generate`
+//! runs it and prints the table.
+//!
+//! Usage: bench-generate GGUF [NEW_TOKENS] [CONCURRENCY...]
+
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use candle_core::Device;
+use sluice_consumer::model::generation::{GenerationParams, Generator};
+use sluice_consumer::model::gguf_tokenizer::ChatMessage;
+use sluice_consumer::model::llama::Llama;
+
+/// The prompts, cycled to the concurrency (the bench script uses the same).
+pub const PROMPTS: [&str; 4] = [
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "Explain how a bicycle stays upright, in simple terms.",
+    "List five ideas for a rainy weekend.",
+    "Describe the water cycle.",
+];
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let path = args
+        .get(1)
+        .context("usage: bench-generate GGUF [NEW_TOKENS] [CONCURRENCY...]")?;
+    let new_tokens: usize = args.get(2).map_or(Ok(64), |s| s.parse())?;
+    let levels: Vec<usize> = if args.len() > 3 {
+        args[3..]
+            .iter()
+            .map(|s| s.parse())
+            .collect::<Result<_, _>>()?
+    } else {
+        vec![1, 4, 8, 16]
+    };
+    let (model, tokenizer) = Llama::load(std::path::Path::new(path), &Device::Cpu)?;
+    let prompt = |i: usize| {
+        tokenizer.encode(&tokenizer.chat_prompt(&[ChatMessage {
+            role: "user".into(),
+            content: PROMPTS[i % PROMPTS.len()].into(),
+        }]))
+    };
+
+    // Prompt processing: every prompt read once, one at a time.
+    let mut prompt_tokens = 0;
+    let start = Instant::now();
+    for i in 0..PROMPTS.len() {
+        let ids = prompt(i)?;
+        prompt_tokens += ids.len();
+        let mut g = Generator::new(&model, &tokenizer, 4096);
+        g.add(
+            i,
+            ids,
+            GenerationParams {
+                max_new_tokens: 1,
+                ..GenerationParams::default()
+            },
+        )?;
+        while !g.is_empty() {
+            g.step()?;
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| "all".into());
+    println!(
+        "SmolLM2-135M-Instruct Q4_1 GGUF, greedy, {new_tokens} new tokens per sequence, {threads} threads"
+    );
+    println!("| phase | concurrent sequences | tokens | seconds | tokens/s | vs 1 sequence |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+    println!(
+        "| prompt (one at a time) | 1 | {prompt_tokens} | {secs:.2} | {:.1} | - |",
+        prompt_tokens as f64 / secs
+    );
+    let mut single = None;
+
+    for &n in &levels {
+        let mut g = Generator::new(&model, &tokenizer, 4096);
+        let params = GenerationParams {
+            max_new_tokens: new_tokens,
+            ignore_eos: true,
+            ..GenerationParams::default()
+        };
+        for i in 0..n {
+            g.add(i, prompt(i)?, params.clone())?;
+        }
+        // Prefill first (not timed), then decode steps only.
+        let mut decoded = 0;
+        g.step()?;
+        decoded += n;
+        let start = Instant::now();
+        let mut steps = 0;
+        while !g.is_empty() {
+            let before = g.len();
+            let done = g.step()?;
+            decoded += before;
+            steps += 1;
+            let _ = done;
+        }
+        let secs = start.elapsed().as_secs_f64();
+        let tokens = decoded - n;
+        let rate = tokens as f64 / secs;
+        let base = *single.get_or_insert(rate);
+        println!(
+            "| decode ({steps} steps) | {n} | {tokens} | {secs:.2} | {rate:.1} | {:.2}x |",
+            rate / base
+        );
+    }
+    Ok(())
+}

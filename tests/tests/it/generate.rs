@@ -1,0 +1,239 @@
+//! Text generation with SmolLM2-135M-Instruct (Q4_1 GGUF from the setup):
+//! the tokenizer built from the GGUF's metadata, our llama forward against
+//! candle-transformers' independent quantized llama, batch invariance of
+//! continuous batching, sampling determinism and stop sequences.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use candle_core::{Device, Tensor};
+use sluice_consumer::model::generation::{FinishReason, GenerationParams, Generator};
+use sluice_consumer::model::gguf_tokenizer::{ChatMessage, GgufTokenizer};
+use sluice_consumer::model::llama::{Llama, Segment, argmax};
+
+fn gguf() -> PathBuf {
+    sluice_tests::models_dir().join("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+fn model() -> &'static (Llama, GgufTokenizer) {
+    static MODEL: OnceLock<(Llama, GgufTokenizer)> = OnceLock::new();
+    MODEL.get_or_init(|| Llama::load(&gguf(), &Device::Cpu).unwrap())
+}
+
+fn chat(tokenizer: &GgufTokenizer, question: &str) -> Vec<u32> {
+    let prompt = tokenizer.chat_prompt(&[ChatMessage {
+        role: "user".into(),
+        content: question.into(),
+    }]);
+    tokenizer.encode(&prompt).unwrap()
+}
+
+fn greedy(max_new_tokens: usize) -> GenerationParams {
+    GenerationParams {
+        max_new_tokens,
+        ..GenerationParams::default()
+    }
+}
+
+/// Runs `prompts` together (continuous batching) and returns each output.
+fn generate_together(
+    prompts: &[Vec<u32>],
+    params: &GenerationParams,
+    max_step_tokens: usize,
+) -> Vec<sluice_consumer::model::generation::Generated> {
+    let (llama, tokenizer) = model();
+    let mut generator = Generator::new(llama, tokenizer, max_step_tokens);
+    for (i, p) in prompts.iter().enumerate() {
+        generator.add(i, p.clone(), params.clone()).unwrap();
+    }
+    let mut out = vec![None; prompts.len()];
+    while !generator.is_empty() {
+        for (i, g) in generator.step().unwrap() {
+            out[i] = Some(g);
+        }
+    }
+    out.into_iter().map(Option::unwrap).collect()
+}
+
+#[test]
+fn the_tokenizer_comes_from_the_gguf_and_round_trips() {
+    let (_, tokenizer) = model();
+    for text in [
+        "Hello, world! Numbers like 2024 split into digits.",
+        "  leading spaces, tabs\tand\nnewlines; unicode: café, 日本語, emoji 🙂",
+    ] {
+        let ids = tokenizer.encode(text).unwrap();
+        assert_eq!(tokenizer.decode(&ids), text);
+    }
+    // Digits one by one, as SmolLM2 was trained (llama.cpp's "smollm" pre).
+    let digits = tokenizer.encode("2024").unwrap();
+    assert_eq!(digits.len(), 4, "{digits:?}");
+    // Chat markers are single special tokens, not split by the BPE.
+    let ids = tokenizer.encode("<|im_start|>user\nhi<|im_end|>").unwrap();
+    let start = tokenizer.tokenizer.token_to_id("<|im_start|>").unwrap();
+    let end = tokenizer.tokenizer.token_to_id("<|im_end|>").unwrap();
+    assert_eq!(ids.first(), Some(&start), "{ids:?}");
+    assert_eq!(ids.last(), Some(&end), "{ids:?}");
+    assert!(tokenizer.chat_template.is_some());
+}
+
+/// The network's shape comes from the GGUF metadata, and with it what one
+/// token of one sequence costs in KV cache (what a generation job reserves
+/// per token of `prompt + max_new_tokens`).
+#[test]
+fn the_shape_and_kv_cost_come_from_the_gguf() {
+    let (llama, _) = model();
+    let c = &llama.config;
+    assert_eq!(
+        (c.layers, c.heads, c.kv_heads, c.head_dim, c.hidden, c.vocab),
+        (30, 9, 3, 64, 576, 49152)
+    );
+    // keys and values x 30 layers x 3 KV heads x 64 dims x 4 bytes
+    assert_eq!(c.kv_bytes_per_token(), 46_080);
+    let cache = llama.new_cache(100).unwrap();
+    assert_eq!((cache.len(), cache.capacity()), (0, 100));
+}
+
+/// Our forward against candle-transformers' quantized llama, an independent
+/// implementation over the same GGUF (same quantized matmul kernels, its own
+/// attention, rotary embedding and cache code): logits of the prompt and of
+/// 16 greedy steps agree to 1e-3 of their spread, and the tokens are equal.
+/// The tolerance: both quantize activations to Q8 blocks the same way, so
+/// what differs is only the order of f32 sums in attention and norms.
+#[test]
+fn logits_match_candle_transformers_quantized_llama() {
+    let (llama, tokenizer) = model();
+    let mut file = std::fs::File::open(gguf()).unwrap();
+    let content = candle_core::quantized::gguf_file::Content::read(&mut file).unwrap();
+    let mut reference = candle_transformers::models::quantized_llama::ModelWeights::from_gguf(
+        content,
+        &mut file,
+        &Device::Cpu,
+    )
+    .unwrap();
+    let prompt = chat(tokenizer, "Name three colours of the rainbow.");
+    let mut cache = llama.new_cache(prompt.len() + 16).unwrap();
+    let mut ours = llama
+        .forward(&mut [Segment {
+            cache: &mut cache,
+            tokens: &prompt,
+        }])
+        .unwrap()
+        .squeeze(0)
+        .unwrap();
+    let input = Tensor::new(prompt.as_slice(), &Device::Cpu)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
+    let mut theirs = reference.forward(&input, 0).unwrap().squeeze(0).unwrap();
+    let mut worst = 0f32;
+    for (step, position) in (0..16).zip(prompt.len()..) {
+        let a: Vec<f32> = ours.to_vec1().unwrap();
+        let b: Vec<f32> = theirs.to_vec1().unwrap();
+        let spread =
+            b.iter().cloned().fold(f32::MIN, f32::max) - b.iter().cloned().fold(f32::MAX, f32::min);
+        let diff = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max);
+        worst = worst.max(diff / spread);
+        assert!(
+            diff <= 1e-3 * spread,
+            "step {step}: logits differ by {diff} (spread {spread})"
+        );
+        let token = argmax(&ours).unwrap();
+        assert_eq!(token, argmax(&theirs).unwrap(), "step {step}");
+        ours = llama
+            .forward(&mut [Segment {
+                cache: &mut cache,
+                tokens: &[token],
+            }])
+            .unwrap()
+            .squeeze(0)
+            .unwrap();
+        let input = Tensor::new(&[[token]], &Device::Cpu).unwrap();
+        theirs = reference
+            .forward(&input, position)
+            .unwrap()
+            .squeeze(0)
+            .unwrap();
+    }
+    eprintln!("worst logit difference over 17 positions: {worst:e} of the spread");
+}
+
+#[test]
+fn greedy_answers_are_coherent_english() {
+    let (_, tokenizer) = model();
+    let out = generate_together(
+        &[chat(
+            tokenizer,
+            "What is the capital of France? Answer in one sentence.",
+        )],
+        &greedy(32),
+        512,
+    );
+    eprintln!("{:?}", out[0].text);
+    assert!(out[0].text.contains("Paris"), "{:?}", out[0].text);
+    assert_ne!(out[0].finish_reason, FinishReason::Stop);
+}
+
+/// Each prompt's greedy output is the same alone and in a batch of
+/// mixed-length prompts, at a large step size (whole prompts at once) and a
+/// small one (prompts read in 12-token chunks next to decoding sequences).
+#[test]
+fn greedy_output_is_the_same_alone_and_batched() {
+    let (_, tokenizer) = model();
+    let raw = |text: &str| tokenizer.encode(text).unwrap();
+    let prompts = vec![
+        raw("Hi!"),
+        raw("A short poem about the sea, the wind, and a small boat that goes out at dawn:\n"),
+        chat(tokenizer, "List two prime numbers."),
+        raw("Once upon a time"),
+    ];
+    let params = greedy(12);
+    for max_step_tokens in [4096, 24] {
+        let together = generate_together(&prompts, &params, max_step_tokens);
+        for (i, g) in together.iter().enumerate() {
+            let alone =
+                generate_together(std::slice::from_ref(&prompts[i]), &params, max_step_tokens);
+            assert_eq!(
+                g.tokens, alone[0].tokens,
+                "prompt {i} with steps of {max_step_tokens} tokens"
+            );
+        }
+    }
+}
+
+#[test]
+fn sampling_is_reproducible_by_seed_and_stop_sequences_end_the_text() {
+    let (_, tokenizer) = model();
+    let prompt = vec![chat(tokenizer, "Tell me a story about a cat.")];
+    let sampled = |seed| GenerationParams {
+        max_new_tokens: 16,
+        temperature: 0.9,
+        top_p: 0.95,
+        seed,
+        ..GenerationParams::default()
+    };
+    let a = generate_together(&prompt, &sampled(7), 512);
+    let b = generate_together(&prompt, &sampled(7), 512);
+    let c = generate_together(&prompt, &sampled(8), 512);
+    assert_eq!(a[0].tokens, b[0].tokens);
+    assert_ne!(a[0].tokens, c[0].tokens, "seeds 7 and 8 sampled the same");
+    assert_eq!(a[0].finish_reason, FinishReason::Length);
+    assert_eq!(a[0].completion_tokens, 16);
+
+    // Greedy until the first space: the text is what came before it.
+    let stopped = generate_together(
+        &prompt,
+        &GenerationParams {
+            stop: vec![" ".into()],
+            ..greedy(24)
+        },
+        512,
+    );
+    assert_eq!(stopped[0].finish_reason, FinishReason::Stop);
+    assert!(!stopped[0].text.contains(' '), "{:?}", stopped[0].text);
+    assert!(stopped[0].completion_tokens < 24);
+}
