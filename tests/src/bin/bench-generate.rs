@@ -4,6 +4,7 @@
 //! runs it and prints the table.
 //!
 //! Usage: bench-generate GGUF [NEW_TOKENS] [CONCURRENCY...]
+//! Runs each weight format in turn (as stored, requantized to Q8_0, dense f32).
 
 use std::time::Instant;
 
@@ -11,7 +12,7 @@ use anyhow::{Context, Result};
 use candle_core::Device;
 use sluice_consumer::model::generation::{GenerationParams, Generator};
 use sluice_consumer::model::gguf_tokenizer::ChatMessage;
-use sluice_consumer::model::llama::Llama;
+use sluice_consumer::model::llama::{Llama, WeightFormat};
 
 /// The prompts, cycled to the concurrency (the bench script uses the same).
 pub const PROMPTS: [&str; 4] = [
@@ -35,7 +36,32 @@ fn main() -> Result<()> {
     } else {
         vec![1, 4, 8, 16]
     };
-    let (model, tokenizer) = Llama::load(std::path::Path::new(path), &Device::Cpu)?;
+    let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| "all".into());
+    println!(
+        "SmolLM2-135M-Instruct Q4_1 GGUF, greedy, {new_tokens} new tokens per sequence, {threads} threads"
+    );
+    println!(
+        "| weights | phase | concurrent sequences | tokens | seconds | tokens/s | vs 1 sequence |"
+    );
+    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: |");
+    for (name, format) in [
+        ("as stored (Q4_1)", WeightFormat::AsStored),
+        ("Q8_0", WeightFormat::Q8_0),
+        ("f32", WeightFormat::F32),
+    ] {
+        run(path, name, format, new_tokens, &levels)?;
+    }
+    Ok(())
+}
+
+fn run(
+    path: &str,
+    name: &str,
+    format: WeightFormat,
+    new_tokens: usize,
+    levels: &[usize],
+) -> Result<()> {
+    let (model, tokenizer) = Llama::load(std::path::Path::new(path), format, &Device::Cpu)?;
     let prompt = |i: usize| {
         tokenizer.encode(&tokenizer.chat_prompt(&[ChatMessage {
             role: "user".into(),
@@ -63,19 +89,12 @@ fn main() -> Result<()> {
         }
     }
     let secs = start.elapsed().as_secs_f64();
-    let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| "all".into());
     println!(
-        "SmolLM2-135M-Instruct Q4_1 GGUF, greedy, {new_tokens} new tokens per sequence, {threads} threads"
-    );
-    println!("| phase | concurrent sequences | tokens | seconds | tokens/s | vs 1 sequence |");
-    println!("| --- | ---: | ---: | ---: | ---: | ---: |");
-    println!(
-        "| prompt (one at a time) | 1 | {prompt_tokens} | {secs:.2} | {:.1} | - |",
+        "| {name} | prompt (one at a time) | 1 | {prompt_tokens} | {secs:.2} | {:.1} | - |",
         prompt_tokens as f64 / secs
     );
     let mut single = None;
-
-    for &n in &levels {
+    for &n in levels {
         let mut g = Generator::new(&model, &tokenizer, 4096);
         let params = GenerationParams {
             max_new_tokens: new_tokens,
@@ -86,24 +105,19 @@ fn main() -> Result<()> {
             g.add(i, prompt(i)?, params.clone())?;
         }
         // Prefill first (not timed), then decode steps only.
-        let mut decoded = 0;
         g.step()?;
-        decoded += n;
+        let (mut tokens, mut steps) = (0, 0);
         let start = Instant::now();
-        let mut steps = 0;
         while !g.is_empty() {
-            let before = g.len();
-            let done = g.step()?;
-            decoded += before;
+            tokens += g.len();
+            g.step()?;
             steps += 1;
-            let _ = done;
         }
         let secs = start.elapsed().as_secs_f64();
-        let tokens = decoded - n;
         let rate = tokens as f64 / secs;
         let base = *single.get_or_insert(rate);
         println!(
-            "| decode ({steps} steps) | {n} | {tokens} | {secs:.2} | {rate:.1} | {:.2}x |",
+            "| {name} | decode ({steps} steps) | {n} | {tokens} | {secs:.2} | {rate:.1} | {:.2}x |",
             rate / base
         );
     }
