@@ -76,14 +76,26 @@ struct Running<K> {
     cache: KvCache,
 }
 
-/// The sequences being generated, keyed by the caller's `K`.
+struct Waiting<K> {
+    key: K,
+    prompt: Vec<u32>,
+    params: GenerationParams,
+}
+
+/// The sequences being generated, keyed by the caller's `K`: a running set
+/// that holds KV caches, and a queue of sequences waiting for KV room.
 pub struct Generator<'m, K> {
     model: &'m Llama,
     tokenizer: &'m GgufTokenizer,
     eos: Vec<u32>,
     max_step_tokens: usize,
     prefill_chunk: usize,
+    /// The most KV-cache bytes the running set may reserve (None: no cap).
+    kv_budget: Option<u64>,
+    /// The most KV-cache bytes the running set has reserved at once.
+    peak_kv: u64,
     running: Vec<Running<K>>,
+    waiting: std::collections::VecDeque<Waiting<K>>,
 }
 
 impl<'m, K: Clone> Generator<'m, K> {
@@ -105,21 +117,59 @@ impl<'m, K: Clone> Generator<'m, K> {
             eos,
             max_step_tokens: max_step_tokens.max(1),
             prefill_chunk: (max_step_tokens / 2).max(1),
+            kv_budget: None,
+            peak_kv: 0,
             running: Vec::new(),
+            waiting: std::collections::VecDeque::new(),
         }
     }
 
-    /// Sequences in the running set.
+    /// Caps the KV-cache bytes of the running set: a sequence joins only
+    /// when its whole cache (`prompt + max_new_tokens` tokens) fits beside
+    /// the others', and waits in arrival order until then.
+    pub fn with_kv_budget(mut self, bytes: u64) -> Self {
+        self.kv_budget = Some(bytes);
+        self
+    }
+
+    /// KV-cache bytes a sequence of `prompt_tokens` and `max_new_tokens`
+    /// reserves for its whole life.
+    pub fn kv_bytes(&self, prompt_tokens: usize, max_new_tokens: usize) -> u64 {
+        (prompt_tokens + max_new_tokens) as u64 * self.model.config.kv_bytes_per_token()
+    }
+
+    /// KV-cache bytes the running set holds now.
+    pub fn reserved_kv_bytes(&self) -> u64 {
+        let per_token = self.model.config.kv_bytes_per_token();
+        self.running
+            .iter()
+            .map(|r| r.cache.capacity() as u64 * per_token)
+            .sum()
+    }
+
+    /// The most KV-cache bytes the running set has reserved at once.
+    pub fn peak_kv_bytes(&self) -> u64 {
+        self.peak_kv
+    }
+
+    /// Sequences running and waiting.
     pub fn len(&self) -> usize {
+        self.running.len() + self.waiting.len()
+    }
+
+    /// Sequences holding a KV cache (taking part in steps).
+    pub fn running(&self) -> usize {
         self.running.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.running.is_empty()
+        self.running.is_empty() && self.waiting.is_empty()
     }
 
-    /// Adds a sequence; it takes part from the next step. Its KV cache is
-    /// allocated now, for `prompt + max_new_tokens` tokens.
+    /// Queues a sequence; it joins the running set at the first step with
+    /// KV room for it. Refused at once when it could never run: an empty
+    /// prompt, more tokens than the model's context, or a KV cache larger
+    /// than the whole budget.
     pub fn add(
         &mut self,
         key: K,
@@ -138,34 +188,74 @@ impl<'m, K: Clone> Generator<'m, K> {
                 self.model.config.context_length
             )));
         }
-        let sampling = if params.temperature <= 0.0 {
-            Sampling::ArgMax
-        } else if params.top_p < 1.0 {
-            Sampling::TopP {
-                p: params.top_p,
-                temperature: params.temperature,
+        if let Some(budget) = self.kv_budget {
+            let need = self.kv_bytes(prompt.len(), params.max_new_tokens);
+            if need > budget {
+                return Err(ModelError::Failed(format!(
+                    "prompt ({}) + max_new_tokens ({}) need {need} bytes of KV cache; the budget is {budget}",
+                    prompt.len(),
+                    params.max_new_tokens
+                )));
             }
-        } else {
-            Sampling::All {
-                temperature: params.temperature,
-            }
-        };
-        self.running.push(Running {
+        }
+        self.waiting.push_back(Waiting {
             key,
             prompt,
-            read: 0,
-            next: None,
-            generated: Vec::new(),
-            sampler: LogitsProcessor::from_sampling(params.seed, sampling),
-            cache: self.model.new_cache(capacity)?,
             params,
         });
         Ok(())
     }
 
-    /// One forward step over every running sequence; returns the sequences
-    /// that finished in it (their caches are freed).
+    /// Moves waiting sequences into the running set, in arrival order, while
+    /// their KV caches fit the budget.
+    fn admit(&mut self) -> Result<(), ModelError> {
+        let mut reserved = self.reserved_kv_bytes();
+        while let Some(next) = self.waiting.front() {
+            let need = self.kv_bytes(next.prompt.len(), next.params.max_new_tokens);
+            if self
+                .kv_budget
+                .is_some_and(|budget| reserved + need > budget)
+            {
+                break;
+            }
+            let Some(w) = self.waiting.pop_front() else {
+                break;
+            };
+            reserved += need;
+            self.peak_kv = self.peak_kv.max(reserved);
+            let params = w.params;
+            let sampling = if params.temperature <= 0.0 {
+                Sampling::ArgMax
+            } else if params.top_p < 1.0 {
+                Sampling::TopP {
+                    p: params.top_p,
+                    temperature: params.temperature,
+                }
+            } else {
+                Sampling::All {
+                    temperature: params.temperature,
+                }
+            };
+            self.running.push(Running {
+                key: w.key,
+                read: 0,
+                next: None,
+                generated: Vec::new(),
+                sampler: LogitsProcessor::from_sampling(params.seed, sampling),
+                cache: self
+                    .model
+                    .new_cache(w.prompt.len() + params.max_new_tokens)?,
+                prompt: w.prompt,
+                params,
+            });
+        }
+        Ok(())
+    }
+
+    /// Admits what fits, then one forward step over every running sequence;
+    /// returns the sequences that finished in it (their caches are freed).
     pub fn step(&mut self) -> Result<Vec<(K, Generated)>, ModelError> {
+        self.admit()?;
         if self.running.is_empty() {
             return Ok(Vec::new());
         }

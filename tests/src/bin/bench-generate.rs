@@ -1,9 +1,11 @@
 //! Generation throughput of sluice's llama forward on SmolLM2-135M (Q4_1
 //! GGUF): prompt tokens/s, and decode tokens/s at 1, 4, 8 and 16 concurrent
 //! sequences (continuous batching, greedy, fixed lengths). `bench/generate`
-//! runs it and prints the table.
+//! runs it beside llama.cpp and prints the table.
 //!
-//! Usage: bench-generate GGUF [NEW_TOKENS] [CONCURRENCY...]
+//! Usage: bench-generate GGUF PROMPTS_OUT.json [NEW_TOKENS] [CONCURRENCY...]
+//! Writes the prompts' token ids to PROMPTS_OUT.json (so the baseline reads
+//! exactly the same tokens) and prints one JSON object per measurement.
 //! Runs each weight format in turn (as stored, requantized to Q8_0, dense f32).
 
 use std::time::Instant;
@@ -24,38 +26,31 @@ pub const PROMPTS: [&str; 4] = [
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let path = args
-        .get(1)
-        .context("usage: bench-generate GGUF [NEW_TOKENS] [CONCURRENCY...]")?;
-    let new_tokens: usize = args.get(2).map_or(Ok(64), |s| s.parse())?;
-    let levels: Vec<usize> = if args.len() > 3 {
-        args[3..]
+    let usage = "usage: bench-generate GGUF PROMPTS_OUT.json [NEW_TOKENS] [CONCURRENCY...]";
+    let path = args.get(1).context(usage)?;
+    let prompts_out = args.get(2).context(usage)?;
+    let new_tokens: usize = args.get(3).map_or(Ok(32), |s| s.parse())?;
+    let levels: Vec<usize> = if args.len() > 4 {
+        args[4..]
             .iter()
             .map(|s| s.parse())
             .collect::<Result<_, _>>()?
     } else {
         vec![1, 4, 8, 16]
     };
-    let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| "all".into());
-    println!(
-        "SmolLM2-135M-Instruct Q4_1 GGUF, greedy, {new_tokens} new tokens per sequence, {threads} threads"
-    );
-    println!(
-        "| weights | phase | concurrent sequences | tokens | seconds | tokens/s | vs 1 sequence |"
-    );
-    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: |");
     for (name, format) in [
         ("as stored (Q4_1)", WeightFormat::AsStored),
         ("Q8_0", WeightFormat::Q8_0),
         ("f32", WeightFormat::F32),
     ] {
-        run(path, name, format, new_tokens, &levels)?;
+        run(path, prompts_out, name, format, new_tokens, &levels)?;
     }
     Ok(())
 }
 
 fn run(
     path: &str,
+    prompts_out: &str,
     name: &str,
     format: WeightFormat,
     new_tokens: usize,
@@ -69,6 +64,8 @@ fn run(
         }]))
     };
 
+    let ids: Vec<Vec<u32>> = (0..PROMPTS.len()).map(prompt).collect::<Result<_, _>>()?;
+    std::fs::write(prompts_out, serde_json::to_string(&ids)?)?;
     // Prompt processing: every prompt read once, one at a time.
     let mut prompt_tokens = 0;
     let start = Instant::now();
@@ -89,11 +86,7 @@ fn run(
         }
     }
     let secs = start.elapsed().as_secs_f64();
-    println!(
-        "| {name} | prompt (one at a time) | 1 | {prompt_tokens} | {secs:.2} | {:.1} | - |",
-        prompt_tokens as f64 / secs
-    );
-    let mut single = None;
+    report(name, "prompt", 1, prompt_tokens, secs);
     for &n in levels {
         let mut g = Generator::new(&model, &tokenizer, 4096);
         let params = GenerationParams {
@@ -106,20 +99,24 @@ fn run(
         }
         // Prefill first (not timed), then decode steps only.
         g.step()?;
-        let (mut tokens, mut steps) = (0, 0);
+        let mut tokens = 0;
         let start = Instant::now();
         while !g.is_empty() {
-            tokens += g.len();
+            tokens += g.running();
             g.step()?;
-            steps += 1;
         }
         let secs = start.elapsed().as_secs_f64();
-        let rate = tokens as f64 / secs;
-        let base = *single.get_or_insert(rate);
-        println!(
-            "| {name} | decode ({steps} steps) | {n} | {tokens} | {secs:.2} | {rate:.1} | {:.2}x |",
-            rate / base
-        );
+        report(name, "decode", n, tokens, secs);
     }
     Ok(())
+}
+
+fn report(weights: &str, phase: &str, concurrency: usize, tokens: usize, seconds: f64) {
+    println!(
+        "{}",
+        serde_json::json!({
+            "engine": "sluice", "weights": weights, "phase": phase,
+            "concurrency": concurrency, "tokens": tokens, "seconds": seconds,
+        })
+    );
 }

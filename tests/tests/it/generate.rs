@@ -314,3 +314,65 @@ fn sampling_is_reproducible_by_seed_and_stop_sequences_end_the_text() {
     assert!(!stopped[0].text.contains(' '), "{:?}", stopped[0].text);
     assert!(stopped[0].completion_tokens < 24);
 }
+
+/// A flood of sequences with large `max_new_tokens` against a KV budget for
+/// about four: the running set never reserves more than the budget, waiting
+/// sequences join as others leave (continuous batching), and every one
+/// finishes with its tokens.
+#[test]
+fn a_flood_of_sequences_never_exceeds_the_kv_budget_and_all_finish() {
+    let (llama, tokenizer) = model();
+    let prompts: Vec<Vec<u32>> = (0..24)
+        .map(|i| chat(tokenizer, &format!("Count from {i} to {}.", i + 5)))
+        .collect();
+    let longest = prompts.iter().map(Vec::len).max().unwrap();
+    let params = GenerationParams {
+        max_new_tokens: 40,
+        ..GenerationParams::default()
+    };
+    let per_sequence = (longest + params.max_new_tokens) as u64 * llama.config.kv_bytes_per_token();
+    let budget = 4 * per_sequence + per_sequence / 2;
+    let mut generator = Generator::new(llama, tokenizer, 512).with_kv_budget(budget);
+    for (i, p) in prompts.iter().enumerate() {
+        generator.add(i, p.clone(), params.clone()).unwrap();
+    }
+    let (mut done, mut peak, mut most_running, mut steps) = (Vec::new(), 0, 0, 0);
+    while !generator.is_empty() {
+        done.extend(generator.step().unwrap());
+        steps += 1;
+        let reserved = generator.reserved_kv_bytes();
+        assert!(reserved <= budget, "step {steps}: {reserved} > {budget}");
+        peak = peak.max(generator.peak_kv_bytes());
+        most_running = most_running.max(generator.running());
+        assert!(steps < 2_000, "the flood did not finish");
+    }
+    eprintln!(
+        "{} sequences in {steps} steps; KV reserved peak {peak} of {budget} bytes; at most {most_running} running",
+        done.len()
+    );
+    done.sort_by_key(|(i, _)| *i);
+    assert_eq!(
+        done.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
+        (0..24).collect::<Vec<_>>()
+    );
+    for (i, g) in &done {
+        assert!(g.completion_tokens > 0, "sequence {i}: {g:?}");
+        assert!(g.completion_tokens <= 40);
+    }
+    assert!(
+        most_running >= 4,
+        "continuous batching ran at most {most_running} at once"
+    );
+    assert!(most_running <= 5);
+
+    // One that could never fit is refused at once, by name.
+    let error = Generator::<usize>::new(llama, tokenizer, 512)
+        .with_kv_budget(per_sequence / 2)
+        .add(0, prompts[0].clone(), params.clone())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("KV cache") && error.contains("budget"),
+        "{error}"
+    );
+}
