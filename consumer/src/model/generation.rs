@@ -28,6 +28,28 @@ pub struct GenerationParams {
     pub ignore_eos: bool,
 }
 
+impl GenerationParams {
+    /// Refuses values that have no meaning, saying which and why.
+    pub fn check(&self) -> Result<(), String> {
+        if self.max_new_tokens == 0 {
+            return Err("max_new_tokens must be at least 1".into());
+        }
+        if !self.temperature.is_finite() || self.temperature < 0.0 {
+            return Err(format!(
+                "temperature must be a finite number >= 0 (0: greedy), not {}",
+                self.temperature
+            ));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(format!("top_p must be in (0, 1], not {}", self.top_p));
+        }
+        if self.stop.iter().any(String::is_empty) {
+            return Err("a stop sequence is empty".into());
+        }
+        Ok(())
+    }
+}
+
 impl Default for GenerationParams {
     fn default() -> Self {
         GenerationParams {
@@ -179,6 +201,7 @@ impl<'m, K: Clone> Generator<'m, K> {
         if prompt.is_empty() {
             return Err(ModelError::Failed("an empty prompt".into()));
         }
+        params.check().map_err(ModelError::Failed)?;
         let capacity = prompt.len() + params.max_new_tokens;
         if capacity > self.model.config.context_length {
             return Err(ModelError::Failed(format!(

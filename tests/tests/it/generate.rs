@@ -364,6 +364,68 @@ fn a_flood_of_sequences_never_exceeds_the_kv_budget_and_all_finish() {
         "continuous batching ran at most {most_running} at once"
     );
     assert!(most_running <= 5);
+}
+
+/// Sequences that could never run are refused when added, with a message
+/// that names what is wrong: meaningless parameters, more tokens than the
+/// model's context, a KV cache larger than the whole budget.
+#[test]
+fn impossible_sequences_are_refused_by_name() {
+    let (llama, tokenizer) = model();
+    let prompts = [chat(tokenizer, "Hello")];
+    let params = greedy(40);
+    let per_sequence =
+        (prompts[0].len() + params.max_new_tokens) as u64 * llama.config.kv_bytes_per_token();
+    // Parameters without meaning are refused at once, saying which.
+    for (bad, says) in [
+        (
+            GenerationParams {
+                max_new_tokens: 0,
+                ..params.clone()
+            },
+            "max_new_tokens",
+        ),
+        (
+            GenerationParams {
+                temperature: -1.0,
+                ..params.clone()
+            },
+            "temperature",
+        ),
+        (
+            GenerationParams {
+                temperature: f64::NAN,
+                ..params.clone()
+            },
+            "temperature",
+        ),
+        (
+            GenerationParams {
+                top_p: 0.0,
+                ..params.clone()
+            },
+            "top_p",
+        ),
+        (
+            GenerationParams {
+                stop: vec![String::new()],
+                ..params.clone()
+            },
+            "stop",
+        ),
+    ] {
+        let error = Generator::<usize>::new(llama, tokenizer, 512)
+            .add(0, prompts[0].clone(), bad)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains(says), "{error}");
+    }
+    let long = vec![prompts[0][0]; llama.config.context_length];
+    let error = Generator::<usize>::new(llama, tokenizer, 512)
+        .add(0, long, params.clone())
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("context"), "{error}");
 
     // One that could never fit is refused at once, by name.
     let error = Generator::<usize>::new(llama, tokenizer, 512)
