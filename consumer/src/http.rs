@@ -108,22 +108,22 @@ impl State {
     pub fn readings(&self) -> Readings {
         Readings {
             budget: self.budget.snapshot(),
-            memory: memory_figures(self),
+            memory: memory_figures(),
+            ready: readiness(self).is_ok(),
         }
     }
 }
 
-fn memory_figures(state: &State) -> MemoryFigures {
+fn memory_figures() -> MemoryFigures {
     MemoryFigures {
         allocated_bytes: resident_bytes().unwrap_or(0),
         peak_bytes: peak_resident_bytes().unwrap_or(0),
-        ready: readiness(state).is_ok(),
     }
 }
 
 fn memory_json(state: &State) -> serde_json::Value {
     let b = state.budget.snapshot();
-    let m = memory_figures(state);
+    let m = memory_figures();
     serde_json::json!({
         "device": state.device,
         "budget_bytes": b.limit_bytes,

@@ -12,7 +12,7 @@ use opentelemetry::KeyValue;
 use opentelemetry::metrics::{Meter, MeterProvider as _};
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 
-use crate::telemetry::{BY_CODE, HISTOGRAMS, MetricKind, Readings, SCALARS, Stats};
+use crate::telemetry::{BY_CODE, HISTOGRAMS, MetricKind, Readings, SCALARS, Stats, otlp_name};
 use crate::trace::{OtlpProtocol, otlp_resource, otlp_target};
 
 /// Histograms recorded as events happen (set once, when exporting).
@@ -88,7 +88,7 @@ impl OtlpMetrics {
 fn register(meter: &Meter, stats: &Arc<Stats>, now: ReadNow) {
     for m in SCALARS {
         let (stats, now) = (Arc::clone(stats), Arc::clone(&now));
-        let name = m.otlp_name();
+        let name = otlp_name(m.name);
         let unit = if m.bytes { "By" } else { "" };
         let read = m.read;
         match m.kind {
@@ -115,7 +115,7 @@ fn register(meter: &Meter, stats: &Arc<Stats>, now: ReadNow) {
         let stats = Arc::clone(stats);
         let read = m.read;
         meter
-            .u64_observable_counter(m.name.strip_suffix("_total").unwrap_or(m.name))
+            .u64_observable_counter(otlp_name(m.name))
             .with_description(m.help)
             .with_callback(move |o| {
                 for (code, n) in read(&stats) {

@@ -295,10 +295,12 @@ impl Stats {
     }
 }
 
-/// What metrics read besides [`Stats`]: the budget and the memory now.
+/// What metrics read besides [`Stats`]: the budget, the memory and the
+/// readiness now.
 pub struct Readings {
     pub budget: BudgetSnapshot,
     pub memory: MemoryFigures,
+    pub ready: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -328,17 +330,17 @@ pub struct Scalar {
     pub read: fn(&Stats, &Readings) -> f64,
 }
 
-impl Scalar {
-    /// The OTLP name: without `_total`, which a collector's Prometheus
-    /// exporter adds back. A counter whose bare name is also a histogram's
-    /// gets `_sum`.
-    pub fn otlp_name(&self) -> String {
-        let bare = self.name.strip_suffix("_total").unwrap_or(self.name);
-        if HISTOGRAMS.iter().any(|h| h.name == bare) {
-            format!("{bare}_sum")
-        } else {
-            bare.to_string()
-        }
+/// The OTLP name of a Prometheus metric: without `_total`, which a
+/// collector's Prometheus exporter adds back. A counter whose bare name is
+/// also a histogram's gets `_sum`.
+pub fn otlp_name(prometheus_name: &str) -> String {
+    let bare = prometheus_name
+        .strip_suffix("_total")
+        .unwrap_or(prometheus_name);
+    if HISTOGRAMS.iter().any(|h| h.name == bare) {
+        format!("{bare}_sum")
+    } else {
+        bare.to_string()
     }
 }
 
@@ -392,7 +394,7 @@ pub const SCALARS: &[Scalar] = &[
     gauge(
         "sluice_ready",
         "1 when taking jobs (see /readyz).",
-        |_, r| f64::from(u8::from(r.memory.ready)),
+        |_, r| f64::from(u8::from(r.ready)),
     ),
     counter("sluice_jobs_ok_total", "Jobs answered ok.", |s, _| {
         load(&s.jobs_ok)
@@ -568,7 +570,6 @@ fn all_codes(
 pub struct MemoryFigures {
     pub allocated_bytes: u64,
     pub peak_bytes: u64,
-    pub ready: bool,
 }
 
 /// Counts a job's tokens as in flight until dropped.
@@ -621,8 +622,8 @@ mod tests {
             memory: MemoryFigures {
                 allocated_bytes: 1,
                 peak_bytes: 2,
-                ready: true,
             },
+            ready: true,
         });
         for code in ErrorCode::ALL {
             assert!(text.contains(&format!(
@@ -647,12 +648,8 @@ mod name_tests {
     /// OTLP drops `_total`, so a counter could collide with a histogram.
     #[test]
     fn otlp_names_are_unique() {
-        let mut names: Vec<String> = SCALARS.iter().map(Scalar::otlp_name).collect();
-        names.extend(
-            BY_CODE
-                .iter()
-                .map(|m| m.name.trim_end_matches("_total").to_string()),
-        );
+        let mut names: Vec<String> = SCALARS.iter().map(|m| otlp_name(m.name)).collect();
+        names.extend(BY_CODE.iter().map(|m| otlp_name(m.name)));
         names.extend(HISTOGRAMS.iter().map(|m| m.name.to_string()));
         let count = names.len();
         names.sort();
@@ -677,8 +674,8 @@ mod dashboard_tests {
             memory: MemoryFigures {
                 allocated_bytes: 0,
                 peak_bytes: 0,
-                ready: true,
             },
+            ready: true,
         });
         let mut checked = 0;
         for panel in dashboard["panels"].as_array().unwrap() {

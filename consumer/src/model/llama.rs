@@ -76,18 +76,6 @@ impl LlamaConfig {
     pub fn kv_bytes_per_token(&self) -> u64 {
         (2 * self.layers * self.kv_heads * self.head_dim * DType::F32.size_in_bytes()) as u64
     }
-
-    /// Peak activation bytes of a step over `tokens` tokens whose longest
-    /// sequence attends to `context` positions: the step's hidden states and
-    /// MLP intermediates, one layer's attention scores for that sequence,
-    /// and the logits of up to `tokens` sequences (f32 throughout).
-    pub fn step_activation_bytes(&self, tokens: usize, context: usize) -> u64 {
-        let f = DType::F32.size_in_bytes() as u64;
-        let (t, c) = (tokens as u64, context as u64);
-        let per_token = (4 * self.hidden + 3 * self.ffn) as u64 + 2 * self.vocab as u64;
-        let scores = self.heads as u64 * t.min(c).max(1) * c;
-        f * (t * per_token + 2 * scores)
-    }
 }
 
 /// How the weight matrices are held in memory (measured on SmolLM2-135M Q4_1

@@ -17,7 +17,7 @@ use sluice_consumer::model::gguf_tokenizer::ChatMessage;
 use sluice_consumer::model::llama::{Llama, WeightFormat};
 
 /// The prompts, cycled to the concurrency (the bench script uses the same).
-pub const PROMPTS: [&str; 4] = [
+const PROMPTS: [&str; 4] = [
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
     "Explain how a bicycle stays upright, in simple terms.",
     "List five ideas for a rainy weekend.",
