@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
-use sluice_schemas::{Secret, Topology};
+use sluice_schemas::{Secret, Task, Topology};
 
 /// Where the model runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -23,19 +23,36 @@ pub enum LogFormat {
     Json,
 }
 
+/// The task a consumer process serves; each task has its own durable consumer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TaskKind {
+    /// Sentence embeddings (all-MiniLM-L6-v2 safetensors).
+    Embed,
+    /// Text generation (SmolLM2 GGUF).
+    Generate,
+}
+
+impl TaskKind {
+    pub fn task(self) -> Task {
+        match self {
+            TaskKind::Embed => Task::Embed,
+            TaskKind::Generate => Task::Generate,
+        }
+    }
+}
+
 /// The model and how it runs; shared by the service and the offline `embed`.
 #[derive(Debug, Clone, Args)]
 pub struct ModelConfig {
-    /// Directory with the model's `config.json`, `tokenizer.json` and `model.safetensors`.
-    #[arg(
-        long,
-        env = "SLUICE_MODEL_DIR",
-        default_value = "models/all-minilm-l6-v2"
-    )]
-    pub model_dir: PathBuf,
-    /// The model name jobs must ask for.
-    #[arg(long, env = "SLUICE_MODEL_NAME", default_value = "all-minilm-l6-v2")]
-    pub model_name: String,
+    /// Directory with the model: for embed, `config.json`, `tokenizer.json`
+    /// and `model.safetensors` (default models/all-minilm-l6-v2); for
+    /// generate, one `.gguf` file (default models/smollm2).
+    #[arg(long, env = "SLUICE_MODEL_DIR")]
+    pub model_dir: Option<PathBuf>,
+    /// The model name jobs must ask for (default all-minilm-l6-v2 for embed,
+    /// smollm2-135m-instruct for generate).
+    #[arg(long, env = "SLUICE_MODEL_NAME")]
+    pub model_name: Option<String>,
     #[arg(long, env = "SLUICE_DEVICE", value_enum, default_value = "cpu")]
     pub device: DeviceKind,
     /// CUDA device ordinal, with `--device cuda`.
@@ -50,11 +67,46 @@ pub struct ModelConfig {
     pub max_batch_tokens: usize,
 }
 
+/// The generate task's knobs (ignored by embed consumers).
+#[derive(Debug, Clone, Args)]
+pub struct GenerateConfig {
+    /// Longest prompt accepted, in tokens (after the chat template); a longer
+    /// one fails its job with `item_too_long`.
+    #[arg(long, env = "SLUICE_MAX_PROMPT_TOKENS", default_value_t = 1024)]
+    pub max_prompt_tokens: usize,
+    /// Largest `max_new_tokens` a job may ask for; more fails the job with
+    /// `invalid_parameters`. With the longest prompt it sets a sequence's
+    /// worst-case KV cache, which admission reserves.
+    #[arg(long, env = "SLUICE_MAX_NEW_TOKENS", default_value_t = 512)]
+    pub max_new_tokens: usize,
+    /// `max_new_tokens` of a prompt whose job does not say (default 128, or
+    /// `--max-new-tokens` when that is lower).
+    #[arg(long, env = "SLUICE_DEFAULT_MAX_NEW_TOKENS")]
+    pub default_max_new_tokens: Option<usize>,
+    /// Tokens one forward step may carry: one per decoding sequence plus
+    /// prompt chunks of half this size.
+    #[arg(long, env = "SLUICE_MAX_STEP_TOKENS", default_value_t = 512)]
+    pub max_step_tokens: usize,
+    /// Most sequences decoding together; more wait for a free slot.
+    #[arg(long, env = "SLUICE_MAX_SEQUENCES", default_value_t = 64)]
+    pub max_sequences: usize,
+    /// How the weights are held: q8_0 (requantized at load; the fastest on
+    /// CPUs), as-stored (the GGUF's own quantization) or f32 (dense; gains the
+    /// most from batching, 4x the memory).
+    #[arg(long, env = "SLUICE_WEIGHTS", default_value = "q8_0")]
+    pub weights: crate::model::llama::WeightFormat,
+}
+
 /// The service's config.
 #[derive(Debug, Clone, Args)]
 pub struct Config {
+    /// The task this process serves: it binds to that task's durable consumer.
+    #[arg(long, env = "SLUICE_TASK", value_enum, default_value = "embed")]
+    pub task: TaskKind,
     #[command(flatten)]
     pub model: ModelConfig,
+    #[command(flatten)]
+    pub generate: GenerateConfig,
 
     /// NATS server URL(s), comma-separated.
     #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
@@ -105,9 +157,11 @@ pub struct Config {
     /// Largest input download (and inline job message) accepted, in bytes.
     #[arg(long, env = "SLUICE_MAX_INPUT_BYTES", default_value_t = 8 * 1024 * 1024)]
     pub max_input_bytes: u64,
-    /// Most items one job may hold.
-    #[arg(long, env = "SLUICE_MAX_ITEMS_PER_JOB", default_value_t = 10_000)]
-    pub max_items_per_job: u64,
+    /// Most items (texts or prompts) one job may hold (default 10000 for
+    /// embed, 64 for generate: a generate job reserves the KV cache of all its
+    /// prompts at their longest before its inputs are read).
+    #[arg(long, env = "SLUICE_MAX_ITEMS_PER_JOB")]
+    pub max_items_per_job: Option<u64>,
     /// Timeout of one input download, in seconds.
     #[arg(long, env = "SLUICE_FETCH_TIMEOUT_SECS", default_value_t = 30)]
     pub fetch_timeout_secs: u64,
@@ -186,6 +240,27 @@ fn bad(key: &'static str, value: impl ToString, fix: impl Into<String>) -> Confi
 }
 
 impl ModelConfig {
+    /// The model directory, or the task's default.
+    pub fn dir(&self, task: Task) -> PathBuf {
+        self.model_dir.clone().unwrap_or_else(|| {
+            PathBuf::from(match task {
+                Task::Embed => "models/all-minilm-l6-v2",
+                Task::Generate => "models/smollm2",
+            })
+        })
+    }
+
+    /// The model name jobs ask for, or the task's default.
+    pub fn name(&self, task: Task) -> String {
+        self.model_name.clone().unwrap_or_else(|| {
+            match task {
+                Task::Embed => "all-minilm-l6-v2",
+                Task::Generate => "smollm2-135m-instruct",
+            }
+            .to_string()
+        })
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.max_tokens_per_item < 3 {
             return Err(bad(
@@ -215,9 +290,67 @@ impl ModelConfig {
     }
 }
 
+impl GenerateConfig {
+    /// `max_new_tokens` of a prompt whose job does not say.
+    pub fn default_max_new_tokens(&self) -> usize {
+        self.default_max_new_tokens
+            .unwrap_or(128.min(self.max_new_tokens))
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (key, v) in [
+            (
+                "max_prompt_tokens (--max-prompt-tokens)",
+                self.max_prompt_tokens,
+            ),
+            ("max_new_tokens (--max-new-tokens)", self.max_new_tokens),
+            (
+                "default_max_new_tokens (--default-max-new-tokens)",
+                self.default_max_new_tokens(),
+            ),
+            ("max_sequences (--max-sequences)", self.max_sequences),
+        ] {
+            if v == 0 {
+                return Err(bad(key, 0, "must be positive"));
+            }
+        }
+        if self.default_max_new_tokens() > self.max_new_tokens {
+            return Err(bad(
+                "default_max_new_tokens (--default-max-new-tokens)",
+                self.default_max_new_tokens(),
+                format!("must be at most max_new_tokens ({})", self.max_new_tokens),
+            ));
+        }
+        if self.max_step_tokens < 2 {
+            return Err(bad(
+                "max_step_tokens (--max-step-tokens)",
+                self.max_step_tokens,
+                "must be at least 2 (prompt chunks take half of it)",
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl Config {
+    /// The task this process serves.
+    pub fn task(&self) -> Task {
+        self.task.task()
+    }
+
+    /// Most items per job, or the task's default.
+    pub fn max_items_per_job(&self) -> u64 {
+        self.max_items_per_job.unwrap_or(match self.task() {
+            Task::Embed => 10_000,
+            Task::Generate => 64,
+        })
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.model.validate()?;
+        if self.task() == Task::Generate {
+            self.generate.validate()?;
+        }
         if !(self.memory_fraction > 0.0 && self.memory_fraction <= 1.0) {
             return Err(bad(
                 "memory_fraction (--memory-fraction)",
@@ -263,7 +396,7 @@ impl Config {
             ("max_input_bytes (--max-input-bytes)", self.max_input_bytes),
             (
                 "max_items_per_job (--max-items-per-job)",
-                self.max_items_per_job,
+                self.max_items_per_job(),
             ),
             (
                 "fetch_timeout_secs (--fetch-timeout-secs)",
@@ -368,6 +501,48 @@ mod tests {
             let err = config(args).validate().unwrap_err().to_string();
             assert!(err.contains(expected), "{args:?}: {err}");
             assert!(err.starts_with("invalid config: "), "{err}");
+        }
+    }
+
+    #[test]
+    fn generate_knobs_are_checked_only_for_generate() {
+        // An embed process does not care about generate knobs.
+        config(&["--max-new-tokens=0"]).validate().unwrap();
+        let generate = |args: &[&str]| {
+            let mut all = vec!["--task=generate"];
+            all.extend_from_slice(args);
+            config(&all)
+        };
+        let c = generate(&[]);
+        c.validate().unwrap();
+        assert_eq!(c.max_items_per_job(), 64);
+        assert_eq!(c.model.dir(c.task()), PathBuf::from("models/smollm2"));
+        assert_eq!(c.model.name(c.task()), "smollm2-135m-instruct");
+        assert_eq!(c.generate.default_max_new_tokens(), 128);
+        assert_eq!(
+            generate(&["--max-new-tokens=16"])
+                .generate
+                .default_max_new_tokens(),
+            16
+        );
+        assert_eq!(config(&[]).max_items_per_job(), 10_000);
+        let cases: &[(&[&str], &str)] = &[
+            (
+                &["--max-new-tokens=0"],
+                "max_new_tokens (--max-new-tokens) = 0: must be positive",
+            ),
+            (
+                &["--default-max-new-tokens=600"],
+                "default_max_new_tokens (--default-max-new-tokens) = 600: must be at most max_new_tokens (512)",
+            ),
+            (
+                &["--max-step-tokens=1"],
+                "max_step_tokens (--max-step-tokens) = 1: must be at least 2",
+            ),
+        ];
+        for (args, expected) in cases {
+            let err = generate(args).validate().unwrap_err().to_string();
+            assert!(err.contains(expected), "{args:?}: {err}");
         }
     }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, AckKind};
-use base64::Engine;
+use base64::Engine as _;
 use sluice_schemas::names::headers;
 use sluice_schemas::{
     DeadLetter, ErrorCode, Item, JobResult, JobState, Outcome, Output, StatusRecord, Task, Timings,
@@ -19,8 +19,9 @@ use tokio::sync::{mpsc, watch};
 use crate::batcher::{BatchItem, ItemOutcome};
 use crate::budget::Reservation;
 use crate::error::JobError;
+use crate::generate::GenerateEngine;
 use crate::model::{TokenizeError, TokenizedItem};
-use crate::service::Shared;
+use crate::service::{EmbedEngine, Engine, Shared};
 use crate::telemetry::TokensInFlight;
 use crate::trace::JobTrace;
 use opentelemetry::KeyValue;
@@ -223,10 +224,14 @@ async fn process(
     let ValidJob { task, job } = sluice_schemas::Job::decode(&msg.payload)?;
     delivery.job_id = Some(job.id.clone());
     delivery.task = Some(task);
-    if task != Task::Embed {
+    if task != shared.task {
         return Err(JobError::new(
             ErrorCode::UnknownTask,
-            format!("this consumer serves the embed task, not {task}"),
+            format!(
+                "this consumer serves the {} task, not {task}: publish {task} jobs to {}, where {task} consumers take them",
+                shared.task,
+                shared.topology.job_subject(task.as_str())
+            ),
         ));
     }
     if job.model != shared.model_name {
@@ -298,15 +303,57 @@ async fn process(
         ));
     }
 
+    let (output, usage) = match &shared.engine {
+        Engine::Embed(engine) => {
+            run_embed(
+                shared,
+                engine,
+                &job,
+                fetched.items,
+                reservation,
+                timings,
+                trace,
+            )
+            .await?
+        }
+        Engine::Generate(engine) => {
+            run_generate(
+                shared,
+                engine,
+                &job,
+                fetched.items,
+                reservation,
+                timings,
+                trace,
+            )
+            .await?
+        }
+    };
+    Ok(Finished::Done(Done { output, usage }))
+}
+
+/// embed: tokenize, batch, gather vectors, write the output.
+async fn run_embed(
+    shared: &Shared,
+    engine: &EmbedEngine,
+    job: &sluice_schemas::Job,
+    items: Vec<Item>,
+    reservation: &mut Reservation,
+    timings: &mut Timings,
+    trace: &JobTrace,
+) -> Result<(Output, Usage), JobError> {
     let started = Instant::now();
-    let texts: Vec<String> = fetched
-        .items
+    let texts = items
         .into_iter()
         .map(|item| match item {
-            Item::Text(t) => t,
+            Item::Text(t) => Ok(t),
+            Item::Prompt(_) => Err(JobError::new(
+                ErrorCode::Internal,
+                "bug: an embed job's input was read as prompts",
+            )),
         })
-        .collect();
-    let tokenizer = Arc::clone(&shared.tokenizer);
+        .collect::<Result<Vec<String>, JobError>>()?;
+    let tokenizer = Arc::clone(&engine.tokenizer);
     let truncate = job.parameters.truncate();
     let tokenized = tokio::task::spawn_blocking(move || tokenizer.encode(texts, truncate))
         .await
@@ -323,6 +370,7 @@ async fn process(
         items: tokenized.len() as u64,
         tokens: tokenized.iter().map(|t| t.ids.len() as u64).sum(),
         truncated_items: tokenized.iter().filter(|t| t.truncated).count() as u64,
+        completion_tokens: 0,
     };
     trace.stage_with(
         "tokenize",
@@ -337,7 +385,7 @@ async fn process(
     // The real cost is known now: give back the rest of the worst case.
     reservation.shrink_to(shared.cost.actual_bytes(usage.items, usage.tokens));
 
-    let vectors = embed(shared, tokenized, timings, trace).await?;
+    let vectors = embed(engine, tokenized, timings, trace).await?;
     let vectors = if job.parameters.normalize() {
         vectors.into_iter().map(l2_normalize).collect()
     } else {
@@ -346,8 +394,69 @@ async fn process(
     let started = Instant::now();
     let output = shared
         .sink
-        .store_embeddings(&job.id, vectors, shared.dim, job.output.presign_get_secs)
+        .store_embeddings(&job.id, vectors, engine.dim, job.output.presign_get_secs)
         .await?;
+    record_write(timings, trace, started, &output);
+    Ok((output, usage))
+}
+
+/// generate: tokenize and check the prompts, reserve their KV caches (the
+/// reservation shrinks from the worst case to them), generate, write.
+async fn run_generate(
+    shared: &Shared,
+    engine: &GenerateEngine,
+    job: &sluice_schemas::Job,
+    items: Vec<Item>,
+    reservation: &mut Reservation,
+    timings: &mut Timings,
+    trace: &JobTrace,
+) -> Result<(Output, Usage), JobError> {
+    let started = Instant::now();
+    let prepared = engine.prepare(items, &job.parameters).await?;
+    timings.tokenize = Some(started.elapsed().as_secs_f64() * 1e3);
+    let prompt_tokens: u64 = prepared.iter().map(|(ids, _)| ids.len() as u64).sum();
+    let sequence_tokens: u64 = prepared
+        .iter()
+        .map(|(ids, p)| (ids.len() + p.max_new_tokens) as u64)
+        .sum();
+    let items = prepared.len() as u64;
+    trace.stage_with(
+        "tokenize",
+        started,
+        Instant::now(),
+        vec![
+            KeyValue::new("sluice.items", items as i64),
+            KeyValue::new("sluice.tokens", prompt_tokens as i64),
+        ],
+    );
+    let _in_flight = TokensInFlight::add(&shared.stats, prompt_tokens);
+    reservation.shrink_to(shared.cost.actual_bytes(items, sequence_tokens));
+
+    let started = Instant::now();
+    let generations = engine.generate(prepared).await?;
+    timings.inference = Some(started.elapsed().as_secs_f64() * 1e3);
+    trace.stage_with(
+        "inference",
+        started,
+        Instant::now(),
+        vec![KeyValue::new("sluice.sequences", items as i64)],
+    );
+    let usage = Usage {
+        items,
+        tokens: prompt_tokens,
+        truncated_items: 0,
+        completion_tokens: generations.iter().map(|g| g.completion_tokens).sum(),
+    };
+    let started = Instant::now();
+    let output = shared
+        .sink
+        .store_generations(&job.id, generations, job.output.presign_get_secs)
+        .await?;
+    record_write(timings, trace, started, &output);
+    Ok((output, usage))
+}
+
+fn record_write(timings: &mut Timings, trace: &JobTrace, started: Instant, output: &Output) {
     timings.write = Some(started.elapsed().as_secs_f64() * 1e3);
     trace.stage_with(
         "write",
@@ -355,18 +464,17 @@ async fn process(
         Instant::now(),
         vec![KeyValue::new(
             "sluice.output",
-            match &output {
+            match output {
                 Output::S3(_) => "s3",
                 Output::Inline { .. } => "inline",
             },
         )],
     );
-    Ok(Finished::Done(Done { output, usage }))
 }
 
 /// Hands the items to the batcher and gathers one vector per item.
 async fn embed(
-    shared: &Shared,
+    engine: &EmbedEngine,
     tokenized: Vec<TokenizedItem>,
     timings: &mut Timings,
     trace: &JobTrace,
@@ -384,7 +492,7 @@ async fn embed(
             ready_at,
             trace: span.clone(),
         };
-        shared.batcher.send(item).await.map_err(|_| {
+        engine.batcher.send(item).await.map_err(|_| {
             JobError::new(
                 ErrorCode::Internal,
                 "the batcher has stopped (shutting down)",

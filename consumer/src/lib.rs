@@ -6,6 +6,11 @@
 //!  the budget)      per job)                                         batches)    own thread)  status)
 //! ```
 //!
+//! A `--task generate` process takes the same path up to fetch, then
+//! `generate::GenerateEngine` (prompts tokenized, limits checked) -> the
+//! generation thread (`generate::spawn`: continuous batching over the llama
+//! model) -> sink (JSONL) -> ack.
+//!
 //! `main` parses a [`Config`] and calls [`run`]; tests call [`start`].
 
 pub mod advisory;
@@ -16,6 +21,7 @@ pub mod config;
 pub mod error;
 pub mod executor;
 pub mod fetch;
+pub mod generate;
 pub mod http;
 pub mod job;
 pub mod model;

@@ -42,7 +42,7 @@ pub struct EmbedReport {
 pub fn embed_file(args: &EmbedArgs) -> anyhow::Result<EmbedReport> {
     args.model.validate()?;
     crate::alloc::tune();
-    let loaded = service::load_model(&args.model)?;
+    let loaded = service::load_embedding_model(&args.model)?;
     let body = std::fs::read(&args.input)
         .with_context(|| format!("cannot read {}", args.input.display()))?;
     let mut items = Vec::new();
@@ -50,8 +50,9 @@ pub fn embed_file(args: &EmbedArgs) -> anyhow::Result<EmbedReport> {
         .map_err(|e| anyhow::anyhow!("{}: {}", args.input.display(), e.message))?;
     let texts: Vec<String> = items
         .into_iter()
-        .map(|i| match i {
-            Item::Text(t) => t,
+        .filter_map(|i| match i {
+            Item::Text(t) => Some(t),
+            Item::Prompt(_) => None, // an embed input holds texts only
         })
         .collect();
     let n = texts.len();

@@ -10,7 +10,9 @@ use aws_sdk_s3::presigning::PresigningConfig;
 use aws_sdk_s3::primitives::ByteStream;
 use sha2::{Digest, Sha256};
 use sluice_schemas::names::headers;
-use sluice_schemas::{DeadLetter, ErrorCode, JobResult, Outcome, Output, S3Output, StatusRecord};
+use sluice_schemas::{
+    DeadLetter, ErrorCode, Generation, JobResult, Outcome, Output, S3Output, StatusRecord,
+};
 
 use crate::error::JobError;
 use crate::npy;
@@ -35,9 +37,9 @@ fn queue(what: &str, e: impl std::fmt::Display) -> JobError {
 }
 
 impl Sink {
-    /// The S3 key of a job's output.
-    pub fn output_key(&self, job_id: &str) -> String {
-        format!("{}{job_id}.npy", self.prefix)
+    /// The S3 key of a job's output in `format` (`npy`, `jsonl`).
+    pub fn output_key(&self, job_id: &str, format: &str) -> String {
+        format!("{}{job_id}.{format}", self.prefix)
     }
 
     /// Puts the vectors inline when small, else into S3 as `.npy`.
@@ -50,20 +52,71 @@ impl Sink {
     ) -> Result<Output, JobError> {
         let raw_bytes = (vectors.len() * dim * 4) as u64;
         if raw_bytes <= self.inline_max_bytes {
-            return Ok(Output::Inline {
-                embeddings: vectors,
-            });
+            return Ok(Output::embeddings(vectors));
         }
+        let rows = vectors.len() as u64;
         let body = npy::encode_f32(&vectors, dim);
         drop(vectors);
+        self.put(
+            job_id,
+            body,
+            "npy",
+            "application/octet-stream",
+            vec![rows, dim as u64],
+            presign_get_secs,
+        )
+        .await
+    }
+
+    /// Puts the generations inline when their JSON is small, else into S3
+    /// as JSONL (one generation object per line, in item order).
+    pub async fn store_generations(
+        &self,
+        job_id: &str,
+        generations: Vec<Generation>,
+        presign_get_secs: Option<u32>,
+    ) -> Result<Output, JobError> {
+        let mut body = Vec::new();
+        for g in &generations {
+            serde_json::to_writer(&mut body, g).map_err(|e| {
+                JobError::new(ErrorCode::Internal, format!("encoding a generation: {e}"))
+            })?;
+            body.push(b'\n');
+        }
+        if body.len() as u64 <= self.inline_max_bytes {
+            return Ok(Output::generations(generations));
+        }
+        drop(generations);
+        self.put(
+            job_id,
+            body,
+            "jsonl",
+            "application/x-ndjson",
+            Vec::new(),
+            presign_get_secs,
+        )
+        .await
+    }
+
+    /// Writes a job's output object (keyed by the job id, so a redelivery
+    /// overwrites it) and describes it.
+    async fn put(
+        &self,
+        job_id: &str,
+        body: Vec<u8>,
+        format: &str,
+        content_type: &str,
+        shape: Vec<u64>,
+        presign_get_secs: Option<u32>,
+    ) -> Result<Output, JobError> {
         let sha256 = hex::encode(Sha256::digest(&body));
-        let key = self.output_key(job_id);
+        let key = self.output_key(job_id, format);
         let bytes = body.len() as u64;
         self.s3
             .put_object()
             .bucket(&self.bucket)
             .key(&key)
-            .content_type("application/octet-stream")
+            .content_type(content_type)
             .metadata("sha256", &sha256)
             .body(ByteStream::from(body))
             .send()
@@ -84,8 +137,8 @@ impl Sink {
             key,
             bytes,
             sha256,
-            format: "npy".into(),
-            shape: vec![(raw_bytes / 4 / dim.max(1) as u64), dim as u64],
+            format: format.into(),
+            shape,
             url,
         }))
     }

@@ -60,7 +60,7 @@ async fn main() -> Result<()> {
             output: Output::S3(o),
         } => println!("{id}: s3://{}/{} shape {:?}", o.bucket, o.key, o.shape),
         Outcome::Ok {
-            output: Output::Inline { embeddings },
+            output: Output::Inline { embeddings, .. },
         } => println!("{id}: {} inline vectors", embeddings.len()),
         Outcome::Error { error } => bail!("{id}: {} {}", error.code, error.message),
     }

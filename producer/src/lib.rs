@@ -30,7 +30,7 @@ use aws_sdk_s3::primitives::ByteStream;
 use futures::StreamExt;
 use sluice_schemas::names::headers;
 use sluice_schemas::{
-    Input, InputFormat, Job, JobResult, JobState, ObjectRef, StatusRecord, Topology, VERSION,
+    Input, InputFormat, Job, JobResult, JobState, ObjectRef, StatusRecord, Task, Topology, VERSION,
 };
 
 /// Where the producer connects and what it names things.
@@ -175,10 +175,15 @@ impl Producer {
 
     /// An embed job with the given inputs and default parameters.
     pub fn embed_job(&self, id: &str, inputs: Vec<Input>) -> Job {
+        self.job(Task::Embed, id, inputs)
+    }
+
+    /// A job of `task` for the configured model, with default parameters.
+    pub fn job(&self, task: Task, id: &str, inputs: Vec<Input>) -> Job {
         Job {
             version: VERSION,
             id: id.to_string(),
-            task: "embed".into(),
+            task: task.as_str().into(),
             model: self.config.model.clone(),
             inputs,
             parameters: Default::default(),

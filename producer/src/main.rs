@@ -68,9 +68,14 @@ enum Command {
         #[arg(long, env = "SLUICE_SETTINGS")]
         settings: Option<PathBuf>,
     },
-    /// Submit embedding jobs: one job per JSONL file (of texts), per .jsonl file in a
-    /// directory, or from stdin ("-"), or over already-presigned URLs (--url).
+    /// Submit jobs: one job per JSONL file (of texts, or of prompts with --task
+    /// generate), per .jsonl file in a directory, or from stdin ("-"), or over
+    /// already-presigned URLs (--url).
     Submit {
+        /// The task: embed (a JSON string or {"text": ...} per line) or generate
+        /// (a JSON string, {"prompt": ...} or {"messages": [...]} per line).
+        #[arg(long, env = "SLUICE_TASK", default_value = "embed", value_parser = parse_task)]
+        task: Task,
         /// JSONL files, directories of .jsonl files, or "-" for stdin.
         paths: Vec<PathBuf>,
         /// Already-presigned URLs of JSONL inputs, one job each.
@@ -79,9 +84,10 @@ enum Command {
         /// Job id (only with a single input); default: a fresh UUIDv7.
         #[arg(long)]
         id: Option<String>,
-        /// The model to ask for.
-        #[arg(long, env = "SLUICE_MODEL", default_value = "all-minilm-l6-v2")]
-        model: String,
+        /// The model to ask for (default all-minilm-l6-v2 for embed,
+        /// smollm2-135m-instruct for generate).
+        #[arg(long, env = "SLUICE_MODEL")]
+        model: Option<String>,
         /// Wait for every job's result (on the result subject, falling back to
         /// the status record for results that were missed, e.g. of a job
         /// submitted again after it finished).
@@ -90,7 +96,8 @@ enum Command {
         /// With --wait: give up after this many seconds.
         #[arg(long, env = "SLUICE_WAIT_TIMEOUT_SECS", default_value_t = 600)]
         timeout_secs: u64,
-        /// With --wait: download S3 outputs into this directory as <job id>.npy.
+        /// With --wait: download S3 outputs into this directory as <job id>.npy
+        /// (embed) or <job id>.jsonl (generate).
         #[arg(long)]
         download: Option<PathBuf>,
         /// W3C trace context to continue (the jobs' spans join that trace);
@@ -306,6 +313,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             dlq(&p, cmd, cli.json).await
         }
         Command::Submit {
+            task,
             paths,
             urls,
             id,
@@ -315,6 +323,13 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             download,
             traceparent,
         } => {
+            let model = model.unwrap_or_else(|| {
+                match task {
+                    Task::Embed => "all-minilm-l6-v2",
+                    Task::Generate => "smollm2-135m-instruct",
+                }
+                .to_string()
+            });
             let config = ProducerConfig { model, ..config };
             let inputs = collect_inputs(&paths)?;
             if inputs.is_empty() && urls.is_empty() {
@@ -329,7 +344,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 );
             }
             for (name, body) in &inputs {
-                check_jsonl(name, body)?;
+                check_jsonl(task, name, body)?;
             }
             for url in &urls {
                 check_url(url)?;
@@ -357,7 +372,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     .await
                     .with_context(|| format!("uploading {name}"))?;
                 let tp = traceparent.clone().unwrap_or_else(new_traceparent);
-                let job = p.embed_job(&job_id, vec![input]);
+                let job = p.job(task, &job_id, vec![input]);
                 let ack = p
                     .submit_with(&job, &p.topology.result_subject(&job_id), Some(&tp))
                     .await?;
@@ -374,7 +389,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     object: None,
                 };
                 let tp = traceparent.clone().unwrap_or_else(new_traceparent);
-                let job = p.embed_job(&job_id, vec![input]);
+                let job = p.job(task, &job_id, vec![input]);
                 let ack = p
                     .submit_with(&job, &p.topology.result_subject(&job_id), Some(&tp))
                     .await?;
@@ -501,12 +516,26 @@ async fn dlq(p: &Producer, cmd: DlqCommand, json: bool) -> Result<ExitCode> {
 
 /// Refuses an input the consumer would refuse as `input_invalid`, before
 /// anything is uploaded (same parser as the consumer's).
-fn check_jsonl(name: &str, body: &[u8]) -> Result<()> {
+fn parse_task(s: &str) -> std::result::Result<Task, String> {
+    Task::parse(s).ok_or_else(|| {
+        format!(
+            "unknown task {s:?}; known tasks: {}",
+            Task::ALL.map(Task::as_str).join(", ")
+        )
+    })
+}
+
+fn check_jsonl(task: Task, name: &str, body: &[u8]) -> Result<()> {
     let mut items = Vec::new();
-    match sluice_schemas::parse_jsonl(Task::Embed, body, &mut items, u64::MAX) {
-        Ok(()) if items.is_empty() => {
-            bail!("{name}: no items (expected one JSON string or {{\"text\": ...}} per line)")
-        }
+    match sluice_schemas::parse_jsonl(task, body, &mut items, u64::MAX) {
+        Ok(()) if items.is_empty() => match task {
+            Task::Embed => {
+                bail!("{name}: no items (expected one JSON string or {{\"text\": ...}} per line)")
+            }
+            Task::Generate => bail!(
+                "{name}: no items (expected one JSON string, {{\"prompt\": ...}} or {{\"messages\": [...]}} per line)"
+            ),
+        },
         Ok(()) => Ok(()),
         Err(JsonlError::Invalid(m)) => bail!("{name}: {m}"),
         Err(JsonlError::TooManyItems(_)) => Ok(()), // no limit asked for here
@@ -747,7 +776,12 @@ async fn download_output(
                 )
             })?;
     let bytes = obj.body.collect().await?.into_bytes();
-    let path = dir.join(format!("{id}.npy"));
+    let extension = key
+        .rsplit('.')
+        .next()
+        .filter(|e| *e == "jsonl")
+        .unwrap_or("npy");
+    let path = dir.join(format!("{id}.{extension}"));
     std::fs::write(&path, &bytes).with_context(|| format!("cannot write {}", path.display()))?;
     Ok(())
 }
@@ -802,8 +836,12 @@ fn report_result(json: bool, r: &JobResult) {
             r.job_id, r.usage.items, r.usage.tokens, total, o.bucket, o.key, o.bytes, o.shape
         ),
         Outcome::Ok {
-            output: Output::Inline { embeddings },
-        } => println!(
+            output:
+                Output::Inline {
+                    embeddings,
+                    generations,
+                },
+        } if generations.is_empty() => println!(
             "{}: ok, {} items, {} tokens, {:.0} ms -> inline, {} vectors of {}",
             r.job_id,
             r.usage.items,
@@ -812,6 +850,17 @@ fn report_result(json: bool, r: &JobResult) {
             embeddings.len(),
             embeddings.first().map_or(0, Vec::len)
         ),
+        Outcome::Ok {
+            output: Output::Inline { generations, .. },
+        } => {
+            println!(
+                "{}: ok, {} prompts, {} prompt + {} generated tokens, {:.0} ms -> inline",
+                r.job_id, r.usage.items, r.usage.tokens, r.usage.completion_tokens, total
+            );
+            for (i, g) in generations.iter().enumerate() {
+                println!("  [{i}] ({:?}) {}", g.finish_reason, g.text);
+            }
+        }
         Outcome::Error { error } => println!(
             "{}: error {} ({}): {}",
             r.job_id,

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use async_nats::jetstream::{self, consumer, kv, stream};
-use sluice_schemas::Topology;
+use sluice_schemas::{Task, Topology};
 
 /// The knobs of the topology, with production defaults. `deploy/sluice.toml`
 /// spells out every one of them; `sluice init --config FILE` reads such a file
@@ -143,7 +143,7 @@ impl std::fmt::Display for Change {
 pub fn job_stream_config(t: &Topology, s: &Settings) -> stream::Config {
     stream::Config {
         name: t.job_stream.clone(),
-        subjects: vec![t.job_subjects()],
+        subjects: t.job_subjects(),
         retention: stream::RetentionPolicy::WorkQueue,
         duplicate_window: s.duplicate_window,
         max_message_size: s.max_message_bytes,
@@ -169,9 +169,13 @@ pub fn dlq_stream_config(t: &Topology, s: &Settings) -> stream::Config {
     }
 }
 
-pub fn consumer_config(t: &Topology, s: &Settings) -> consumer::pull::Config {
+/// The durable consumer of `task`'s jobs: filtered to `task`'s subject, so
+/// each task's processes share their own consumer and never pull another
+/// task's jobs (a work-queue stream needs the filters not to overlap).
+pub fn consumer_config(t: &Topology, s: &Settings, task: Task) -> consumer::pull::Config {
     consumer::pull::Config {
-        durable_name: Some(t.consumer.clone()),
+        durable_name: Some(t.consumer_for(task)),
+        filter_subject: t.job_subject(task.as_str()),
         ack_policy: consumer::AckPolicy::Explicit,
         ack_wait: s.ack_wait,
         max_deliver: s.max_deliver,
@@ -253,6 +257,12 @@ async fn ensure_consumer(
         Ok(info) => {
             let have = &info.config;
             let mut changed = Vec::new();
+            diff(
+                &mut changed,
+                "filter_subject",
+                &have.filter_subject,
+                &want.filter_subject,
+            );
             diff(&mut changed, "ack_wait", &have.ack_wait, &want.ack_wait);
             diff(
                 &mut changed,
@@ -349,12 +359,14 @@ pub async fn ensure(
     t: &Topology,
     s: &Settings,
 ) -> Result<Vec<Change>> {
-    let mut changes = vec![
-        ensure_stream(js, job_stream_config(t, s)).await?,
-        ensure_consumer(js, &t.job_stream, consumer_config(t, s)).await?,
-        ensure_stream(js, dlq_stream_config(t, s)).await?,
-        ensure_status_bucket(js, t, s).await?,
-    ];
+    let mut changes = vec![ensure_stream(js, job_stream_config(t, s)).await?];
+    // In task order: an older deployment's unfiltered embed consumer gets its
+    // filter before another task's consumer can be created beside it.
+    for task in Task::ALL {
+        changes.push(ensure_consumer(js, &t.job_stream, consumer_config(t, s, task)).await?);
+    }
+    changes.push(ensure_stream(js, dlq_stream_config(t, s)).await?);
+    changes.push(ensure_status_bucket(js, t, s).await?);
     if let Some(s3) = s3 {
         changes.push(ensure_bucket(s3, bucket).await?);
     }

@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use async_nats::jetstream::kv;
 use futures::StreamExt;
 use serde::Serialize;
-use sluice_schemas::{JobState, StatusRecord};
+use sluice_schemas::{JobState, StatusRecord, Task};
 
 use crate::Producer;
 
@@ -155,16 +155,17 @@ impl<'a> Watcher<'a> {
         let state = jobs.info().await?.state.clone();
         counts.stream.messages = state.messages;
         counts.stream.bytes = state.bytes;
-        let info = jobs.consumer_info(&t.consumer).await.with_context(|| {
-            format!(
-                "cannot read the consumer {} (not created yet? run `sluice init`)",
-                t.consumer
-            )
-        })?;
-        counts.stream.pending = info.num_pending;
-        counts.stream.in_flight = info.num_ack_pending as u64;
-        counts.stream.redelivered = info.num_redelivered as u64;
-        counts.stream.waiting_pulls = info.num_waiting as u64;
+        // Each task's durable consumer holds its own backlog: add them up.
+        for task in Task::ALL {
+            let name = t.consumer_for(task);
+            let info = jobs.consumer_info(&name).await.with_context(|| {
+                format!("cannot read the consumer {name} (not created yet? run `sluice init`)")
+            })?;
+            counts.stream.pending += info.num_pending;
+            counts.stream.in_flight += info.num_ack_pending as u64;
+            counts.stream.redelivered += info.num_redelivered as u64;
+            counts.stream.waiting_pulls += info.num_waiting as u64;
+        }
         let mut dlq = p.js.get_stream(&t.dlq_stream).await.with_context(|| {
             format!(
                 "cannot open the dead-letter stream {} (not created yet? run `sluice init`)",

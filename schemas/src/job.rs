@@ -124,6 +124,23 @@ pub struct Parameters {
     /// embed: L2-normalize the vectors (default true).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub normalize: Option<bool>,
+    /// generate: most tokens to generate per prompt (default: the consumer's
+    /// `--default-max-new-tokens`; at most its `--max-new-tokens`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_new_tokens: Option<u32>,
+    /// generate: sampling temperature, 0 for greedy (the default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    /// generate: nucleus sampling mass in (0, 1] (default 1: all tokens).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f64>,
+    /// generate: sampling seed (default 0); same seed, same output.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    /// generate: generation stops before the first of these texts (at most
+    /// [`GenerateParameters::MAX_STOP`], none empty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<Vec<String>>,
 }
 
 impl Parameters {
@@ -135,6 +152,114 @@ impl Parameters {
     }
     pub fn normalize(&self) -> bool {
         self.normalize.unwrap_or(true)
+    }
+    /// The generate parameters, for a prompt's own to fall back on.
+    pub fn generate(&self) -> GenerateParameters {
+        GenerateParameters {
+            max_new_tokens: self.max_new_tokens,
+            temperature: self.temperature,
+            top_p: self.top_p,
+            seed: self.seed,
+            stop: self.stop.clone(),
+        }
+    }
+    /// Names of the parameters given that `task` does not take.
+    fn foreign_to(&self, task: Task) -> Vec<&'static str> {
+        let embed = [
+            ("truncate", self.truncate.is_some()),
+            ("normalize", self.normalize.is_some()),
+        ];
+        let generate = [
+            ("max_new_tokens", self.max_new_tokens.is_some()),
+            ("temperature", self.temperature.is_some()),
+            ("top_p", self.top_p.is_some()),
+            ("seed", self.seed.is_some()),
+            ("stop", self.stop.is_some()),
+        ];
+        let foreign: &[(&'static str, bool)] = match task {
+            Task::Embed => &generate,
+            Task::Generate => &embed,
+        };
+        foreign
+            .iter()
+            .filter(|(_, set)| *set)
+            .map(|(n, _)| *n)
+            .collect()
+    }
+}
+
+/// Sampling and stopping of one generate prompt: given per job in
+/// [`Parameters`], per prompt in its item; unset fields fall back in that order
+/// and then on the consumer's defaults.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GenerateParameters {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_new_tokens: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<Vec<String>>,
+}
+
+impl GenerateParameters {
+    /// Most stop sequences per prompt.
+    pub const MAX_STOP: usize = 8;
+    /// Longest stop sequence, in bytes.
+    pub const MAX_STOP_BYTES: usize = 256;
+
+    /// `self` where set, else `fallback`.
+    pub fn or(self, fallback: &GenerateParameters) -> GenerateParameters {
+        GenerateParameters {
+            max_new_tokens: self.max_new_tokens.or(fallback.max_new_tokens),
+            temperature: self.temperature.or(fallback.temperature),
+            top_p: self.top_p.or(fallback.top_p),
+            seed: self.seed.or(fallback.seed),
+            stop: self.stop.or_else(|| fallback.stop.clone()),
+        }
+    }
+
+    /// Refuses values without meaning; the message names the parameter.
+    pub fn check(&self) -> Result<(), String> {
+        if self.max_new_tokens == Some(0) {
+            return Err("max_new_tokens must be at least 1".into());
+        }
+        if let Some(t) = self.temperature
+            && !(t.is_finite() && t >= 0.0)
+        {
+            return Err(format!(
+                "temperature must be a finite number >= 0 (0: greedy), not {t}"
+            ));
+        }
+        if let Some(p) = self.top_p
+            && !(p > 0.0 && p <= 1.0)
+        {
+            return Err(format!("top_p must be in (0, 1], not {p}"));
+        }
+        if let Some(stop) = &self.stop {
+            if stop.len() > Self::MAX_STOP {
+                return Err(format!(
+                    "stop holds {} sequences; at most {} are accepted",
+                    stop.len(),
+                    Self::MAX_STOP
+                ));
+            }
+            if let Some(i) = stop.iter().position(String::is_empty) {
+                return Err(format!("stop[{i}] is empty"));
+            }
+            if let Some(i) = stop.iter().position(|s| s.len() > Self::MAX_STOP_BYTES) {
+                return Err(format!(
+                    "stop[{i}] is {} bytes; at most {} are accepted",
+                    stop[i].len(),
+                    Self::MAX_STOP_BYTES
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -155,15 +280,70 @@ impl OutputOptions {
 }
 
 /// One item of a job, parsed from a JSONL line or an inline list entry.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Item {
     /// A text to embed.
     Text(String),
+    /// A prompt to generate from.
+    Prompt(Prompt),
+}
+
+/// One generate item: a raw prompt or chat messages, with its own parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prompt {
+    pub input: PromptInput,
+    /// Overrides of the job's parameters for this prompt.
+    pub parameters: GenerateParameters,
+}
+
+/// What the model reads.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PromptInput {
+    /// Tokenized as is, no template.
+    Text(String),
+    /// Rendered through the model's chat template, ending with the assistant's turn.
+    Messages(Vec<ChatMessage>),
+}
+
+/// One chat turn.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChatMessage {
+    /// `system`, `user` or `assistant`.
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub const ROLES: [&'static str; 3] = ["system", "user", "assistant"];
+}
+
+/// The object form of a generate item, as it is on the wire.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PromptObject {
+    #[serde(default)]
+    prompt: Option<String>,
+    #[serde(default)]
+    messages: Option<Vec<ChatMessage>>,
+    #[serde(default)]
+    max_new_tokens: Option<u32>,
+    #[serde(default)]
+    temperature: Option<f64>,
+    #[serde(default)]
+    top_p: Option<f64>,
+    #[serde(default)]
+    seed: Option<u64>,
+    #[serde(default)]
+    stop: Option<Vec<String>>,
 }
 
 impl Item {
     /// Reads one item as `task` expects it: for `embed`, a JSON string or an
-    /// object `{"text": "..."}`. The error says what was found instead.
+    /// object `{"text": "..."}`; for `generate`, a JSON string (a raw prompt),
+    /// `{"prompt": "..."}` or `{"messages": [{"role", "content"}, ...]}`, the
+    /// objects optionally with their own generate parameters. The error says
+    /// what was found instead.
     pub fn from_value(task: Task, value: Value) -> Result<Item, String> {
         match (task, value) {
             (Task::Embed, Value::String(s)) => Ok(Item::Text(s)),
@@ -179,7 +359,55 @@ impl Item {
                 "an embed item must be a JSON string or {{\"text\": \"...\"}}, found {}",
                 kind_of(&other)
             )),
-            (Task::Generate, _) => Err("the generate task is not served yet".into()),
+            (Task::Generate, Value::String(s)) => Ok(Item::Prompt(Prompt {
+                input: PromptInput::Text(s),
+                parameters: GenerateParameters::default(),
+            })),
+            (Task::Generate, value @ Value::Object(_)) => {
+                let o: PromptObject = serde_json::from_value(value)
+                    .map_err(|e| format!("a generate item object is invalid: {e}"))?;
+                let input = match (o.prompt, o.messages) {
+                    (Some(p), None) => PromptInput::Text(p),
+                    (None, Some(messages)) => {
+                        if messages.is_empty() {
+                            return Err("a generate item's `messages` is empty".into());
+                        }
+                        if let Some(m) = messages
+                            .iter()
+                            .find(|m| !ChatMessage::ROLES.contains(&m.role.as_str()))
+                        {
+                            return Err(format!(
+                                "unknown chat role {:?}; use one of {}",
+                                truncate_for_message(&m.role),
+                                ChatMessage::ROLES.join(", ")
+                            ));
+                        }
+                        PromptInput::Messages(messages)
+                    }
+                    (Some(_), Some(_)) => {
+                        return Err(
+                            "a generate item has either `prompt` or `messages`, not both".into(),
+                        );
+                    }
+                    (None, None) => {
+                        return Err("a generate item object needs `prompt` or `messages`".into());
+                    }
+                };
+                Ok(Item::Prompt(Prompt {
+                    input,
+                    parameters: GenerateParameters {
+                        max_new_tokens: o.max_new_tokens,
+                        temperature: o.temperature,
+                        top_p: o.top_p,
+                        seed: o.seed,
+                        stop: o.stop,
+                    },
+                }))
+            }
+            (Task::Generate, other) => Err(format!(
+                "a generate item must be a JSON string, {{\"prompt\": \"...\"}} or {{\"messages\": [...]}}, found {}",
+                kind_of(&other)
+            )),
         }
     }
 }
@@ -352,13 +580,24 @@ impl Job {
                 Input::Inline { .. } => {}
             }
         }
-        if task == Task::Generate && self.parameters.truncate.is_some() {
+        let foreign = self.parameters.foreign_to(task);
+        if let Some(first) = foreign.first() {
+            let other = match task {
+                Task::Embed => Task::Generate,
+                Task::Generate => Task::Embed,
+            };
             return Err(ErrorInfo::new(
                 ErrorCode::InvalidParameters,
-                "parameter `truncate` applies to the embed task only",
+                format!(
+                    "parameter `{first}` applies to the {other} task only, not to {task} (given: {})",
+                    foreign.join(", ")
+                ),
             ));
         }
-        Ok(())
+        self.parameters
+            .generate()
+            .check()
+            .map_err(|m| ErrorInfo::new(ErrorCode::InvalidParameters, format!("parameters: {m}")))
     }
 
     /// The job as it goes on the wire.

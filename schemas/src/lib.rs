@@ -12,11 +12,13 @@ mod result;
 
 pub use error_code::{ErrorCode, ErrorInfo};
 pub use job::{
-    Input, InputFormat, Item, Job, JsonlError, ObjectRef, OutputOptions, Parameters, Task, VERSION,
-    ValidJob, parse_jsonl, truncate_for_message,
+    ChatMessage, GenerateParameters, Input, InputFormat, Item, Job, JsonlError, ObjectRef,
+    OutputOptions, Parameters, Prompt, PromptInput, Task, VERSION, ValidJob, parse_jsonl,
+    truncate_for_message,
 };
 pub use result::{
-    DeadLetter, JobResult, JobState, Outcome, Output, S3Output, StatusRecord, Timings, Usage,
+    DeadLetter, FinishReason, Generation, JobResult, JobState, Outcome, Output, S3Output,
+    StatusRecord, Timings, Usage,
 };
 
 /// The JSON Schema files, embedded so tools can print or serve them.

@@ -1,10 +1,14 @@
 //! Subjects, stream and bucket names, and header names: the one place they live.
 
+use crate::Task;
+
 /// The JetStream stream that holds jobs waiting to run (work-queue retention).
 pub const JOB_STREAM: &str = "SLUICE_JOBS";
 /// Jobs are published to `sluice.jobs.<task>`, e.g. `sluice.jobs.embed`.
 pub const JOB_SUBJECT_PREFIX: &str = "sluice.jobs";
-/// The durable pull consumer every sluice consumer process binds to.
+/// The durable pull consumer every embed consumer process binds to; the
+/// consumers of other tasks take this name plus `-<task>` (see
+/// [`Topology::consumer_for`]).
 pub const JOB_CONSUMER: &str = "sluice-workers";
 /// The dead-letter stream (limits retention, so it can be browsed and replayed).
 pub const DLQ_STREAM: &str = "SLUICE_DLQ";
@@ -22,6 +26,7 @@ pub const RESULT_SUBJECT_PREFIX: &str = "sluice.results";
 pub struct Topology {
     pub job_stream: String,
     pub job_subject_prefix: String,
+    /// The embed task's durable consumer; see [`Topology::consumer_for`].
     pub consumer: String,
     pub dlq_stream: String,
     pub dlq_subject_prefix: String,
@@ -63,9 +68,22 @@ impl Topology {
         format!("{}.{task}", self.job_subject_prefix)
     }
 
-    /// The filter that matches every job subject.
-    pub fn job_subjects(&self) -> String {
-        format!("{}.>", self.job_subject_prefix)
+    /// The job stream's subjects: one per task, so that a job published to
+    /// the subject of a task nobody serves is refused at publish time instead
+    /// of waiting forever.
+    pub fn job_subjects(&self) -> Vec<String> {
+        Task::ALL.map(|t| self.job_subject(t.as_str())).to_vec()
+    }
+
+    /// The durable consumer that processes of `task` share. Each task has its
+    /// own, filtered to its own subject, so an embed process never pulls a
+    /// generate job and the other way round. The embed one keeps the plain
+    /// name (`sluice-workers`), the others add `-<task>`.
+    pub fn consumer_for(&self, task: Task) -> String {
+        match task {
+            Task::Embed => self.consumer.clone(),
+            other => format!("{}-{other}", self.consumer),
+        }
     }
 
     /// The subject a dead letter of `task` is published to.

@@ -41,10 +41,54 @@ pub enum Output {
     /// Small outputs travel in the result itself.
     Inline {
         /// embed: one vector per item, in item order.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
         embeddings: Vec<Vec<f32>>,
+        /// generate: one generation per prompt, in item order.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        generations: Vec<Generation>,
     },
     /// Large outputs are written to S3 at a key derived from the job id.
     S3(S3Output),
+}
+
+impl Output {
+    /// An inline embed output.
+    pub fn embeddings(embeddings: Vec<Vec<f32>>) -> Output {
+        Output::Inline {
+            embeddings,
+            generations: Vec::new(),
+        }
+    }
+    /// An inline generate output.
+    pub fn generations(generations: Vec<Generation>) -> Output {
+        Output::Inline {
+            embeddings: Vec::new(),
+            generations,
+        }
+    }
+}
+
+/// What one prompt produced: inline in a result, or one line of a JSONL
+/// output in S3.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Generation {
+    pub text: String,
+    pub finish_reason: FinishReason,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+}
+
+/// Why a generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// `max_new_tokens` reached.
+    Length,
+    /// A stop sequence appeared (it is not part of the text).
+    Stop,
+    /// The model ended its turn.
+    Eos,
 }
 
 /// An output object in S3.
@@ -57,7 +101,8 @@ pub struct S3Output {
     pub bytes: u64,
     /// Lowercase hex SHA-256 of the object's bytes.
     pub sha256: String,
-    /// `npy` (embed: float32, shape `[items, dim]`).
+    /// `npy` (embed: float32, shape `[items, dim]`) or `jsonl` (generate: one
+    /// [`Generation`] per line, in item order).
     pub format: String,
     /// The array's shape, for `npy`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -72,11 +117,18 @@ pub struct S3Output {
 #[serde(deny_unknown_fields)]
 pub struct Usage {
     pub items: u64,
-    /// Real (unpadded) tokens after truncation.
+    /// Real (unpadded) tokens after truncation; for generate, prompt tokens.
     pub tokens: u64,
     /// Items that were cut to the model's limit.
     #[serde(default)]
     pub truncated_items: u64,
+    /// generate: tokens generated, over all prompts.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub completion_tokens: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Milliseconds spent in each stage. A stage the job did not reach is absent.

@@ -102,6 +102,7 @@ fn sample_job() -> Job {
         parameters: Parameters {
             truncate: Some(false),
             normalize: Some(true),
+            ..Parameters::default()
         },
         token_estimate: Some(99),
         deadline: Some(datetime!(2026-11-29 18:00:00.5 UTC)),
@@ -150,6 +151,7 @@ fn every_rust_value_validates_and_round_trips() {
             items: 4,
             tokens: 40,
             truncated_items: 1,
+            completion_tokens: 0,
         },
         timings_ms: Timings {
             queue: Some(1.5),
@@ -166,14 +168,72 @@ fn every_rust_value_validates_and_round_trips() {
     round_trip(&result, &ok_s3);
     let ok_inline = JobResult {
         outcome: Outcome::Ok {
-            output: Output::Inline {
-                embeddings: vec![vec![0.5, -0.25], vec![1.0, 0.0]],
-            },
+            output: Output::embeddings(vec![vec![0.5, -0.25], vec![1.0, 0.0]]),
         },
         timings_ms: Timings::default(),
         ..ok_s3.clone()
     };
     round_trip(&result, &ok_inline);
+    let ok_generated = JobResult {
+        outcome: Outcome::Ok {
+            output: Output::generations(vec![
+                Generation {
+                    text: "Paris.".into(),
+                    finish_reason: FinishReason::Eos,
+                    prompt_tokens: 31,
+                    completion_tokens: 3,
+                },
+                Generation {
+                    text: "Once".into(),
+                    finish_reason: FinishReason::Length,
+                    prompt_tokens: 4,
+                    completion_tokens: 1,
+                },
+            ]),
+        },
+        usage: Usage {
+            items: 2,
+            tokens: 35,
+            truncated_items: 0,
+            completion_tokens: 4,
+        },
+        ..ok_s3.clone()
+    };
+    round_trip(&result, &ok_generated);
+    let jsonl_in_s3 = JobResult {
+        outcome: Outcome::Ok {
+            output: Output::S3(S3Output {
+                key: "outputs/job-1.jsonl".into(),
+                format: "jsonl".into(),
+                shape: Vec::new(),
+                ..s3_output()
+            }),
+        },
+        ..ok_generated.clone()
+    };
+    round_trip(&result, &jsonl_in_s3);
+    let generate_job = Job {
+        task: "generate".into(),
+        model: "smollm2-135m-instruct".into(),
+        inputs: vec![Input::Inline {
+            items: vec![
+                json!("raw prompt"),
+                json!({"prompt": "p", "max_new_tokens": 3, "stop": ["."]}),
+                json!({"messages": [{"role": "user", "content": "hi"}], "temperature": 0.5, "top_p": 0.9, "seed": 1}),
+            ],
+        }],
+        parameters: Parameters {
+            max_new_tokens: Some(16),
+            temperature: Some(0.0),
+            top_p: Some(1.0),
+            seed: Some(42),
+            stop: Some(vec!["\n".into()]),
+            ..Parameters::default()
+        },
+        ..sample_job()
+    };
+    round_trip(&job, &generate_job);
+    Job::decode(&generate_job.to_bytes()).unwrap();
     for code in ErrorCode::ALL {
         let failed = JobResult {
             outcome: Outcome::Error {
@@ -442,4 +502,155 @@ fn publisher_readme_lists_every_error_code() {
             "schemas/README.md lacks the row {row}"
         );
     }
+}
+
+/// Generate parameters out of range are refused by the schema and by the
+/// decoder (`invalid_parameters`, naming the parameter); a parameter of the
+/// other task is refused by the decoder.
+#[test]
+fn generate_parameters_are_checked() {
+    let v = validator(json_schema::JOB);
+    let generate = |parameters: Value| {
+        json!({
+            "version": 1, "id": "g-1", "task": "generate", "model": "m",
+            "inputs": [{"type": "inline", "items": ["hi"]}],
+            "parameters": parameters,
+        })
+    };
+    let out_of_range = [
+        (json!({"max_new_tokens": 0}), "max_new_tokens"),
+        (json!({"temperature": -0.5}), "temperature"),
+        (json!({"top_p": 0.0}), "top_p"),
+        (json!({"top_p": 1.5}), "top_p"),
+        (json!({"stop": [""]}), "stop[0] is empty"),
+        (
+            json!({"stop": ["a", "b", "c", "d", "e", "f", "g", "h", "i"]}),
+            "at most 8",
+        ),
+        (json!({"stop": ["x".repeat(257)]}), "stop[0] is 257 bytes"),
+    ];
+    for (parameters, needle) in out_of_range {
+        let job = generate(parameters.clone());
+        assert!(!v.is_valid(&job), "the schema accepted {parameters}");
+        let err = Job::decode(&serde_json::to_vec(&job).unwrap()).unwrap_err();
+        assert_eq!(err.code, ErrorCode::InvalidParameters, "{}", err.message);
+        assert!(
+            err.message.contains(needle),
+            "{parameters}: {}",
+            err.message
+        );
+    }
+    assert!(
+        Job::decode(
+            &serde_json::to_vec(&generate(
+                json!({"temperature": 0.8, "top_p": 1.0, "max_new_tokens": 1})
+            ))
+            .unwrap()
+        )
+        .is_ok()
+    );
+
+    let err = Job::decode(&serde_json::to_vec(&generate(json!({"truncate": false}))).unwrap())
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::InvalidParameters);
+    assert!(
+        err.message
+            .contains("`truncate` applies to the embed task only"),
+        "{}",
+        err.message
+    );
+    let mut embed = generate(json!({"temperature": 0.7, "seed": 3}));
+    embed["task"] = json!("embed");
+    let err = Job::decode(&serde_json::to_vec(&embed).unwrap()).unwrap_err();
+    assert_eq!(err.code, ErrorCode::InvalidParameters);
+    assert!(
+        err.message
+            .contains("`temperature` applies to the generate task only")
+            && err.message.contains("temperature, seed"),
+        "{}",
+        err.message
+    );
+}
+
+#[test]
+fn generate_items_are_read_with_clear_errors() {
+    let v = validator(json_schema::JOB);
+    let read = |item: Value| Item::from_value(Task::Generate, item);
+    assert_eq!(
+        read(json!("Once upon")),
+        Ok(Item::Prompt(Prompt {
+            input: PromptInput::Text("Once upon".into()),
+            parameters: GenerateParameters::default(),
+        }))
+    );
+    assert_eq!(
+        read(json!({"prompt": "p", "max_new_tokens": 5, "seed": 9})),
+        Ok(Item::Prompt(Prompt {
+            input: PromptInput::Text("p".into()),
+            parameters: GenerateParameters {
+                max_new_tokens: Some(5),
+                seed: Some(9),
+                ..GenerateParameters::default()
+            },
+        }))
+    );
+    assert_eq!(
+        read(
+            json!({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]})
+        ),
+        Ok(Item::Prompt(Prompt {
+            input: PromptInput::Messages(vec![
+                ChatMessage {
+                    role: "system".into(),
+                    content: "s".into()
+                },
+                ChatMessage {
+                    role: "user".into(),
+                    content: "u".into()
+                },
+            ]),
+            parameters: GenerateParameters::default(),
+        }))
+    );
+    let bad = [
+        (json!(3), "found a number"),
+        (json!({"text": "t"}), "unknown field `text`"),
+        (
+            json!({"prompt": "p", "messages": [{"role": "user", "content": "u"}]}),
+            "not both",
+        ),
+        (json!({"max_new_tokens": 3}), "needs `prompt` or `messages`"),
+        (json!({"messages": []}), "`messages` is empty"),
+        (
+            json!({"messages": [{"role": "robot", "content": "u"}]}),
+            "unknown chat role \"robot\"",
+        ),
+        (
+            json!({"messages": [{"role": "user"}]}),
+            "missing field `content`",
+        ),
+        (json!({"prompt": "p", "temperature": "hot"}), "invalid type"),
+    ];
+    for (item, needle) in bad {
+        let err = read(item.clone()).unwrap_err();
+        assert!(err.contains(needle), "{item}: {err}");
+        let job = json!({
+            "version": 1, "id": "g-1", "task": "generate", "model": "m",
+            "inputs": [{"type": "inline", "items": [item]}],
+        });
+        assert!(!v.is_valid(&job), "the schema accepted the item {item}");
+    }
+    // Per-prompt parameters merge over the job's.
+    let job = GenerateParameters {
+        max_new_tokens: Some(64),
+        stop: Some(vec!["\n".into()]),
+        ..GenerateParameters::default()
+    };
+    let own = GenerateParameters {
+        max_new_tokens: Some(8),
+        ..GenerateParameters::default()
+    };
+    let merged = own.or(&job);
+    assert_eq!(merged.max_new_tokens, Some(8));
+    assert_eq!(merged.stop, Some(vec!["\n".to_string()]));
 }

@@ -143,7 +143,7 @@ proptest! {
         match parse_jsonl(Task::Embed, body.as_bytes(), &mut items, max_items) {
             Ok(()) => {
                 prop_assert!(items.len() as u64 <= max_items);
-                prop_assert!(items.iter().all(|Item::Text(_)| true));
+                prop_assert!(items.iter().all(|i| matches!(i, Item::Text(_))));
             }
             Err(JsonlError::Invalid(m)) => {
                 prop_assert!(m.starts_with("line ") || m.starts_with("not valid UTF-8"), "{}", m);

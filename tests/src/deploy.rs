@@ -144,7 +144,12 @@ impl Deployment {
     /// The flags that point a consumer at this deployment, then `extra`
     /// (which may override the test defaults for the budget and intervals).
     pub fn consumer_args(&self, extra: &[&str]) -> Vec<String> {
-        let model = models_dir().join("all-minilm-l6-v2");
+        let generate = extra.contains(&"--task=generate");
+        let model = models_dir().join(if generate {
+            "smollm2"
+        } else {
+            "all-minilm-l6-v2"
+        });
         let mut args = vec![
             format!("--nats-url={}", self.nats_urls),
             format!("--namespace={}", self.namespace),

@@ -63,16 +63,8 @@ impl Default for GenerationParams {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FinishReason {
-    /// `max_new_tokens` reached.
-    Length,
-    /// A stop sequence appeared (it is not part of the text).
-    Stop,
-    /// The model ended its turn.
-    Eos,
-}
+/// Why a sequence ended (the wire type: length, stop or eos).
+pub use sluice_schemas::FinishReason;
 
 /// What a finished sequence produced.
 #[derive(Debug, Clone, PartialEq)]
@@ -114,6 +106,8 @@ pub struct Generator<'m, K> {
     prefill_chunk: usize,
     /// The most KV-cache bytes the running set may reserve (None: no cap).
     kv_budget: Option<u64>,
+    /// The most sequences in the running set (None: no cap).
+    max_running: Option<usize>,
     /// The most KV-cache bytes the running set has reserved at once.
     peak_kv: u64,
     running: Vec<Running<K>>,
@@ -140,6 +134,7 @@ impl<'m, K: Clone> Generator<'m, K> {
             max_step_tokens: max_step_tokens.max(1),
             prefill_chunk: (max_step_tokens / 2).max(1),
             kv_budget: None,
+            max_running: None,
             peak_kv: 0,
             running: Vec::new(),
             waiting: std::collections::VecDeque::new(),
@@ -152,6 +147,25 @@ impl<'m, K: Clone> Generator<'m, K> {
     pub fn with_kv_budget(mut self, bytes: u64) -> Self {
         self.kv_budget = Some(bytes);
         self
+    }
+
+    /// At most `n` sequences run at once (the others wait): caps a step's
+    /// logits and sampling work, whatever the KV budget allows.
+    pub fn with_max_running(mut self, n: usize) -> Self {
+        self.max_running = Some(n.max(1));
+        self
+    }
+
+    /// Drops the sequence of `key`, running or waiting (its job went away);
+    /// its KV cache is freed at once. Says whether it was there.
+    pub fn cancel(&mut self, key: &K) -> bool
+    where
+        K: PartialEq,
+    {
+        let before = self.len();
+        self.running.retain(|r| r.key != *key);
+        self.waiting.retain(|w| w.key != *key);
+        self.len() != before
     }
 
     /// KV-cache bytes a sequence of `prompt_tokens` and `max_new_tokens`
@@ -234,6 +248,9 @@ impl<'m, K: Clone> Generator<'m, K> {
     fn admit(&mut self) -> Result<(), ModelError> {
         let mut reserved = self.reserved_kv_bytes();
         while let Some(next) = self.waiting.front() {
+            if self.max_running.is_some_and(|n| self.running.len() >= n) {
+                break;
+            }
             let need = self.kv_bytes(next.prompt.len(), next.params.max_new_tokens);
             if self
                 .kv_budget

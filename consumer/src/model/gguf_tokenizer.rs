@@ -211,9 +211,5 @@ impl GgufTokenizer {
     }
 }
 
-/// One chat message (`role`: system, user or assistant).
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
-pub struct ChatMessage {
-    pub role: String,
-    pub content: String,
-}
+/// One chat message (`role`: system, user or assistant), as jobs carry it.
+pub use sluice_schemas::ChatMessage;

@@ -76,6 +76,30 @@ impl LlamaConfig {
     pub fn kv_bytes_per_token(&self) -> u64 {
         (2 * self.layers * self.kv_heads * self.head_dim * DType::F32.size_in_bytes()) as u64
     }
+
+    /// The most bytes one [`Llama::forward`] step holds beyond the weights
+    /// and the KV caches, for a step of `step_tokens` tokens over at most
+    /// `segments` sequences, whose longest prompt chunk is `chunk` tokens
+    /// attending over at most `context` positions. Counted: each token's
+    /// activations through a block (residual, norm, q/k/v, attention output,
+    /// the MLP's gate, up and product) twice over for temporaries and the
+    /// quantized copies the matmuls make; one segment's attention scores,
+    /// mask and softmax (segments run one after another); and the logits of
+    /// every segment with the sampler's copy.
+    pub fn step_activation_bytes(
+        &self,
+        step_tokens: usize,
+        segments: usize,
+        chunk: usize,
+        context: usize,
+    ) -> u64 {
+        let f32_bytes = DType::F32.size_in_bytes() as u64;
+        let kv_dim = self.kv_heads * self.head_dim;
+        let per_token = (5 * self.hidden + 2 * kv_dim + 4 * self.ffn) as u64 * f32_bytes * 2;
+        let scores = 3 * (self.heads * chunk * context) as u64 * f32_bytes;
+        let logits = 2 * (segments.min(step_tokens) * self.vocab) as u64 * f32_bytes;
+        step_tokens as u64 * per_token + scores + logits
+    }
 }
 
 /// How the weight matrices are held in memory (measured on SmolLM2-135M Q4_1

@@ -30,8 +30,8 @@ async fn main() -> Result<()> {
         output: std::env::temp_dir().join(format!("sluice-e2e-{}.npy", std::process::id())),
         normalize: true,
         model: sluice_consumer::ModelConfig {
-            model_dir: models_dir().join("all-minilm-l6-v2"),
-            model_name: "all-minilm-l6-v2".into(),
+            model_dir: Some(models_dir().join("all-minilm-l6-v2")),
+            model_name: Some("all-minilm-l6-v2".into()),
             device: sluice_consumer::config::DeviceKind::Cpu,
             cuda_ordinal: 0,
             max_tokens_per_item: 256,

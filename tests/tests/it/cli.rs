@@ -37,12 +37,14 @@ async fn init_creates_then_changes_nothing_then_applies_a_settings_file() {
 
     let first = run_cli(&env, &["init", "--json"], None, T).await;
     let first = actions(&first);
-    assert_eq!(first.len(), 5, "{first:?}");
+    // Job stream, one durable consumer per task, dead-letter stream, status
+    // bucket, S3 bucket.
+    assert_eq!(first.len(), 6, "{first:?}");
     assert!(first.iter().all(|a| a.starts_with("created ")), "{first:?}");
 
     let again = run_cli(&env, &["init", "--json"], None, T).await;
     let again = actions(&again);
-    assert_eq!(again.len(), 5, "{again:?}");
+    assert_eq!(again.len(), 6, "{again:?}");
     assert!(
         again.iter().all(|a| a.starts_with("unchanged ")),
         "the second run must change nothing: {again:?}"
@@ -58,7 +60,7 @@ async fn init_creates_then_changes_nothing_then_applies_a_settings_file() {
     )
     .await;
     assert_eq!(run.code, Some(0), "{run:?}");
-    assert_eq!(run.stdout.matches("unchanged").count(), 5, "{run:?}");
+    assert_eq!(run.stdout.matches("unchanged").count(), 6, "{run:?}");
 
     // A changed setting updates only what it touches, and says how.
     let dir = tempfile::tempdir().unwrap();
@@ -77,12 +79,14 @@ async fn init_creates_then_changes_nothing_then_applies_a_settings_file() {
         .lines()
         .filter(|l| l.starts_with("updated"))
         .collect();
-    assert_eq!(updated.len(), 2, "{run:?}");
-    assert!(
+    assert_eq!(updated.len(), 3, "{run:?}");
+    assert_eq!(
         updated
             .iter()
-            .any(|l| l.contains("consumer") && l.contains("ack_wait 60s -> 30s")),
-        "{run:?}"
+            .filter(|l| l.contains("consumer") && l.contains("ack_wait 60s -> 30s"))
+            .count(),
+        2,
+        "both tasks' consumers: {run:?}"
     );
     assert!(
         updated
@@ -370,4 +374,66 @@ async fn bad_usage_gets_a_clear_message_a_nonzero_exit_and_publishes_nothing() {
     assert_eq!(help.code, Some(0));
     assert!(help.stdout.contains("Exit codes"), "{help:?}");
     assert!(help.stdout.contains("[env: NATS_URL]"), "{help:?}");
+}
+
+/// An older deployment (one unfiltered durable consumer on `sluice.jobs.>`)
+/// is brought up to one filtered consumer per task by `sluice init`, in
+/// place: the waiting embed job stays and is still the embed consumer's.
+#[tokio::test]
+async fn init_upgrades_an_unfiltered_consumer_in_place() {
+    use async_nats::jetstream::{consumer, stream};
+    let servers = Servers::start().await.unwrap();
+    let ns = unique_name("upgrade");
+    let t = sluice_schemas::Topology::namespaced(&ns);
+    let js = async_nats::jetstream::new(servers.nats.connect().await.unwrap());
+    let old = js
+        .create_stream(stream::Config {
+            name: t.job_stream.clone(),
+            subjects: vec![format!("{}.>", t.job_subject_prefix)],
+            retention: stream::RetentionPolicy::WorkQueue,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    old.create_consumer(consumer::pull::Config {
+        durable_name: Some(t.consumer.clone()),
+        ack_policy: consumer::AckPolicy::Explicit,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    js.publish(t.job_subject("embed"), "waiting".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+
+    let env = vec![
+        ("NATS_URL", servers.nats.url()),
+        ("SLUICE_NAMESPACE", ns.clone()),
+        ("SLUICE_BUCKET", unique_name("upgrade")),
+        ("AWS_ENDPOINT_URL", servers.s3.endpoint()),
+        ("AWS_ACCESS_KEY_ID", servers.s3.access_key.clone()),
+        ("AWS_SECRET_ACCESS_KEY", servers.s3.secret_key.clone()),
+    ];
+    let run = run_cli(&env, &["init"], None, T).await;
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert!(
+        run.stdout.contains("updated") && run.stdout.contains("filter_subject"),
+        "{run:?}"
+    );
+    let mut jobs = js.get_stream(&t.job_stream).await.unwrap();
+    let info = jobs.info().await.unwrap().clone();
+    assert_eq!(info.config.subjects, t.job_subjects());
+    assert_eq!(info.state.messages, 1, "the waiting job stayed");
+    for task in sluice_schemas::Task::ALL {
+        let c = jobs.consumer_info(t.consumer_for(task)).await.unwrap();
+        assert_eq!(c.config.filter_subject, t.job_subject(task.as_str()));
+        let pending = if task == sluice_schemas::Task::Embed {
+            1
+        } else {
+            0
+        };
+        assert_eq!(c.num_pending, pending, "{task}");
+    }
 }

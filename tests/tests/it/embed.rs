@@ -130,7 +130,7 @@ async fn embed_job_via_presigned_url_matches_reference_and_small_job_comes_inlin
     // The small job: inline.
     let r = &by_id["ref-small"];
     let Outcome::Ok {
-        output: Output::Inline { embeddings },
+        output: Output::Inline { embeddings, .. },
     } = &r.outcome
     else {
         panic!("expected inline output, got {:?}", r.outcome);

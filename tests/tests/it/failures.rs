@@ -123,13 +123,33 @@ async fn each_bad_input_gets_its_code_a_result_and_a_dead_letter() {
     )
     .await;
     submit("schema-1", ErrorCode::SchemaViolation);
+    // The subject of a task nobody serves is not the stream's: the publish
+    // itself is refused, so no job waits there unserved.
+    let refused =
+        p.js.publish(d.topology.job_subject("classify"), "{}".into())
+            .await
+            .unwrap()
+            .await;
+    assert!(
+        refused.is_err(),
+        "a job on an unknown task's subject was stored"
+    );
     publish_raw(
-        d.topology.job_subject("classify"),
+        d.topology.job_subject("embed"),
         "task-1",
         br#"{"version":1,"id":"task-1","task":"classify","model":"x","inputs":[{"type":"inline","items":["a"]}]}"#.to_vec(),
     )
     .await;
     submit("task-1", ErrorCode::UnknownTask);
+    // A generate job on the embed subject reaches the embed consumer, which
+    // says where such jobs go.
+    publish_raw(
+        d.topology.job_subject("embed"),
+        "task-2",
+        br#"{"version":1,"id":"task-2","task":"generate","model":"x","inputs":[{"type":"inline","items":["a"]}]}"#.to_vec(),
+    )
+    .await;
+    submit("task-2", ErrorCode::UnknownTask);
 
     let job = |id: &str, inputs: Vec<Input>| p.embed_job(id, inputs);
     let mut jobs = Vec::new();
@@ -233,6 +253,10 @@ async fn each_bad_input_gets_its_code_a_result_and_a_dead_letter() {
         assert_eq!(error.code, *code, "{id}: {}", error.message);
         if id == "linklocal-1" {
             assert!(error.message.contains("link-local"), "{}", error.message);
+        }
+        if id == "task-2" {
+            let subject = d.topology.job_subject("generate");
+            assert!(error.message.contains(&subject), "{}", error.message);
         }
         assert!(!error.retryable, "{id}");
         assert!(!error.message.is_empty());

@@ -8,6 +8,7 @@ mod failures;
 mod faults;
 mod flood;
 mod generate;
+mod generate_jobs;
 mod harness;
 mod observability;
 mod publishers;
