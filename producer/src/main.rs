@@ -858,7 +858,7 @@ fn report_result(json: bool, r: &JobResult) {
                 r.job_id, r.usage.items, r.usage.tokens, r.usage.completion_tokens, total
             );
             for (i, g) in generations.iter().enumerate() {
-                println!("  [{i}] ({:?}) {}", g.finish_reason, g.text);
+                println!("  [{i}] ({}) {}", g.finish_reason.as_str(), g.text);
             }
         }
         Outcome::Error { error } => println!(

@@ -91,6 +91,17 @@ pub enum FinishReason {
     Eos,
 }
 
+impl FinishReason {
+    /// The wire name: `length`, `stop` or `eos`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Length => "length",
+            FinishReason::Stop => "stop",
+            FinishReason::Eos => "eos",
+        }
+    }
+}
+
 /// An output object in S3.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -200,6 +200,12 @@ fn every_rust_value_validates_and_round_trips() {
         ..ok_s3.clone()
     };
     round_trip(&result, &ok_generated);
+    for reason in [FinishReason::Length, FinishReason::Stop, FinishReason::Eos] {
+        assert_eq!(
+            serde_json::to_value(reason).unwrap(),
+            json!(reason.as_str())
+        );
+    }
     let jsonl_in_s3 = JobResult {
         outcome: Outcome::Ok {
             output: Output::S3(S3Output {
