@@ -17,6 +17,7 @@ use candle_core::{D, DType, Device, Module, Tensor};
 
 use super::ModelError;
 use super::gguf_tokenizer::GgufTokenizer;
+use super::qmatmul::{self, PackedMatrix};
 
 /// Shape of the network, from the GGUF metadata (`llama.*`).
 #[derive(Debug, Clone, PartialEq)]
@@ -138,7 +139,11 @@ impl std::str::FromStr for WeightFormat {
 
 /// A weight matrix as the forward multiplies by it.
 enum Linear {
-    /// Quantized blocks: one vector product per (token, output) pair.
+    /// Quantized blocks in our batched AVX2 kernels (Q4_1, Q8_0 on x86-64):
+    /// each weight block read once per step for all of its tokens.
+    Packed(PackedMatrix),
+    /// Quantized blocks in candle: one vector product per (token, output)
+    /// pair (other quantizations, other CPUs, CUDA).
     Quantized(QMatMul),
     /// Dense f32, `[in, out]`.
     Dense(Tensor),
@@ -146,21 +151,35 @@ enum Linear {
 
 impl Linear {
     fn new(q: QTensor, format: WeightFormat, device: &Device) -> Result<Linear, ModelError> {
-        Ok(match format {
-            WeightFormat::AsStored => Linear::Quantized(QMatMul::from_qtensor(q)?),
+        let quantized = |q: QTensor| -> Result<Linear, ModelError> {
+            if device.is_cpu()
+                && qmatmul::available()
+                && let Some(p) = PackedMatrix::from_qtensor(&q)
+            {
+                return Ok(Linear::Packed(p));
+            }
+            Ok(Linear::Quantized(QMatMul::from_qtensor(q)?))
+        };
+        match format {
+            WeightFormat::AsStored => quantized(q),
             WeightFormat::Q8_0 => {
                 let dense = q.dequantize(device)?;
-                Linear::Quantized(QMatMul::from_qtensor(QTensor::quantize(
-                    &dense,
-                    GgmlDType::Q8_0,
-                )?)?)
+                quantized(QTensor::quantize(&dense, GgmlDType::Q8_0)?)
             }
-            WeightFormat::F32 => Linear::Dense(q.dequantize(device)?.t()?.contiguous()?),
-        })
+            WeightFormat::F32 => Ok(Linear::Dense(q.dequantize(device)?.t()?.contiguous()?)),
+        }
     }
 
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
+            Linear::Packed(p) => {
+                let (tokens, cols) = x.dims2()?;
+                if cols != p.cols() {
+                    candle_core::bail!("matmul: {cols} inputs for a matrix of {}", p.cols());
+                }
+                let input: Vec<f32> = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+                Tensor::from_vec(p.matmul(&input, tokens), (tokens, p.rows()), x.device())
+            }
             Linear::Quantized(q) => q.forward(x),
             Linear::Dense(w) => x.matmul(w),
         }

@@ -6,6 +6,7 @@ pub mod generation;
 pub mod gguf_tokenizer;
 pub mod llama;
 mod minilm;
+pub mod qmatmul;
 mod tokenizer;
 
 pub use minilm::MiniLm;

@@ -38,11 +38,24 @@ fn main() -> Result<()> {
     } else {
         vec![1, 4, 8, 16]
     };
+    // BENCH_WEIGHTS=as-stored,q8_0 runs only those formats.
+    let only = std::env::var("BENCH_WEIGHTS").ok();
     for (name, format) in [
         ("as stored (Q4_1)", WeightFormat::AsStored),
         ("Q8_0", WeightFormat::Q8_0),
         ("f32", WeightFormat::F32),
     ] {
+        let key = match format {
+            WeightFormat::AsStored => "as-stored",
+            WeightFormat::Q8_0 => "q8_0",
+            WeightFormat::F32 => "f32",
+        };
+        if only
+            .as_deref()
+            .is_some_and(|o| !o.split(',').any(|w| w == key))
+        {
+            continue;
+        }
         run(path, prompts_out, name, format, new_tokens, &levels)?;
     }
     Ok(())

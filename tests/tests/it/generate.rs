@@ -165,11 +165,18 @@ fn q8_0_requantization_keeps_the_stored_weights_answers() {
 }
 
 /// Our forward against candle-transformers' quantized llama, an independent
-/// implementation over the same GGUF (same quantized matmul kernels, its own
-/// attention, rotary embedding and cache code): logits of the prompt and of
-/// 16 greedy steps agree to 1e-3 of their spread, and the tokens are equal.
-/// The tolerance: both quantize activations to Q8 blocks the same way, so
-/// what differs is only the order of f32 sums in attention and norms.
+/// implementation over the same GGUF (its own attention, rotary embedding,
+/// cache and candle's per-row quantized matmul): logits of the prompt and of
+/// 16 greedy steps agree to 5% of their spread, and the tokens are equal.
+/// The tolerance: on x86-64 with AVX2 our matmuls are our own kernels, which
+/// equal candle's to the order of f32 sums (7e-7 of the largest output,
+/// measured per matmul; `qmatmul::tests`). But both quantize every matmul's
+/// input to 8 bits, so a sum-order difference now and then flips a rounding,
+/// a jump of one quantization step (up to 1/127 of a block's largest value)
+/// that the next layers carry on: measured 2.2% of the spread at the first
+/// position, 4.0% at worst over the 17. Requantizing the weights themselves moves logits by 4.3%; a bug
+/// in attention, RoPE or the cache moves them by about the whole spread. On
+/// a CPU without AVX2 both run candle's kernel and agree exactly.
 #[test]
 fn logits_match_candle_transformers_quantized_llama() {
     let (llama, tokenizer) = stored();
@@ -209,7 +216,7 @@ fn logits_match_candle_transformers_quantized_llama() {
             .fold(0f32, f32::max);
         worst = worst.max(diff / spread);
         assert!(
-            diff <= 1e-3 * spread,
+            diff <= 0.05 * spread,
             "step {step}: logits differ by {diff} (spread {spread})"
         );
         let token = argmax(&ours).unwrap();

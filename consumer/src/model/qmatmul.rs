@@ -1,0 +1,582 @@
+//! Batched quantized matrix products on x86-64 with AVX2 + FMA, for the
+//! generation step: `y[t] = W x[t]` for every token `t` of a step, with `W`
+//! kept in its GGUF quantization (Q4_1 or Q8_0) and each weight block read
+//! once per step for all the step's tokens, not once per token as candle's
+//! per-row vector products do. That is what lets a step over 8 sequences cost
+//! little more than a step over one.
+//!
+//! The arithmetic is llama.cpp's: activations are quantized per block of 32
+//! to i8 with an f32 scale (and, for Q4_1, the scaled sum of the block), and
+//! each block's integer dot product is scaled into an f32 accumulator. Weight
+//! scales are converted from f16 to f32 once, at load.
+//!
+//! This is the one module of the consumer with `unsafe`: SIMD loads from
+//! fixed-size arrays and calls into `#[target_feature]` functions after the
+//! CPU was checked for the features at run time. [`reference_matmul`] is
+//! the same arithmetic in plain Rust; the tests hold the two together.
+#![allow(unsafe_code)]
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use rayon::prelude::*;
+
+/// Values per quantization block.
+const BLOCK: usize = 32;
+
+/// A weight matrix `[rows (outputs), cols (inputs)]` in its quantized blocks.
+pub struct PackedMatrix {
+    rows: usize,
+    cols: usize,
+    blocks: usize,
+    weights: Packed,
+}
+
+enum Packed {
+    /// `w = d * q + m`, `q` in 0..=15; low nibbles are values 0..16 of the
+    /// block, high nibbles 16..32 (the GGUF layout).
+    Q4_1 {
+        d: Vec<f32>,
+        m: Vec<f32>,
+        qs: Vec<[u8; 16]>,
+    },
+    /// `w = d * q`, `q` in -127..=127.
+    Q8_0 { d: Vec<f32>, qs: Vec<[i8; 32]> },
+}
+
+/// Activations quantized per block: `x ~ d * q`, and `s = d * sum(q)`
+/// (scales rounded to f16, as ggml keeps them).
+pub struct QuantizedRows {
+    tokens: usize,
+    blocks: usize,
+    qs: Vec<[i8; 32]>,
+    d: Vec<f32>,
+    s: Vec<f32>,
+}
+
+/// Whether this CPU runs the SIMD kernels.
+pub fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+impl PackedMatrix {
+    /// Repacks a Q4_1 or Q8_0 matrix whose rows are whole blocks; `None` for
+    /// other types and shapes (the caller keeps candle's matmul for them).
+    pub fn from_qtensor(q: &QTensor) -> Option<PackedMatrix> {
+        let (rows, cols) = q.shape().dims2().ok()?;
+        if cols % BLOCK != 0 {
+            return None;
+        }
+        let blocks = cols / BLOCK;
+        let data = q.data().ok()?;
+        let f16 = |b: &[u8]| half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+        let weights = match q.dtype() {
+            GgmlDType::Q4_1 => {
+                let raw: Vec<&[u8]> = data.chunks_exact(20).collect();
+                if raw.len() != rows * blocks {
+                    return None;
+                }
+                Packed::Q4_1 {
+                    d: raw.iter().map(|b| f16(&b[0..2])).collect(),
+                    m: raw.iter().map(|b| f16(&b[2..4])).collect(),
+                    qs: raw
+                        .iter()
+                        .map(|b| {
+                            let mut q = [0u8; 16];
+                            q.copy_from_slice(&b[4..20]);
+                            q
+                        })
+                        .collect(),
+                }
+            }
+            GgmlDType::Q8_0 => {
+                let raw: Vec<&[u8]> = data.chunks_exact(34).collect();
+                if raw.len() != rows * blocks {
+                    return None;
+                }
+                Packed::Q8_0 {
+                    d: raw.iter().map(|b| f16(&b[0..2])).collect(),
+                    qs: raw
+                        .iter()
+                        .map(|b| {
+                            let mut q = [0i8; 32];
+                            for (dst, src) in q.iter_mut().zip(&b[2..34]) {
+                                *dst = *src as i8;
+                            }
+                            q
+                        })
+                        .collect(),
+                }
+            }
+            _ => return None,
+        };
+        Some(PackedMatrix {
+            rows,
+            cols,
+            blocks,
+            weights,
+        })
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// `x` is `[tokens, cols]` row-major; returns `[tokens, rows]`.
+    /// Falls back to [`reference_matmul`] on a CPU without AVX2 + FMA.
+    pub fn matmul(&self, x: &[f32], tokens: usize) -> Vec<f32> {
+        let xq = quantize_rows(x, tokens, self.cols);
+        // One contiguous share of the output rows per thread (a task per
+        // thread: more tasks cost more in hand-offs than they gain), written
+        // transposed (`[rows, tokens]`) so that shares are contiguous.
+        let threads = rayon::current_num_threads().max(1);
+        let rows_per_task = self.rows.div_ceil(threads).next_multiple_of(4).max(4);
+        let mut transposed = vec![0f32; self.rows * tokens];
+        let simd = available();
+        let run = |(chunk, out): (usize, &mut [f32])| {
+            let first = chunk * rows_per_task;
+            let rows = out.len() / tokens;
+            if simd {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `available()` checked that the CPU has AVX2 and FMA.
+                unsafe {
+                    avx2::rows(self, &xq, first, rows, out)
+                };
+            } else {
+                reference_rows(self, &xq, first, rows, out);
+            }
+        };
+        transposed
+            .par_chunks_mut(rows_per_task * tokens)
+            .enumerate()
+            .for_each(run);
+        let mut y = vec![0f32; tokens * self.rows];
+        for (r, per_token) in transposed.chunks_exact(tokens).enumerate() {
+            for (t, v) in per_token.iter().enumerate() {
+                y[t * self.rows + r] = *v;
+            }
+        }
+        y
+    }
+}
+
+/// Quantizes each row of `x` (`[tokens, cols]`) per block of 32.
+pub fn quantize_rows(x: &[f32], tokens: usize, cols: usize) -> QuantizedRows {
+    let blocks = cols / BLOCK;
+    let mut out = QuantizedRows {
+        tokens,
+        blocks,
+        qs: Vec::with_capacity(tokens * blocks),
+        d: Vec::with_capacity(tokens * blocks),
+        s: Vec::with_capacity(tokens * blocks),
+    };
+    for row in x.chunks_exact(cols).take(tokens) {
+        for block in row.chunks_exact(BLOCK) {
+            let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+            let mut q = [0i8; 32];
+            let mut sum = 0i32;
+            for (dst, v) in q.iter_mut().zip(block) {
+                *dst = (v * inv).round() as i8;
+                sum += i32::from(*dst);
+            }
+            // Scales rounded to f16 as ggml stores them (Q8_0's `d`, Q8_1's
+            // `d` and `s = f16(sum) * d` in f16), so that the products equal
+            // llama.cpp's and candle's up to the order of f32 sums.
+            let d16 = half::f16::from_f32(d);
+            out.qs.push(q);
+            out.d.push(d16.to_f32());
+            out.s.push((half::f16::from_f32(sum as f32) * d16).to_f32());
+        }
+    }
+    out
+}
+
+/// The kernels' arithmetic in plain Rust: `[tokens, rows]` for `x`.
+pub fn reference_matmul(w: &PackedMatrix, x: &[f32], tokens: usize) -> Vec<f32> {
+    let xq = quantize_rows(x, tokens, w.cols);
+    let mut transposed = vec![0f32; w.rows * tokens];
+    reference_rows(w, &xq, 0, w.rows, &mut transposed);
+    let mut y = vec![0f32; tokens * w.rows];
+    for (r, per_token) in transposed.chunks_exact(tokens).enumerate() {
+        for (t, v) in per_token.iter().enumerate() {
+            y[t * w.rows + r] = *v;
+        }
+    }
+    y
+}
+
+/// Rows `first..first + rows` of `W x`, into `out` as `[rows, tokens]`.
+fn reference_rows(w: &PackedMatrix, x: &QuantizedRows, first: usize, rows: usize, out: &mut [f32]) {
+    let tokens = x.tokens;
+    for r in 0..rows {
+        for t in 0..tokens {
+            let mut acc = 0f32;
+            for b in 0..w.blocks {
+                let wi = (first + r) * w.blocks + b;
+                let xi = t * x.blocks + b;
+                let xq = &x.qs[xi];
+                acc += match &w.weights {
+                    Packed::Q4_1 { d, m, qs } => {
+                        let q = &qs[wi];
+                        let mut dot = 0i32;
+                        for j in 0..16 {
+                            dot += i32::from(q[j] & 0x0F) * i32::from(xq[j]);
+                            dot += i32::from(q[j] >> 4) * i32::from(xq[j + 16]);
+                        }
+                        d[wi] * x.d[xi] * dot as f32 + m[wi] * x.s[xi]
+                    }
+                    Packed::Q8_0 { d, qs } => {
+                        let q = &qs[wi];
+                        let dot: i32 = q
+                            .iter()
+                            .zip(xq)
+                            .map(|(a, b)| i32::from(*a) * i32::from(*b))
+                            .sum();
+                        d[wi] * x.d[xi] * dot as f32
+                    }
+                };
+            }
+            out[r * tokens + t] = acc;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::{Packed, PackedMatrix, QuantizedRows};
+
+    /// Rows `first..first + rows` of `W x` into `out` (`[rows, tokens]`):
+    /// tiles of 2 rows x 4 tokens (each weight block unpacked once for 4
+    /// tokens), then the remaining tokens 4 rows at a time.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn rows(
+        w: &PackedMatrix,
+        x: &QuantizedRows,
+        first: usize,
+        rows: usize,
+        out: &mut [f32],
+    ) {
+        let tokens = x.tokens;
+        let mut t = 0;
+        while t + 4 <= tokens {
+            let mut r = 0;
+            while r + 2 <= rows {
+                let sums = tile::<2, 4>(w, x, first + r, t);
+                for (i, row) in sums.iter().enumerate() {
+                    for (j, v) in row.iter().enumerate() {
+                        out[(r + i) * tokens + t + j] = *v;
+                    }
+                }
+                r += 2;
+            }
+            while r < rows {
+                let sums = tile::<1, 4>(w, x, first + r, t);
+                for (j, v) in sums[0].iter().enumerate() {
+                    out[r * tokens + t + j] = *v;
+                }
+                r += 1;
+            }
+            t += 4;
+        }
+        while t < tokens {
+            let mut r = 0;
+            while r + 4 <= rows {
+                let sums = tile::<4, 1>(w, x, first + r, t);
+                for (i, row) in sums.iter().enumerate() {
+                    out[(r + i) * tokens + t] = row[0];
+                }
+                r += 4;
+            }
+            while r < rows {
+                out[r * tokens + t] = tile::<1, 1>(w, x, first + r, t)[0][0];
+                r += 1;
+            }
+            t += 1;
+        }
+    }
+
+    /// `R` rows from `row` times `T` tokens from `token`.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn tile<const R: usize, const T: usize>(
+        w: &PackedMatrix,
+        x: &QuantizedRows,
+        row: usize,
+        token: usize,
+    ) -> [[f32; T]; R] {
+        let nb = w.blocks;
+        let x_q: [&[[i8; 32]]; T] =
+            std::array::from_fn(|j| &x.qs[(token + j) * nb..(token + j + 1) * nb]);
+        let x_d: [&[f32]; T] =
+            std::array::from_fn(|j| &x.d[(token + j) * nb..(token + j + 1) * nb]);
+        let w_range = |i: usize| (row + i) * nb..(row + i + 1) * nb;
+        let acc = match &w.weights {
+            Packed::Q4_1 { d, qs, .. } => q4_1::<R, T>(
+                nb,
+                std::array::from_fn(|i| &qs[w_range(i)]),
+                std::array::from_fn(|i| &d[w_range(i)]),
+                x_q,
+                x_d,
+            ),
+            Packed::Q8_0 { d, qs } => q8_0::<R, T>(
+                nb,
+                std::array::from_fn(|i| &qs[w_range(i)]),
+                std::array::from_fn(|i| &d[w_range(i)]),
+                x_q,
+                x_d,
+            ),
+        };
+        let mut sums = [[0f32; T]; R];
+        for i in 0..R {
+            for j in 0..T {
+                sums[i][j] = hsum(acc[i][j]);
+            }
+        }
+        if let Packed::Q4_1 { m, .. } = &w.weights {
+            // The `m * x` part of each block: m_w . s_x over the blocks.
+            for (i, row_sums) in sums.iter_mut().enumerate() {
+                let w_m = &m[w_range(i)];
+                for (j, v) in row_sums.iter_mut().enumerate() {
+                    let x_s = &x.s[(token + j) * nb..(token + j + 1) * nb];
+                    *v += w_m.iter().zip(x_s).map(|(a, b)| a * b).sum::<f32>();
+                }
+            }
+        }
+        sums
+    }
+
+    /// Q4_1 blocks: the nibbles unpacked once per block for all `T` tokens
+    /// (u8 0..=15 times i8, as `maddubs` takes them).
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn q4_1<const R: usize, const T: usize>(
+        nb: usize,
+        w_q: [&[[u8; 16]]; R],
+        w_d: [&[f32]; R],
+        x_q: [&[[i8; 32]]; T],
+        x_d: [&[f32]; T],
+    ) -> [[__m256; T]; R] {
+        let ones = _mm256_set1_epi16(1);
+        let low = _mm256_set1_epi8(0x0F);
+        let mut acc = [[_mm256_setzero_ps(); T]; R];
+        for b in 0..nb {
+            let mut wv = [_mm256_setzero_si256(); R];
+            for i in 0..R {
+                let packed = load16(&w_q[i][b]);
+                wv[i] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), low);
+            }
+            for j in 0..T {
+                let xv = load32(&x_q[j][b]);
+                let dx = x_d[j][b];
+                for i in 0..R {
+                    let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(wv[i], xv), ones);
+                    let scale = _mm256_set1_ps(w_d[i][b] * dx);
+                    acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[i][j]);
+                }
+            }
+        }
+        acc
+    }
+
+    /// Q8_0 blocks: |w| times x with w's signs, the u8 x i8 product
+    /// `maddubs` takes.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn q8_0<const R: usize, const T: usize>(
+        nb: usize,
+        w_q: [&[[i8; 32]]; R],
+        w_d: [&[f32]; R],
+        x_q: [&[[i8; 32]]; T],
+        x_d: [&[f32]; T],
+    ) -> [[__m256; T]; R] {
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [[_mm256_setzero_ps(); T]; R];
+        for b in 0..nb {
+            let mut wv = [_mm256_setzero_si256(); R];
+            for i in 0..R {
+                wv[i] = load32(&w_q[i][b]);
+            }
+            for j in 0..T {
+                let xv = load32(&x_q[j][b]);
+                let dx = x_d[j][b];
+                for i in 0..R {
+                    let pairs = _mm256_maddubs_epi16(
+                        _mm256_sign_epi8(wv[i], wv[i]),
+                        _mm256_sign_epi8(xv, wv[i]),
+                    );
+                    let dot = _mm256_madd_epi16(pairs, ones);
+                    let scale = _mm256_set1_ps(w_d[i][b] * dx);
+                    acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[i][j]);
+                }
+            }
+        }
+        acc
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn hsum(v: __m256) -> f32 {
+        let sum4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let sum2 = _mm_add_ps(sum4, _mm_movehl_ps(sum4, sum4));
+        let sum1 = _mm_add_ss(sum2, _mm_movehdup_ps(sum2));
+        _mm_cvtss_f32(sum1)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn load32(q: &[i8; 32]) -> __m256i {
+        // SAFETY: `q` is 32 readable bytes; the load is unaligned.
+        unsafe { _mm256_loadu_si256(q.as_ptr().cast()) }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn load16(q: &[u8; 16]) -> __m128i {
+        // SAFETY: `q` is 16 readable bytes; the load is unaligned.
+        unsafe { _mm_loadu_si128(q.as_ptr().cast()) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use candle_core::{Device, Tensor};
+
+    use super::*;
+
+    /// A deterministic pseudo-random matrix in [-1, 1).
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    /// The SIMD kernels equal the plain-Rust arithmetic, for both weight
+    /// types, every tile shape (token counts 1..=9 cover the 4-token tiles
+    /// and the remainders; 70 rows cover the 2- and 4-row tiles, their
+    /// remainders and a partial parallel chunk), and they approximate the
+    /// dense product within the activation quantization's error.
+    #[test]
+    fn kernels_match_the_reference_and_the_dense_product() {
+        let (rows, cols) = (70, 96);
+        let dense = values(rows * cols, 1);
+        let w_tensor = Tensor::from_vec(dense.clone(), (rows, cols), &Device::Cpu).unwrap();
+        for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0] {
+            let q = QTensor::quantize(&w_tensor, dtype).unwrap();
+            let w = PackedMatrix::from_qtensor(&q).unwrap();
+            let dequantized = q.dequantize(&Device::Cpu).unwrap();
+            for tokens in 1..=9 {
+                let x = values(tokens * cols, 7 + tokens as u64);
+                let fast = w.matmul(&x, tokens);
+                let reference = reference_matmul(&w, &x, tokens);
+                for (a, b) in fast.iter().zip(&reference) {
+                    assert!(
+                        (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                        "{dtype:?} tokens {tokens}: {a} vs {b}"
+                    );
+                }
+                let xt = Tensor::from_vec(x.clone(), (tokens, cols), &Device::Cpu).unwrap();
+                let exact: Vec<f32> = xt
+                    .matmul(&dequantized.t().unwrap())
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1()
+                    .unwrap();
+                // Each activation is off by at most half a step (d / 2, d =
+                // the block's amax / 127) plus the f16 rounding of d over up
+                // to 127 steps (127 d 2^-11): 0.562 d = amax / 226, times
+                // |w|, summed over the row.
+                let w_dense: Vec<f32> = dequantized.flatten_all().unwrap().to_vec1().unwrap();
+                for t in 0..tokens {
+                    let xr = &x[t * cols..(t + 1) * cols];
+                    for r in 0..rows {
+                        let bound: f32 = (0..cols)
+                            .map(|c| {
+                                let block = &xr[c / BLOCK * BLOCK..(c / BLOCK + 1) * BLOCK];
+                                let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+                                w_dense[r * cols + c].abs() * amax / 226.0
+                            })
+                            .sum::<f32>()
+                            + 1e-4;
+                        let (a, b) = (fast[t * rows + r], exact[t * rows + r]);
+                        assert!(
+                            (a - b).abs() <= bound,
+                            "{dtype:?} tokens {tokens} row {r}: {a} vs dense {b} (bound {bound})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Against candle's own quantized matmul on the same blocks: the same
+    /// numbers up to the order of f32 sums.
+    #[test]
+    fn kernels_agree_with_candles_quantized_matmul() {
+        let (rows, cols) = (64, 576);
+        let w_tensor =
+            Tensor::from_vec(values(rows * cols, 5), (rows, cols), &Device::Cpu).unwrap();
+        for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0] {
+            let q = QTensor::quantize(&w_tensor, dtype).unwrap();
+            let w = PackedMatrix::from_qtensor(&q).unwrap();
+            let candle = candle_core::quantized::QMatMul::from_qtensor(q).unwrap();
+            for tokens in [1, 5] {
+                let x = values(tokens * cols, 11);
+                let ours = w.matmul(&x, tokens);
+                let xt = Tensor::from_vec(x, (tokens, cols), &Device::Cpu).unwrap();
+                let theirs: Vec<f32> = candle_core::Module::forward(&candle, &xt)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1()
+                    .unwrap();
+                let scale = theirs.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let worst = ours
+                    .iter()
+                    .zip(&theirs)
+                    .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+                eprintln!("{dtype:?} tokens {tokens}: worst {worst} of {scale}");
+                assert!(
+                    worst <= 1e-5 * scale,
+                    "{dtype:?} tokens {tokens}: {worst} of {scale}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn other_types_and_ragged_rows_are_left_to_candle() {
+        let t = Tensor::from_vec(values(4 * 64, 3), (4, 64), &Device::Cpu).unwrap();
+        let q4k = QTensor::quantize(
+            &Tensor::from_vec(values(4 * 256, 3), (4, 256), &Device::Cpu).unwrap(),
+            GgmlDType::Q4K,
+        )
+        .unwrap();
+        assert!(PackedMatrix::from_qtensor(&q4k).is_none());
+        let f32q = QTensor::quantize(&t, GgmlDType::F32).unwrap();
+        assert!(PackedMatrix::from_qtensor(&f32q).is_none());
+    }
+}
