@@ -159,13 +159,7 @@ impl PackedMatrix {
             .par_chunks_mut(rows_per_task * tokens)
             .enumerate()
             .for_each(run);
-        let mut y = vec![0f32; tokens * self.rows];
-        for (r, per_token) in transposed.chunks_exact(tokens).enumerate() {
-            for (t, v) in per_token.iter().enumerate() {
-                y[t * self.rows + r] = *v;
-            }
-        }
-        y
+        untranspose(&transposed, self.rows, tokens)
     }
 }
 
@@ -207,10 +201,15 @@ pub fn reference_matmul(w: &PackedMatrix, x: &[f32], tokens: usize) -> Vec<f32> 
     let xq = quantize_rows(x, tokens, w.cols);
     let mut transposed = vec![0f32; w.rows * tokens];
     reference_rows(w, &xq, 0, w.rows, &mut transposed);
-    let mut y = vec![0f32; tokens * w.rows];
+    untranspose(&transposed, w.rows, tokens)
+}
+
+/// `[rows, tokens]` (how the kernels write) to `[tokens, rows]`.
+fn untranspose(transposed: &[f32], rows: usize, tokens: usize) -> Vec<f32> {
+    let mut y = vec![0f32; tokens * rows];
     for (r, per_token) in transposed.chunks_exact(tokens).enumerate() {
         for (t, v) in per_token.iter().enumerate() {
-            y[t * w.rows + r] = *v;
+            y[t * rows + r] = *v;
         }
     }
     y
