@@ -1,6 +1,10 @@
-//! all-MiniLM-L6-v2 (and other BERT sentence encoders) on candle-transformers'
-//! BERT, with sentence-transformers' pooling: the mean of the last hidden state
-//! over the attention mask. Normalization is the job's choice and happens later.
+//! all-MiniLM-L6-v2 (and other BERT sentence encoders) with sentence-transformers'
+//! pooling: the mean of the last hidden state over the sequence's own tokens.
+//! Normalization is the job's choice and happens later.
+//!
+//! Two forwards: sluice's own (`bert.rs`) on x86-64 CPUs with AVX2 + FMA, and
+//! candle-transformers' BERT elsewhere (CUDA, other CPUs), which is also the
+//! reference the tests hold the first to.
 
 use std::path::Path;
 
@@ -8,10 +12,11 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::bert::{BertModel, Config as BertConfig};
 
-use super::{EmbeddingModel, ModelError};
+use super::bert::BertEncoder;
+use super::{EmbeddingModel, ModelError, encoder_kernels};
 
 pub struct MiniLm {
-    model: BertModel,
+    forward: Forward,
     device: Device,
     hidden: usize,
     intermediate: usize,
@@ -19,9 +24,35 @@ pub struct MiniLm {
     max_tokens_per_item: usize,
 }
 
+enum Forward {
+    /// Packed tokens on sluice's CPU kernels.
+    Packed(BertEncoder),
+    /// Padded batches on candle-transformers' BERT (any device).
+    Candle(BertModel),
+}
+
+/// Which forward [`MiniLm::load_with`] builds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ForwardChoice {
+    /// sluice's own on a CPU with AVX2 + FMA, candle-transformers' otherwise.
+    Fastest,
+    /// candle-transformers' BERT (the reference).
+    Candle,
+}
+
 impl MiniLm {
-    /// Loads `config.json` and `model.safetensors` from `dir`.
+    /// Loads `config.json` and `model.safetensors` from `dir`, with the
+    /// fastest forward for `device`.
     pub fn load(dir: &Path, device: Device, max_tokens_per_item: usize) -> Result<MiniLm, String> {
+        Self::load_with(dir, device, max_tokens_per_item, ForwardChoice::Fastest)
+    }
+
+    pub fn load_with(
+        dir: &Path,
+        device: Device,
+        max_tokens_per_item: usize,
+        choice: ForwardChoice,
+    ) -> Result<MiniLm, String> {
         let config_path = dir.join("config.json");
         let config_text = std::fs::read_to_string(&config_path)
             .map_err(|e| format!("cannot read {}: {e}", config_path.display()))?;
@@ -40,10 +71,23 @@ impl MiniLm {
             .map_err(|e| format!("cannot read {}: {e}", weights.display()))?;
         let vb = VarBuilder::from_buffered_safetensors(bytes, DType::F32, &device)
             .map_err(|e| format!("cannot load {}: {e}", weights.display()))?;
-        let model = BertModel::load(vb, &config)
-            .map_err(|e| format!("cannot build BERT from {}: {e}", weights.display()))?;
+        let packed = choice == ForwardChoice::Fastest
+            && device.is_cpu()
+            && encoder_kernels::available()
+            && BertEncoder::unsupported(&config).is_none();
+        let forward = if packed {
+            Forward::Packed(
+                BertEncoder::load(vb, &config)
+                    .map_err(|e| format!("cannot build BERT from {}: {e}", weights.display()))?,
+            )
+        } else {
+            Forward::Candle(
+                BertModel::load(vb, &config)
+                    .map_err(|e| format!("cannot build BERT from {}: {e}", weights.display()))?,
+            )
+        };
         Ok(MiniLm {
-            model,
+            forward,
             device,
             hidden: config.hidden_size,
             intermediate: config.intermediate_size,
@@ -52,7 +96,19 @@ impl MiniLm {
         })
     }
 
-    fn forward(&self, batch: &[&[u32]]) -> candle_core::Result<Vec<Vec<f32>>> {
+    /// Which forward runs: `"sluice-avx2"` or `"candle"`.
+    pub fn forward_name(&self) -> &'static str {
+        match self.forward {
+            Forward::Packed(_) => "sluice-avx2",
+            Forward::Candle(_) => "candle",
+        }
+    }
+
+    fn candle_forward(
+        &self,
+        model: &BertModel,
+        batch: &[&[u32]],
+    ) -> candle_core::Result<Vec<Vec<f32>>> {
         let n = batch.len();
         let len = batch.iter().map(|s| s.len()).max().unwrap_or(0);
         let mut ids = vec![0u32; n * len];
@@ -64,7 +120,7 @@ impl MiniLm {
         let ids = Tensor::from_vec(ids, (n, len), &self.device)?;
         let mask = Tensor::from_vec(mask, (n, len), &self.device)?;
         let types = ids.zeros_like()?;
-        let hidden = self.model.forward(&ids, &types, Some(&mask))?;
+        let hidden = model.forward(&ids, &types, Some(&mask))?;
         let mask = mask.to_dtype(DType::F32)?.unsqueeze(2)?;
         let summed = hidden.broadcast_mul(&mask)?.sum(1)?;
         let counts = mask.sum(1)?;
@@ -83,6 +139,9 @@ impl EmbeddingModel for MiniLm {
     }
 
     fn batch_cost_bytes(&self, items: usize, len: usize) -> u64 {
+        if let Forward::Packed(encoder) = &self.forward {
+            return encoder.batch_cost_bytes(items * len, len);
+        }
         // Live f32 tensors at the peak of one layer, counted generously: the
         // hidden state and its residual, Q/K/V and their head-major copies, the
         // attention output, the intermediate and its activation (per token);
@@ -105,6 +164,9 @@ impl EmbeddingModel for MiniLm {
                 self.max_tokens_per_item
             )));
         }
-        Ok(self.forward(batch)?)
+        match &self.forward {
+            Forward::Packed(encoder) => encoder.embed_mean(batch).map_err(ModelError::Failed),
+            Forward::Candle(model) => Ok(self.candle_forward(model, batch)?),
+        }
     }
 }

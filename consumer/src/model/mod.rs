@@ -2,6 +2,8 @@
 //! tests drive any of them the same way. A model reports its limits and what a
 //! batch costs in memory, which is what the budget and the batcher plan with.
 
+mod bert;
+pub mod encoder_kernels;
 pub mod generation;
 pub mod gguf_tokenizer;
 pub mod llama;
@@ -9,7 +11,7 @@ mod minilm;
 pub mod qmatmul;
 mod tokenizer;
 
-pub use minilm::MiniLm;
+pub use minilm::{ForwardChoice, MiniLm};
 pub use tokenizer::{TextTokenizer, TokenizeError, TokenizedItem};
 
 use candle_core::Device;

@@ -4,6 +4,7 @@ mod auth;
 mod cli;
 mod deploy_files;
 mod embed;
+mod encoder;
 mod failures;
 mod faults;
 mod flood;

@@ -1,0 +1,268 @@
+//! A BERT encoder forward for the CPU, on `encoder_kernels`: the batch's
+//! sequences are packed end to end (no padding: a short text costs its own
+//! tokens, not the batch's longest), each linear layer is one blocked matrix
+//! product over every token of the batch (Q, K and V fused into one), and
+//! attention runs per sequence and head without materializing the score
+//! tensor. Mean pooling happens on the packed rows.
+//!
+//! Same arithmetic as candle-transformers' `BertModel` (post-norm layers, erf
+//! GELU, absolute positions, token type 0) up to f32 rounding; the model tests
+//! hold the two together, and the device-neutral path stays on candle.
+
+use candle_core::Tensor;
+use candle_nn::VarBuilder;
+use candle_transformers::models::bert::{Config as BertConfig, HiddenAct, PositionEmbeddingType};
+use rayon::prelude::*;
+
+use super::encoder_kernels::{self as kernels, Heads, PackedLinear, Span};
+
+pub struct BertEncoder {
+    hidden: usize,
+    heads: Heads,
+    vocab: usize,
+    max_positions: usize,
+    /// `[vocab, hidden]`.
+    words: Vec<f32>,
+    /// `[positions, hidden]`, with token type 0's embedding added.
+    positions: Vec<f32>,
+    embeddings_norm: LayerNorm,
+    layers: Vec<EncoderLayer>,
+}
+
+struct EncoderLayer {
+    /// Queries, keys and values in one product: `hidden -> 3 * hidden`.
+    qkv: PackedLinear,
+    attention_out: PackedLinear,
+    attention_norm: LayerNorm,
+    up: PackedLinear,
+    down: PackedLinear,
+    output_norm: LayerNorm,
+}
+
+struct LayerNorm {
+    weight: Vec<f32>,
+    bias: Vec<f32>,
+    eps: f32,
+}
+
+fn values(t: Tensor) -> candle_core::Result<Vec<f32>> {
+    t.flatten_all()?.to_vec1::<f32>()
+}
+
+impl BertEncoder {
+    /// Why this forward cannot run `config`, if it cannot (the caller then
+    /// keeps candle-transformers' forward).
+    pub fn unsupported(config: &BertConfig) -> Option<String> {
+        if !matches!(config.hidden_act, HiddenAct::Gelu) {
+            return Some(format!(
+                "activation {:?} (only erf GELU)",
+                config.hidden_act
+            ));
+        }
+        if !matches!(
+            config.position_embedding_type,
+            PositionEmbeddingType::Absolute
+        ) {
+            return Some("relative position embeddings".into());
+        }
+        if config.num_attention_heads == 0
+            || !config
+                .hidden_size
+                .is_multiple_of(config.num_attention_heads)
+        {
+            return Some("hidden size not divisible by the heads".into());
+        }
+        None
+    }
+
+    /// Packs the weights of a BERT checkpoint (`vb` at the model's root).
+    pub fn load(vb: VarBuilder, config: &BertConfig) -> candle_core::Result<BertEncoder> {
+        let vb = if vb.contains_tensor("bert.embeddings.word_embeddings.weight") {
+            vb.pp("bert")
+        } else {
+            vb
+        };
+        let (h, i) = (config.hidden_size, config.intermediate_size);
+        let eps = config.layer_norm_eps as f32;
+        let norm = |vb: VarBuilder| -> candle_core::Result<LayerNorm> {
+            Ok(LayerNorm {
+                weight: values(vb.get(h, "weight")?)?,
+                bias: values(vb.get(h, "bias")?)?,
+                eps,
+            })
+        };
+        let linear =
+            |vb: VarBuilder, outputs: usize, inputs: usize| -> candle_core::Result<PackedLinear> {
+                let w = values(vb.get((outputs, inputs), "weight")?)?;
+                let b = values(vb.get(outputs, "bias")?)?;
+                Ok(PackedLinear::new(&w, outputs, inputs, Some(&b)))
+            };
+        let e = vb.pp("embeddings");
+        let words = values(e.get((config.vocab_size, h), "word_embeddings.weight")?)?;
+        let mut positions = values(e.get(
+            (config.max_position_embeddings, h),
+            "position_embeddings.weight",
+        )?)?;
+        let token_types =
+            values(e.get((config.type_vocab_size, h), "token_type_embeddings.weight")?)?;
+        for row in positions.chunks_exact_mut(h) {
+            for (p, t) in row.iter_mut().zip(&token_types[..h]) {
+                *p += t;
+            }
+        }
+        let embeddings_norm = norm(e.pp("LayerNorm"))?;
+        let mut layers = Vec::with_capacity(config.num_hidden_layers);
+        for l in 0..config.num_hidden_layers {
+            let vb = vb.pp(format!("encoder.layer.{l}"));
+            let attention = vb.pp("attention");
+            let (mut w, mut b) = (Vec::with_capacity(3 * h * h), Vec::with_capacity(3 * h));
+            for part in ["query", "key", "value"] {
+                let p = attention.pp("self").pp(part);
+                w.extend(values(p.get((h, h), "weight")?)?);
+                b.extend(values(p.get(h, "bias")?)?);
+            }
+            layers.push(EncoderLayer {
+                qkv: PackedLinear::new(&w, 3 * h, h, Some(&b)),
+                attention_out: linear(attention.pp("output.dense"), h, h)?,
+                attention_norm: norm(attention.pp("output.LayerNorm"))?,
+                up: linear(vb.pp("intermediate.dense"), i, h)?,
+                down: linear(vb.pp("output.dense"), h, i)?,
+                output_norm: norm(vb.pp("output.LayerNorm"))?,
+            });
+        }
+        Ok(BertEncoder {
+            hidden: h,
+            heads: Heads {
+                heads: config.num_attention_heads,
+                head_dim: h / config.num_attention_heads,
+            },
+            vocab: config.vocab_size,
+            max_positions: config.max_position_embeddings,
+            words,
+            positions,
+            embeddings_norm,
+            layers,
+        })
+    }
+
+    /// Mean-pooled last hidden states, one per sequence.
+    pub fn embed_mean(&self, batch: &[&[u32]]) -> Result<Vec<Vec<f32>>, String> {
+        let h = self.hidden;
+        let mut spans = Vec::with_capacity(batch.len());
+        let mut tokens = 0;
+        for seq in batch {
+            if seq.len() > self.max_positions {
+                return Err(format!(
+                    "a sequence of {} tokens (the model has {} positions)",
+                    seq.len(),
+                    self.max_positions
+                ));
+            }
+            if let Some(id) = seq.iter().find(|id| **id as usize >= self.vocab) {
+                return Err(format!(
+                    "token id {id} is outside the vocabulary ({})",
+                    self.vocab
+                ));
+            }
+            spans.push(Span {
+                start: tokens,
+                len: seq.len(),
+            });
+            tokens += seq.len();
+        }
+        let mut hidden = vec![0f32; tokens * h];
+        let positioned = batch.iter().flat_map(|seq| seq.iter().enumerate());
+        for (row, (pos, id)) in hidden.chunks_exact_mut(h).zip(positioned) {
+            let word = &self.words[*id as usize * h..(*id as usize + 1) * h];
+            let position = &self.positions[pos * h..(pos + 1) * h];
+            for ((r, w), p) in row.iter_mut().zip(word).zip(position) {
+                *r = w + p;
+            }
+        }
+        self.embeddings_norm.apply(&mut hidden, None);
+        for layer in &self.layers {
+            let qkv = layer.qkv.forward(&hidden, tokens);
+            let context = kernels::attention(&qkv, &spans, self.heads);
+            drop(qkv);
+            let mut attended = layer.attention_out.forward(&context, tokens);
+            drop(context);
+            layer.attention_norm.apply(&mut attended, Some(&hidden));
+            let mut inner = layer.up.forward(&attended, tokens);
+            kernels::gelu(&mut inner);
+            hidden = layer.down.forward(&inner, tokens);
+            drop(inner);
+            layer.output_norm.apply(&mut hidden, Some(&attended));
+        }
+        Ok(spans
+            .iter()
+            .map(|span| {
+                let mut mean = vec![0f32; h];
+                for row in hidden[span.start * h..(span.start + span.len) * h].chunks_exact(h) {
+                    for (m, v) in mean.iter_mut().zip(row) {
+                        *m += v;
+                    }
+                }
+                let n = span.len.max(1) as f32;
+                mean.iter_mut().for_each(|m| *m /= n);
+                mean
+            })
+            .collect())
+    }
+
+    /// Peak bytes of [`BertEncoder::embed_mean`] over `tokens` tokens beyond
+    /// the weights, counted generously: the hidden state, Q/K/V, the context
+    /// and the attention output live together, and later the attention
+    /// output, the intermediate and the next hidden state (per token); each
+    /// thread's attention scratch holds one head of a sequence of `len`
+    /// (per token of that sequence).
+    pub fn batch_cost_bytes(&self, tokens: usize, len: usize) -> u64 {
+        let (h, i) = (
+            self.hidden as u64,
+            self.layers.first().map_or(0, |l| l.up.outputs()) as u64,
+        );
+        let per_token = (6 * h).max(3 * h + i) + 2 * h;
+        let threads = rayon::current_num_threads() as u64;
+        let scratch = threads * (len as u64 + 16) * (3 * self.heads.head_dim as u64 + 4);
+        4 * (tokens as u64 * per_token + scratch) + threads * (1 << 20)
+    }
+}
+
+impl LayerNorm {
+    /// `x = norm(x + residual)`, per row.
+    fn apply(&self, x: &mut [f32], residual: Option<&[f32]>) {
+        let h = self.weight.len();
+        const ROWS: usize = 64;
+        let norm_rows = |x: &mut [f32], residual: Option<&[f32]>| {
+            for (r, row) in x.chunks_exact_mut(h).enumerate() {
+                if let Some(res) = residual {
+                    for (v, s) in row.iter_mut().zip(&res[r * h..(r + 1) * h]) {
+                        *v += s;
+                    }
+                }
+                let mean = lane_sum(row.iter().copied()) / h as f32;
+                let var = lane_sum(row.iter().map(|v| (v - mean) * (v - mean))) / h as f32;
+                let inv = 1.0 / (var + self.eps).sqrt();
+                for ((v, w), b) in row.iter_mut().zip(&self.weight).zip(&self.bias) {
+                    *v = (*v - mean) * inv * w + b;
+                }
+            }
+        };
+        match residual {
+            Some(res) => x
+                .par_chunks_mut(ROWS * h)
+                .zip(res.par_chunks(ROWS * h))
+                .for_each(|(x, res)| norm_rows(x, Some(res))),
+            None => x.par_chunks_mut(ROWS * h).for_each(|x| norm_rows(x, None)),
+        }
+    }
+}
+
+/// A sum in 8 interleaved lanes (vectorizable, and more accurate than one
+/// running sum).
+fn lane_sum(values: impl Iterator<Item = f32>) -> f32 {
+    let mut lanes = [0f32; 8];
+    for (i, v) in values.enumerate() {
+        lanes[i % 8] += v;
+    }
+    lanes.iter().sum()
+}
