@@ -441,35 +441,41 @@ mod avx2 {
         assert!(hd.is_multiple_of(32));
         assert_eq!(qkv.len(), len * 3 * hidden);
         assert_eq!(out.len(), len * hidden);
-        // Queries in blocks of 4, stored dimension-major per block
+        // Per head: queries in blocks of 4, stored dimension-major per block
         // (`[block][d][4]`, zeros past the end); keys in blocks of 16, also
         // dimension-major (`[block][d][16]`, zeros past the end, masked out
-        // of the softmax); values row-major.
+        // of the softmax); values row-major. All heads are gathered in one
+        // pass over `qkv` (which can outgrow L2), then each head's share is
+        // contiguous.
         let (lq, lk) = (len.next_multiple_of(4), len.next_multiple_of(16));
         let scale = 1.0 / (hd as f32).sqrt();
-        let mut q = vec![0f32; lq * hd];
-        let mut k = vec![0f32; lk * hd];
-        let mut v = vec![0f32; len * hd];
+        let mut q_heads = vec![0f32; shape.heads * lq * hd];
+        let mut k_heads = vec![0f32; shape.heads * lk * hd];
+        let mut v_heads = vec![0f32; shape.heads * len * hd];
         let mut scores = vec![0f32; 4 * lk];
-        for h in 0..shape.heads {
-            for (t, row) in qkv.chunks_exact(3 * hidden).enumerate() {
-                let q_block = &mut q[(t / 4) * 4 * hd..(t / 4 + 1) * 4 * hd];
-                for (d, src) in row[h * hd..(h + 1) * hd].iter().enumerate() {
-                    q_block[d * 4 + t % 4] = src * scale;
+        for (t, row) in qkv.chunks_exact(3 * hidden).enumerate() {
+            let (q_row, rest) = row.split_at(hidden);
+            let (k_row, v_row) = rest.split_at(hidden);
+            for h in 0..shape.heads {
+                let at = h * lq * hd + (t / 4) * 4 * hd + t % 4;
+                for (d, src) in q_row[h * hd..(h + 1) * hd].iter().enumerate() {
+                    q_heads[at + d * 4] = src * scale;
                 }
-                let k_block = &mut k[(t / 16) * 16 * hd..(t / 16 + 1) * 16 * hd];
-                for (d, src) in row[hidden + h * hd..hidden + (h + 1) * hd]
-                    .iter()
-                    .enumerate()
-                {
-                    k_block[d * 16 + t % 16] = *src;
+                let at = h * lk * hd + (t / 16) * 16 * hd + t % 16;
+                for (d, src) in k_row[h * hd..(h + 1) * hd].iter().enumerate() {
+                    k_heads[at + d * 16] = *src;
                 }
-                let values = &row[2 * hidden + h * hd..2 * hidden + (h + 1) * hd];
-                v[t * hd..(t + 1) * hd].copy_from_slice(values);
+                let at = (h * len + t) * hd;
+                v_heads[at..at + hd].copy_from_slice(&v_row[h * hd..(h + 1) * hd]);
             }
+        }
+        for h in 0..shape.heads {
+            let q = &q_heads[h * lq * hd..(h + 1) * lq * hd];
+            let k = &k_heads[h * lk * hd..(h + 1) * lk * hd];
+            let v = &v_heads[h * len * hd..(h + 1) * len * hd];
             for (block, q_block) in q.chunks_exact(4 * hd).enumerate() {
                 let i0 = block * 4;
-                query_scores(q_block, &k, lk, &mut scores);
+                query_scores(q_block, k, lk, &mut scores);
                 let mut inv_sums = [0f32; 4];
                 for (r, row) in scores.chunks_exact_mut(lk).enumerate() {
                     inv_sums[r] = 1.0 / softmax_unnormalized(&mut row[..len]);
@@ -488,7 +494,7 @@ mod avx2 {
                     let dst = &mut out[at..at + (rows_left - 1) * hidden + hd];
                     weighted_values(
                         probs,
-                        &v,
+                        v,
                         hd,
                         [inv_sums[r], inv_sums[r + 1]],
                         dst,
@@ -539,10 +545,22 @@ mod avx2 {
     /// `row[j] = exp(row[j] - max)`; returns the sum.
     #[target_feature(enable = "avx2,fma")]
     fn softmax_unnormalized(row: &mut [f32]) -> f32 {
-        let max = row.iter().fold(f32::NEG_INFINITY, |m, s| m.max(*s));
+        let (chunks, tail) = row.as_chunks_mut::<8>();
+        let mut max_v = _mm256_set1_ps(f32::NEG_INFINITY);
+        for chunk in chunks.iter() {
+            max_v = _mm256_max_ps(max_v, load(chunk));
+        }
+        let lanes: [f32; 8] = {
+            let mut lanes = [0f32; 8];
+            store(&mut lanes, max_v);
+            lanes
+        };
+        let max = lanes
+            .iter()
+            .chain(tail.iter())
+            .fold(f32::NEG_INFINITY, |m, s| m.max(*s));
         let max_v = _mm256_set1_ps(max);
         let mut sum_v = _mm256_setzero_ps();
-        let (chunks, tail) = row.as_chunks_mut::<8>();
         for chunk in chunks {
             let e = exp(_mm256_sub_ps(load(chunk), max_v));
             store(chunk, e);
