@@ -23,14 +23,10 @@ def model_dir() -> str:
     return os.path.join(os.path.dirname(spec.origin), "model")
 
 
-def main() -> None:
-    corpus, out, threads, max_tokens = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    torch.set_num_threads(threads)
-    texts = [json.loads(line) for line in open(corpus) if line.strip()]
-    model = SentenceTransformer(model_dir(), device="cpu")
-    model.max_seq_length = 256
-    lengths = [min(len(ids), 256) for ids in model.tokenizer(texts, add_special_tokens=True)["input_ids"]]
-    order = sorted(range(len(texts)), key=lambda i: lengths[i])
+def batches_by_tokens(lengths: list, max_tokens: int) -> list:
+    """Indices sorted by length, cut into batches of at most max_tokens padded
+    tokens (items x longest)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     batches, cur, longest = [], [], 0
     for i in order:
         if cur and (len(cur) + 1) * max(longest, lengths[i]) > max_tokens:
@@ -40,6 +36,17 @@ def main() -> None:
         longest = max(longest, lengths[i])
     if cur:
         batches.append(cur)
+    return batches
+
+
+def main() -> None:
+    corpus, out, threads, max_tokens = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    torch.set_num_threads(threads)
+    texts = [json.loads(line) for line in open(corpus) if line.strip()]
+    model = SentenceTransformer(model_dir(), device="cpu")
+    model.max_seq_length = 256
+    lengths = [min(len(ids), 256) for ids in model.tokenizer(texts, add_special_tokens=True)["input_ids"]]
+    batches = batches_by_tokens(lengths, max_tokens)
     vectors = np.zeros((len(texts), 384), dtype=np.float32)
     model.encode(texts[:8])  # warm-up
     start = time.perf_counter()

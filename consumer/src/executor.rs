@@ -135,6 +135,9 @@ mod tests {
     struct Exhausted;
 
     impl EmbeddingModel for Exhausted {
+        fn forward_name(&self) -> &'static str {
+            "exhausted"
+        }
         fn dim(&self) -> usize {
             4
         }

@@ -30,6 +30,8 @@ pub struct EmbedArgs {
 /// What a run measured.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct EmbedReport {
+    /// Which forward ran (`EmbeddingModel::forward_name`).
+    pub forward: &'static str,
     pub texts: usize,
     pub real_tokens: u64,
     pub padded_tokens: u64,
@@ -100,6 +102,7 @@ pub fn embed_file(args: &EmbedArgs) -> anyhow::Result<EmbedReport> {
     std::fs::write(&args.output, npy::encode_f32(&vectors, dim))
         .with_context(|| format!("cannot write {}", args.output.display()))?;
     Ok(EmbedReport {
+        forward: loaded.model.forward_name(),
         texts: n,
         real_tokens,
         padded_tokens,

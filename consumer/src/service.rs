@@ -464,6 +464,7 @@ fn start_embed(
     drop(dummy);
     tracing::info!(
         task = "embed",
+        forward = model.forward_name(),
         budget_mib = limit >> 20,
         activation_mib = activation >> 20,
         worst_job_kib = worst_job >> 10,

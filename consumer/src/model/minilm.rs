@@ -96,14 +96,6 @@ impl MiniLm {
         })
     }
 
-    /// Which forward runs: `"sluice-avx2"` or `"candle"`.
-    pub fn forward_name(&self) -> &'static str {
-        match self.forward {
-            Forward::Packed(_) => "sluice-avx2",
-            Forward::Candle(_) => "candle",
-        }
-    }
-
     fn candle_forward(
         &self,
         model: &BertModel,
@@ -130,6 +122,14 @@ impl MiniLm {
 }
 
 impl EmbeddingModel for MiniLm {
+    /// `"sluice-avx2"` (`bert.rs`) or `"candle"` (candle-transformers).
+    fn forward_name(&self) -> &'static str {
+        match self.forward {
+            Forward::Packed(_) => "sluice-avx2",
+            Forward::Candle(_) => "candle",
+        }
+    }
+
     fn dim(&self) -> usize {
         self.hidden
     }

@@ -20,6 +20,8 @@ use crate::config::{DeviceKind, ModelConfig};
 
 /// An embedding model: token ids in, one mean-pooled vector per item out.
 pub trait EmbeddingModel: Send {
+    /// Which forward runs (for logs and reports), e.g. `"sluice-avx2"`.
+    fn forward_name(&self) -> &'static str;
     /// Length of the vectors.
     fn dim(&self) -> usize;
     /// Tokens per item the model accepts.
