@@ -72,6 +72,12 @@ impl BertEncoder {
         {
             return Some("hidden size not divisible by the heads".into());
         }
+        if !(config.hidden_size / config.num_attention_heads).is_multiple_of(32) {
+            return Some("head size not a multiple of 32 (the attention kernel's unit)".into());
+        }
+        if config.type_vocab_size == 0 {
+            return Some("no token type embeddings".into());
+        }
         None
     }
 

@@ -10,9 +10,10 @@
 //! each block's integer dot product is scaled into an f32 accumulator. Weight
 //! scales are converted from f16 to f32 once, at load.
 //!
-//! This is the one module of the consumer with `unsafe`: SIMD loads from
-//! fixed-size arrays and calls into `#[target_feature]` functions after the
-//! CPU was checked for the features at run time. [`reference_matmul`] is
+//! Like `encoder_kernels.rs` (and `alloc.rs`'s `mallopt`), this module has
+//! `unsafe`: SIMD loads from fixed-size arrays and calls into
+//! `#[target_feature]` functions after the CPU was checked for the features
+//! at run time. [`reference_matmul`] is
 //! the same arithmetic in plain Rust; the tests hold the two together.
 #![allow(unsafe_code)]
 
