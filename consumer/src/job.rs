@@ -224,12 +224,13 @@ async fn process(
     let ValidJob { task, job } = sluice_schemas::Job::decode(&msg.payload)?;
     delivery.job_id = Some(job.id.clone());
     delivery.task = Some(task);
-    if task != shared.task {
+    let serves = shared.engine.task();
+    if task != serves {
         return Err(JobError::new(
             ErrorCode::UnknownTask,
             format!(
                 "this consumer serves the {} task, not {task}: publish {task} jobs to {}, where {task} consumers take them",
-                shared.task,
+                serves,
                 shared.topology.job_subject(task.as_str())
             ),
         ));

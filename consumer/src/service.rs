@@ -101,6 +101,16 @@ pub enum Engine {
     Generate(crate::generate::GenerateEngine),
 }
 
+impl Engine {
+    /// The task this process serves.
+    pub fn task(&self) -> Task {
+        match self {
+            Engine::Embed(_) => Task::Embed,
+            Engine::Generate(_) => Task::Generate,
+        }
+    }
+}
+
 /// embed: tokenizer, and the batcher that feeds the executor.
 pub struct EmbedEngine {
     pub dim: usize,
@@ -112,8 +122,6 @@ pub struct EmbedEngine {
 pub struct Shared {
     pub topology: Topology,
     pub js: jetstream::Context,
-    /// The task this process serves.
-    pub task: Task,
     pub model_name: String,
     pub limits: Limits,
     pub cost: JobCost,
@@ -217,7 +225,13 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         None => crate::trace::Tracing::disabled(),
     };
     let stats = Arc::new(Stats::default());
-    let (engine, executor, cost, budget, device) = match task {
+    let Started {
+        engine,
+        model_thread: executor,
+        cost,
+        budget,
+        device,
+    } = match task {
         Task::Embed => start_embed(&config, &stats, &tracing)?,
         Task::Generate => start_generate(&config, &stats)?,
     };
@@ -289,7 +303,6 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let shared = Arc::new(Shared {
         topology,
         js: js.clone(),
-        task,
         model_name: config.model.name(task),
         limits: Limits {
             max_input_bytes: config.max_input_bytes,
@@ -392,7 +405,15 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
 }
 
 /// What the task-specific half of start-up hands the rest.
-type Started = (Engine, std::thread::JoinHandle<()>, JobCost, Budget, String);
+struct Started {
+    engine: Engine,
+    /// The thread that owns the model (the executor, or the generation thread).
+    model_thread: std::thread::JoinHandle<()>,
+    cost: JobCost,
+    budget: Budget,
+    /// The device's name for logs and status, e.g. `cpu` or `cuda:0`.
+    device: String,
+}
 
 fn device_name(device: &candle_core::Device) -> String {
     match device.location() {
@@ -493,7 +514,13 @@ fn start_embed(
         tokenizer: loaded.tokenizer,
         batcher: item_tx,
     });
-    Ok((engine, executor, cost, budget, device))
+    Ok(Started {
+        engine,
+        model_thread: executor,
+        cost,
+        budget,
+        device,
+    })
 }
 
 /// generate: load the GGUF, check the limits against the model and the
@@ -599,7 +626,13 @@ fn start_generate(config: &Config, stats: &Arc<Stats>) -> anyhow::Result<Started
             default_max_new_tokens: g.default_max_new_tokens(),
         },
     });
-    Ok((engine, executor, cost, budget, device_name(&device)))
+    Ok(Started {
+        engine,
+        model_thread: executor,
+        cost,
+        budget,
+        device: device_name(&device),
+    })
 }
 
 struct PullPlan {
