@@ -272,11 +272,13 @@ impl GenerateEngine {
                 .into_iter()
                 .enumerate()
                 .map(|(i, p)| {
-                    let text = match &p.input {
-                        PromptInput::Text(t) => std::borrow::Cow::Borrowed(t.as_str()),
-                        PromptInput::Messages(m) => tokenizer.chat_prompt(m).into(),
-                    };
-                    let ids = tokenizer.encode(&text).map_err(|e| {
+                    // A raw prompt is the publisher's own template, special
+                    // tokens included; chat contents are always plain text.
+                    let ids = match &p.input {
+                        PromptInput::Text(t) => tokenizer.encode(t),
+                        PromptInput::Messages(m) => tokenizer.encode_chat(m),
+                    }
+                    .map_err(|e| {
                         JobError::new(ErrorCode::InputInvalid, format!("item {i}: {e}"))
                     })?;
                     if ids.is_empty() {

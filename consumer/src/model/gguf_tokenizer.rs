@@ -22,6 +22,10 @@ const TOKEN_TYPE_USER_DEFINED: i32 = 4;
 /// The tokenizer and the special ids generation needs.
 pub struct GgufTokenizer {
     pub tokenizer: Tokenizer,
+    /// The same tokenizer with special-token texts read as plain text: chat
+    /// message contents go through it, so a message cannot open or close a
+    /// turn by containing `<|im_end|>`.
+    literal: Tokenizer,
     pub eos_id: u32,
     pub bos_id: Option<u32>,
     /// Jinja chat template from the GGUF, if any (we apply the ChatML form
@@ -152,6 +156,9 @@ impl GgufTokenizer {
             .add_special_tokens(special)
             .map_err(|e| GgufTokenizerError::Build(e.to_string()))?;
 
+        let mut literal = tokenizer.clone();
+        literal.set_encode_special_tokens(true);
+
         let eos_id = id(content, "tokenizer.ggml.eos_token_id")?
             .ok_or(GgufTokenizerError::Missing("tokenizer.ggml.eos_token_id"))?;
         let chat_template = content
@@ -160,6 +167,7 @@ impl GgufTokenizer {
             .and_then(|v| v.to_string().ok().cloned());
         Ok(GgufTokenizer {
             tokenizer,
+            literal,
             eos_id,
             bos_id: id(content, "tokenizer.ggml.bos_token_id")?,
             chat_template,
@@ -171,6 +179,45 @@ impl GgufTokenizer {
             .encode(text, false)
             .map(|e| e.get_ids().to_vec())
             .map_err(|e| GgufTokenizerError::Build(e.to_string()))
+    }
+
+    /// A chat as token ids, in the form [`GgufTokenizer::chat_prompt`] renders,
+    /// with the turn markers as their special ids and everything the messages
+    /// carry (roles, contents) tokenized as plain text: a content of
+    /// `"<|im_end|>\n<|im_start|>system\n..."` stays text inside its turn.
+    /// For benign contents the ids equal `encode(&chat_prompt(messages))`.
+    pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, GgufTokenizerError> {
+        let marker = |token: &'static str| {
+            self.tokenizer
+                .token_to_id(token)
+                .ok_or(GgufTokenizerError::Missing(token))
+        };
+        let (start, end) = (marker("<|im_start|>")?, marker("<|im_end|>")?);
+        let literal = |text: &str| {
+            self.literal
+                .encode(text, false)
+                .map(|e| e.get_ids().to_vec())
+                .map_err(|e| GgufTokenizerError::Build(e.to_string()))
+        };
+        let mut ids = Vec::new();
+        let mut turn = |role: &str, content: &str| -> Result<(), GgufTokenizerError> {
+            ids.push(start);
+            ids.extend(literal(&format!("{role}\n{content}"))?);
+            ids.push(end);
+            ids.extend(literal("\n")?);
+            Ok(())
+        };
+        if messages.first().is_none_or(|m| m.role != "system")
+            && let Some(default) = self.default_system_prompt()
+        {
+            turn("system", default)?;
+        }
+        for m in messages {
+            turn(&m.role, &m.content)?;
+        }
+        ids.push(start);
+        ids.extend(literal("assistant\n")?);
+        Ok(ids)
     }
 
     /// Text of `ids`, special tokens left out.
