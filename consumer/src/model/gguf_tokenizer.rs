@@ -207,13 +207,8 @@ impl GgufTokenizer {
             ids.extend(literal("\n")?);
             Ok(())
         };
-        if messages.first().is_none_or(|m| m.role != "system")
-            && let Some(default) = self.default_system_prompt()
-        {
-            turn("system", default)?;
-        }
-        for m in messages {
-            turn(&m.role, &m.content)?;
+        for (role, content) in self.turns(messages) {
+            turn(role, content)?;
         }
         ids.push(start);
         ids.extend(literal("assistant\n")?);
@@ -231,19 +226,30 @@ impl GgufTokenizer {
     /// would add its default one and the caller gave none.
     pub fn chat_prompt(&self, messages: &[ChatMessage]) -> String {
         let mut out = String::new();
-        if messages.first().is_none_or(|m| m.role != "system")
-            && let Some(default) = self.default_system_prompt()
-        {
-            out.push_str(&format!("<|im_start|>system\n{default}<|im_end|>\n"));
-        }
-        for m in messages {
-            out.push_str(&format!(
-                "<|im_start|>{}\n{}<|im_end|>\n",
-                m.role, m.content
-            ));
+        for (role, content) in self.turns(messages) {
+            out.push_str(&format!("<|im_start|>{role}\n{content}<|im_end|>\n"));
         }
         out.push_str("<|im_start|>assistant\n");
         out
+    }
+
+    /// The `(role, content)` turns a chat renders to: the template's default
+    /// system prompt when the caller gave no system message, then the
+    /// messages.
+    fn turns<'a>(
+        &'a self,
+        messages: &'a [ChatMessage],
+    ) -> impl Iterator<Item = (&'a str, &'a str)> {
+        let default = messages
+            .first()
+            .is_none_or(|m| m.role != "system")
+            .then(|| self.default_system_prompt())
+            .flatten();
+        default.map(|d| ("system", d)).into_iter().chain(
+            messages
+                .iter()
+                .map(|m| (m.role.as_str(), m.content.as_str())),
+        )
     }
 
     /// The system prompt the GGUF's template inserts when there is none.
