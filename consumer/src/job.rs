@@ -633,7 +633,11 @@ async fn settle(
             // that finds it final only acks, so a result is never published twice.
             let publish_started = Instant::now();
             match shared.sink.finish_status(&record).await {
-                Ok(true) => {}
+                // The outcome is durable: count it before anyone can read the
+                // result, so a client that has its answer sees it in /metrics.
+                Ok(true) => shared
+                    .stats
+                    .record_job_ok(done.usage.items, done.usage.tokens),
                 Ok(false) => {
                     tracing::info!(job = %job_id, trace_id = %d.trace_id, attempt = d.attempt, "another delivery finished the job first; not answering twice");
                     if let Err(e) = msg.double_ack().await {
@@ -661,9 +665,6 @@ async fn settle(
             }
             trace.stage("publish", publish_started, Instant::now());
             trace.end("ok", None);
-            shared
-                .stats
-                .record_job_ok(done.usage.items, done.usage.tokens);
             tracing::info!(
                 job = %job_id,
                 trace_id = %d.trace_id,
@@ -786,18 +787,25 @@ async fn give_up(
             .dead_letter(shared.topology.dlq_subject(task), &letter)
             .await?;
     }
-    if let Some(job_id) = &job_id {
-        if dead_letter {
-            let mut record = status(job_id, JobState::Failed, d);
-            record.error = Some(error.info());
-            match shared.sink.finish_status(&record).await {
-                Ok(true) => {}
-                Ok(false) => return Ok(()),
-                Err(e) => {
-                    tracing::warn!(job = %job_id, error = %e, "cannot record the failure (it is in the dead-letter stream)")
-                }
+    if let Some(job_id) = &job_id
+        && dead_letter
+    {
+        let mut record = status(job_id, JobState::Failed, d);
+        record.error = Some(error.info());
+        match shared.sink.finish_status(&record).await {
+            Ok(true) => {}
+            Ok(false) => return Ok(()),
+            Err(e) => {
+                tracing::warn!(job = %job_id, error = %e, "cannot record the failure (it is in the dead-letter stream)")
             }
         }
+    }
+    // Counted before the error result goes out, as ok jobs are.
+    shared.stats.record_job_failed(error.code);
+    if dead_letter {
+        shared.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+    }
+    if let Some(job_id) = &job_id {
         let result = JobResult {
             version: VERSION,
             job_id: job_id.clone(),
@@ -820,10 +828,6 @@ async fn give_up(
         {
             tracing::warn!(job = %job_id, error = %e, "cannot publish the error result (it is in the dead-letter stream)");
         }
-    }
-    shared.stats.record_job_failed(error.code);
-    if dead_letter {
-        shared.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
     }
     tracing::info!(
         job = job_id.as_deref().unwrap_or("?"),

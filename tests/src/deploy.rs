@@ -141,6 +141,20 @@ impl Deployment {
         stream.info().await.expect("job stream info").state.messages
     }
 
+    /// Messages left in the job stream once it holds `expected`, or after
+    /// 10 s. A job is acked just after its result is published, so a count
+    /// read the moment a result arrives may still include that job.
+    pub async fn jobs_in_stream_settled(&self, expected: u64) -> u64 {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let n = self.jobs_in_stream().await;
+            if n == expected || tokio::time::Instant::now() >= deadline {
+                return n;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
     /// The flags that point a consumer at this deployment, then `extra`
     /// (which may override the test defaults for the budget and intervals).
     pub fn consumer_args(&self, extra: &[&str]) -> Vec<String> {

@@ -68,7 +68,7 @@ async fn check(case: Case) {
         run.stderr.contains("cannot connect to NATS") && run.stderr.contains(case.wrong_says),
         "{run:?}"
     );
-    assert_eq!(d.jobs_in_stream().await, 0);
+    assert_eq!(d.jobs_in_stream_settled(0).await, 0);
 
     // A consumer without them fails at start-up at once (no 30 s of retries).
     let started = std::time::Instant::now();

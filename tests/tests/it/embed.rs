@@ -155,7 +155,11 @@ async fn embed_job_via_presigned_url_matches_reference_and_small_job_comes_inlin
     );
 
     // Nothing left in the stream.
-    assert_eq!(d.jobs_in_stream().await, 0, "jobs left in the stream");
+    assert_eq!(
+        d.jobs_in_stream_settled(0).await,
+        0,
+        "jobs left in the stream"
+    );
     consumer.shutdown(Duration::from_secs(10)).await.unwrap();
 }
 

@@ -368,7 +368,11 @@ async fn cancelled_jobs_are_not_run() {
         !d.producer.cancel("cancel-1").await.unwrap(),
         "a finished job cannot be cancelled"
     );
-    assert_eq!(d.jobs_in_stream().await, 0, "jobs left in the stream");
+    assert_eq!(
+        d.jobs_in_stream_settled(0).await,
+        0,
+        "jobs left in the stream"
+    );
     consumer.shutdown(Duration::from_secs(10)).await.unwrap();
 }
 
@@ -427,6 +431,10 @@ async fn exhausted_deliveries_are_dead_lettered_by_the_advisory_backstop() {
         d.producer.status("lost-1").await.unwrap().unwrap().state,
         JobState::Failed
     );
-    assert_eq!(d.jobs_in_stream().await, 0, "deleted from the work queue");
+    assert_eq!(
+        d.jobs_in_stream_settled(0).await,
+        0,
+        "deleted from the work queue"
+    );
     consumer.shutdown(Duration::from_secs(10)).await.unwrap();
 }

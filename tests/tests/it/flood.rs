@@ -62,7 +62,11 @@ fn exactly_once(results: &[sluice_schemas::JobResult], prefix: &str, n: usize) {
 }
 
 async fn assert_drained(d: &Deployment) {
-    assert_eq!(d.jobs_in_stream().await, 0, "jobs left in the stream");
+    assert_eq!(
+        d.jobs_in_stream_settled(0).await,
+        0,
+        "jobs left in the stream"
+    );
     let stream = d
         .producer
         .js

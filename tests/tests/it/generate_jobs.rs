@@ -159,7 +159,7 @@ async fn generate_and_embed_consumers_each_take_their_own_jobs() {
     // Each process answered its own task's jobs.
     assert_eq!(generator.stats.jobs_ok.load(Ordering::Relaxed), 2);
     assert_eq!(embedder.stats.jobs_ok.load(Ordering::Relaxed), 1);
-    assert_eq!(d.jobs_in_stream().await, 0);
+    assert_eq!(d.jobs_in_stream_settled(0).await, 0);
 
     // Same job again under another id, greedy: the same text.
     let mut again = generate_job(
@@ -304,7 +304,7 @@ async fn bad_prompts_and_parameters_get_clear_codes_and_dead_letters() {
         assert_eq!(status.state, JobState::Failed);
     }
     assert_eq!(letters.len(), cases.len(), "one dead letter per bad job");
-    assert_eq!(d.jobs_in_stream().await, 0, "nothing left behind");
+    assert_eq!(d.jobs_in_stream_settled(0).await, 0, "nothing left behind");
     consumer.shutdown(Duration::from_secs(10)).await.unwrap();
 }
 
@@ -398,6 +398,6 @@ async fn generate_flood_stays_inside_the_kv_budget() {
     );
     assert!(peak_reserved.load(Ordering::Relaxed) <= limit);
     assert_eq!(stats.jobs_ok.load(Ordering::Relaxed), JOBS as u64);
-    assert_eq!(d.jobs_in_stream().await, 0);
+    assert_eq!(d.jobs_in_stream_settled(0).await, 0);
     consumer.shutdown(Duration::from_secs(10)).await.unwrap();
 }

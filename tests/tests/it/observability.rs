@@ -174,8 +174,18 @@ async fn metrics_match_what_happened_and_readyz_goes_unready_while_draining() {
     let items: u64 = ok.iter().map(|r| r.usage.items).sum();
     assert_eq!(items, 22);
 
-    let (status, text) = get(addr, "/metrics").await;
-    assert_eq!(status, 200);
+    // Counters are final before a result goes out; a job leaves the in-flight
+    // gauge only after its ack, just after the result. Wait for that.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let (status, text) = get(addr, "/metrics").await;
+        assert_eq!(status, 200);
+        if metric(&text, "sluice_jobs_in_flight") == 0.0 || tokio::time::Instant::now() >= deadline
+        {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     assert_eq!(metric(&text, "sluice_jobs_ok_total"), 3.0);
     assert_eq!(
         metric(&text, "sluice_jobs_failed_total{code=\"input_invalid\"}"),

@@ -67,7 +67,7 @@ async fn check_example(program: &str, script: &str) {
         let status = d.producer.status(id).await.unwrap().unwrap();
         assert_eq!(status.state, sluice_schemas::JobState::Done, "{status:?}");
     }
-    assert_eq!(d.jobs_in_stream().await, 0);
+    assert_eq!(d.jobs_in_stream_settled(0).await, 0);
 }
 
 #[tokio::test]
