@@ -274,7 +274,19 @@ async fn submit_wait_download_status_dedup_and_watch() {
     );
     assert!(run.stdout.contains("line 2: not JSON"), "{run:?}");
 
-    let watch = d.cli(&["watch", "--once", "--json"], None, T).await;
+    // The Term ack follows the error result: read until it has landed (bounded).
+    let mut watch = d.cli(&["watch", "--once", "--json"], None, T).await;
+    for _ in 0..50 {
+        let settled = watch
+            .json_lines()
+            .first()
+            .is_some_and(|c| c["stream"]["messages"] == 0 && c["stream"]["in_flight"] == 0);
+        if settled {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        watch = d.cli(&["watch", "--once", "--json"], None, T).await;
+    }
     assert_eq!(watch.code, Some(0), "{watch:?}");
     let c = &watch.json_lines()[0];
     assert_eq!(c["done"], 4, "{watch:?}");
