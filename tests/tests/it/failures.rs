@@ -278,12 +278,7 @@ async fn each_bad_input_gets_its_code_a_result_and_a_dead_letter() {
         expected.len() + 1,
         "one dead letter per bad job: {dlq:?}"
     );
-    let mut stream = p.js.get_stream(&d.topology.job_stream).await.unwrap();
-    assert_eq!(
-        stream.info().await.unwrap().state.messages,
-        0,
-        "nothing left behind"
-    );
+    assert_eq!(d.jobs_in_stream_settled(0).await, 0, "nothing left behind");
     consumer.shutdown(Duration::from_secs(10)).await.unwrap();
 }
 
