@@ -145,14 +145,12 @@ impl Deployment {
     /// 10 s. A job is acked just after its result is published, so a count
     /// read the moment a result arrives may still include that job.
     pub async fn jobs_in_stream_settled(&self, expected: u64) -> u64 {
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-        loop {
-            let n = self.jobs_in_stream().await;
-            if n == expected || tokio::time::Instant::now() >= deadline {
-                return n;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
+        crate::read_until(
+            std::time::Duration::from_secs(10),
+            || self.jobs_in_stream(),
+            |&n| n == expected,
+        )
+        .await
     }
 
     /// The flags that point a consumer at this deployment, then `extra`

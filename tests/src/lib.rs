@@ -73,6 +73,28 @@ pub fn resident_bytes_of(pid: u32) -> Option<u64> {
         .map(|kb| kb * 1024)
 }
 
+/// Reads with `read` until `done` holds of the reading or `within` has passed,
+/// and returns the last reading, for the caller to assert on: for state that
+/// settles a moment after the event a test waited for (an ack that follows a
+/// result).
+pub async fn read_until<T, Fut>(
+    within: Duration,
+    mut read: impl FnMut() -> Fut,
+    done: impl Fn(&T) -> bool,
+) -> T
+where
+    Fut: std::future::Future<Output = T>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        let reading = read().await;
+        if done(&reading) || Instant::now() >= deadline {
+            return reading;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// A name no other test in this run (or a parallel run) uses.
 pub fn unique_name(prefix: &str) -> String {
     static NEXT: AtomicU32 = AtomicU32::new(0);

@@ -550,15 +550,7 @@ mod avx2 {
         for chunk in chunks.iter() {
             max_v = _mm256_max_ps(max_v, load(chunk));
         }
-        let lanes: [f32; 8] = {
-            let mut lanes = [0f32; 8];
-            store(&mut lanes, max_v);
-            lanes
-        };
-        let max = lanes
-            .iter()
-            .chain(tail.iter())
-            .fold(f32::NEG_INFINITY, |m, s| m.max(*s));
+        let max = tail.iter().fold(hmax(max_v), |m, s| m.max(*s));
         let max_v = _mm256_set1_ps(max);
         let mut sum_v = _mm256_setzero_ps();
         for chunk in chunks {
@@ -677,6 +669,15 @@ mod avx2 {
         ));
         let y = _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
         _mm256_andnot_ps(too_small, y)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn hmax(v: __m256) -> f32 {
+        let s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_max_ss(s, _mm_shuffle_ps::<1>(s, s));
+        _mm_cvtss_f32(s)
     }
 
     #[target_feature(enable = "avx2,fma")]

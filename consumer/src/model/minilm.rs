@@ -71,15 +71,16 @@ impl MiniLm {
             .map_err(|e| format!("cannot read {}: {e}", weights.display()))?;
         let vb = VarBuilder::from_buffered_safetensors(bytes, DType::F32, &device)
             .map_err(|e| format!("cannot load {}: {e}", weights.display()))?;
-        let mut packed =
+        let fastest =
             choice == ForwardChoice::Fastest && device.is_cpu() && encoder_kernels::available();
-        if let Some(reason) = BertEncoder::unsupported(&config).filter(|_| packed) {
+        let unsupported = fastest.then(|| BertEncoder::unsupported(&config)).flatten();
+        if let Some(reason) = &unsupported {
             tracing::warn!(
                 model = %dir.display(),
                 "sluice's CPU forward does not run this model ({reason}); using candle-transformers' BERT, which is slower"
             );
-            packed = false;
         }
+        let packed = fastest && unsupported.is_none();
         let forward = if packed {
             Forward::Packed(
                 BertEncoder::load(vb, &config)

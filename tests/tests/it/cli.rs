@@ -6,7 +6,7 @@ use serde_json::Value;
 use sluice_consumer::npy;
 use sluice_tests::deploy::{Deployment, run_cli};
 use sluice_tests::fixtures::jsonl;
-use sluice_tests::{Servers, free_port, unique_name};
+use sluice_tests::{Servers, free_port, read_until, unique_name};
 
 const T: Duration = Duration::from_secs(120);
 
@@ -275,18 +275,17 @@ async fn submit_wait_download_status_dedup_and_watch() {
     assert!(run.stdout.contains("line 2: not JSON"), "{run:?}");
 
     // The Term ack follows the error result: read until it has landed (bounded).
-    let mut watch = d.cli(&["watch", "--once", "--json"], None, T).await;
-    for _ in 0..50 {
-        let settled = watch
-            .json_lines()
-            .first()
-            .is_some_and(|c| c["stream"]["messages"] == 0 && c["stream"]["in_flight"] == 0);
-        if settled {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        watch = d.cli(&["watch", "--once", "--json"], None, T).await;
-    }
+    let watch = read_until(
+        Duration::from_secs(5),
+        || d.cli(&["watch", "--once", "--json"], None, T),
+        |watch| {
+            watch
+                .json_lines()
+                .first()
+                .is_some_and(|c| c["stream"]["messages"] == 0 && c["stream"]["in_flight"] == 0)
+        },
+    )
+    .await;
     assert_eq!(watch.code, Some(0), "{watch:?}");
     let c = &watch.json_lines()[0];
     assert_eq!(c["done"], 4, "{watch:?}");

@@ -8,6 +8,7 @@ use sluice_schemas::{Input, Outcome};
 use sluice_tests::deploy::Deployment;
 use sluice_tests::fixtures::jsonl;
 use sluice_tests::otlp::OtlpReceiver;
+use sluice_tests::read_until;
 
 use crate::embed::wait_results;
 
@@ -176,16 +177,13 @@ async fn metrics_match_what_happened_and_readyz_goes_unready_while_draining() {
 
     // Counters are final before a result goes out; a job leaves the in-flight
     // gauge only after its ack, just after the result. Wait for that.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let text = loop {
-        let (status, text) = get(addr, "/metrics").await;
-        assert_eq!(status, 200);
-        if metric(&text, "sluice_jobs_in_flight") == 0.0 || tokio::time::Instant::now() >= deadline
-        {
-            break text;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let (status, text) = read_until(
+        Duration::from_secs(10),
+        || get(addr, "/metrics"),
+        |(_, text)| metric(text, "sluice_jobs_in_flight") == 0.0,
+    )
+    .await;
+    assert_eq!(status, 200);
     assert_eq!(metric(&text, "sluice_jobs_ok_total"), 3.0);
     assert_eq!(
         metric(&text, "sluice_jobs_failed_total{code=\"input_invalid\"}"),
