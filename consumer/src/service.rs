@@ -486,6 +486,7 @@ fn start_embed(
     tracing::info!(
         task = "embed",
         forward = model.forward_name(),
+        cpu_kernels = model::cpu::level().name(),
         budget_mib = limit >> 20,
         activation_mib = activation >> 20,
         worst_job_kib = worst_job >> 10,
@@ -600,6 +601,7 @@ fn start_generate(config: &Config, stats: &Arc<Stats>) -> anyhow::Result<Started
         worst_job_mib = worst_job >> 20,
         kv_bytes_per_token = llama.config.kv_bytes_per_token(),
         weights = ?g.weights,
+        cpu_kernels = model::cpu::level().name(),
         warmup_ms = warm.elapsed().as_millis() as u64,
         "model ready"
     );

@@ -1,4 +1,5 @@
-//! Reference data shared with the rest of the team (`../shared/fixtures`).
+//! Reference data kept in the repository (`tests/fixtures/`, where its
+//! README says how each file was produced).
 
 use std::path::PathBuf;
 
@@ -19,17 +20,16 @@ pub struct ReferenceItem {
     pub embedding: Vec<f32>,
 }
 
-pub fn shared_dir() -> PathBuf {
-    std::env::var_os("SLUICE_SHARED_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("../shared"))
+/// `tests/fixtures/` of this repository.
+pub fn fixtures_dir() -> PathBuf {
+    repo_root().join("tests/fixtures")
 }
 
 /// sentence-transformers' all-MiniLM-L6-v2 vectors for a set of texts.
 pub fn minilm_reference() -> Result<Reference> {
-    let path = shared_dir().join("fixtures/minilm_reference.json");
+    let path = fixtures_dir().join("minilm_reference.json");
     let text = std::fs::read_to_string(&path)
-        .with_context(|| format!("cannot read {} (the shared fixtures)", path.display()))?;
+        .with_context(|| format!("cannot read {} (the test fixtures)", path.display()))?;
     Ok(serde_json::from_str(&text)?)
 }
 

@@ -3,6 +3,7 @@
 //! batch costs in memory, which is what the budget and the batcher plan with.
 
 mod bert;
+pub mod cpu;
 pub mod encoder_kernels;
 pub mod generation;
 pub mod gguf_tokenizer;
@@ -56,6 +57,11 @@ impl From<candle_core::Error> for ModelError {
 
 /// Opens the configured device.
 pub fn open_device(config: &ModelConfig) -> candle_core::Result<Device> {
+    let kernels = cpu::choice();
+    match &kernels.note {
+        Some(note) => tracing::warn!(level = kernels.level.name(), "{note}"),
+        None => tracing::debug!(level = kernels.level.name(), "CPU kernels"),
+    }
     match config.device {
         DeviceKind::Cpu => Ok(Device::Cpu),
         DeviceKind::Cuda => Device::new_cuda(config.cuda_ordinal),

@@ -53,16 +53,10 @@ pub struct QuantizedRows {
     s: Vec<f32>,
 }
 
-/// Whether this CPU runs the SIMD kernels.
+/// Whether the SIMD kernels run in this process: the CPU has AVX2 and FMA
+/// and `SLUICE_CPU_KERNELS` did not lower the level (see [`super::cpu`]).
 pub fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    super::cpu::level() >= super::cpu::KernelLevel::Avx2
 }
 
 impl PackedMatrix {
