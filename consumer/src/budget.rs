@@ -210,6 +210,74 @@ fn proc_status_bytes(field: &str) -> Option<u64> {
         .map(|kb| kb * 1024)
 }
 
+/// What one job can cost in memory, for admission. See `budget.md`.
+#[derive(Debug, Clone)]
+pub struct JobCost {
+    pub max_input_bytes: u64,
+    pub max_items: u64,
+    pub per_item: ItemCost,
+}
+
+/// What an item costs, by task.
+#[derive(Debug, Clone)]
+pub enum ItemCost {
+    /// A text: its ids while it waits, its vector (and the `.npy` copy).
+    Embed { dim: u64, max_tokens_per_item: u64 },
+    /// A prompt: the KV cache of its whole sequence, its ids and its text.
+    Generate {
+        kv_bytes_per_token: u64,
+        max_prompt_tokens: u64,
+        max_new_tokens: u64,
+    },
+}
+
+impl JobCost {
+    /// Bytes per token held while a job waits: its id, and the batch
+    /// copy of it.
+    const PER_TOKEN: u64 = 8;
+    /// Bytes per item beyond its vector: bookkeeping and channel messages.
+    const PER_ITEM: u64 = 256;
+    /// generate: bytes per sequence token beyond its KV cache: the id, the
+    /// text it decodes to (a token is rarely over 16 bytes) and the output's
+    /// JSON copy of that text.
+    const PER_GENERATED_TOKEN: u64 = 8 + 2 * 16;
+
+    /// The most a job can hold before its inputs are read: the raw input and
+    /// its parsed copy, and every item at the longest the input allows.
+    pub fn worst_bytes(&self) -> u64 {
+        // A JSONL item takes at least 3 bytes ("" and a newline).
+        let items = self.max_items.min(self.max_input_bytes / 3 + 1);
+        let tokens = match self.per_item {
+            // Every embed item carries two special tokens.
+            ItemCost::Embed {
+                max_tokens_per_item,
+                ..
+            } => (items * max_tokens_per_item).min(self.max_input_bytes + 2 * items),
+            // A prompt may grow by its chat template, and then generates.
+            ItemCost::Generate {
+                max_prompt_tokens,
+                max_new_tokens,
+                ..
+            } => items * (max_prompt_tokens + max_new_tokens),
+        };
+        3 * self.max_input_bytes + self.actual_bytes(items, tokens)
+    }
+
+    /// What a job holds once tokenized. embed: `tokens` are the items' ids,
+    /// plus vectors; generate: `tokens` are the sequences' whole lengths
+    /// (`prompt + max_new_tokens` each), each with its KV cache.
+    pub fn actual_bytes(&self, items: u64, tokens: u64) -> u64 {
+        match self.per_item {
+            ItemCost::Embed { dim, .. } => {
+                tokens * Self::PER_TOKEN + items * (2 * 4 * dim + Self::PER_ITEM)
+            }
+            ItemCost::Generate {
+                kv_bytes_per_token, ..
+            } => tokens * (kv_bytes_per_token + Self::PER_GENERATED_TOKEN) + items * Self::PER_ITEM,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

@@ -216,7 +216,7 @@ pub struct Config {
         value_enum,
         default_value = "http/protobuf"
     )]
-    pub otlp_protocol: crate::trace::OtlpProtocol,
+    pub otlp_protocol: crate::telemetry::OtlpProtocol,
     /// With --otlp-endpoint: seconds between metric pushes (to <endpoint>/v1/metrics).
     #[arg(long, env = "SLUICE_OTLP_METRICS_INTERVAL_SECS", default_value_t = 15)]
     pub otlp_metrics_interval_secs: u64,

@@ -1,37 +1,32 @@
-//! The sluice consumer. The data path, one module per stage:
+//! The sluice consumer. The data path, one folder or file per stage (see
+//! ARCHITECTURE.md at the repository root for the whole map):
 //!
 //! ```text
-//! service::admit -> job::handle -> fetch -> model::TextTokenizer -> batcher -> executor -> sink -> ack
-//! (pull within     (one task      (inputs)  (blocking pool)         (token-sum  (model on    (S3, result,
-//!  the budget)      per job)                                         batches)    own thread)  status)
+//! service::admit -> job::pipeline -> fetch -> engine::embed -> output -> job::settle
+//! (pull within     (one task per    (inputs)  (tokenize, batch  (S3 or    (status, result,
+//!  the budget)      job)                       by tokens, run)   inline)   ack / retry / DLQ)
 //! ```
 //!
-//! A `--task generate` process takes the same path up to fetch, then
-//! `generate::GenerateEngine` (prompts tokenized, limits checked) -> the
-//! generation thread (`generate::spawn`: continuous batching over the llama
-//! model) -> sink (JSONL) -> ack.
+//! A `--task generate` process takes the same path with `engine::generate`
+//! (prompts tokenized and checked, then the generation thread's continuous
+//! batching over the llama model) in place of `engine::embed`.
 //!
 //! `main` parses a [`Config`] and calls [`run`]; tests call [`start`].
 
-pub mod advisory;
 pub mod alloc;
-pub mod batcher;
 pub mod budget;
 pub mod config;
+pub mod engine;
 pub mod error;
-pub mod executor;
 pub mod fetch;
-pub mod generate;
 pub mod http;
 pub mod job;
 pub mod model;
-pub mod npy;
 pub mod offline;
-pub mod otlp_metrics;
+pub mod output;
 pub mod service;
-pub mod sink;
+pub mod shared;
 pub mod telemetry;
-pub mod trace;
 
 use std::time::Duration;
 

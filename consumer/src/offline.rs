@@ -8,9 +8,11 @@ use anyhow::Context;
 use sluice_schemas::{Item, Task};
 use tokio::sync::mpsc;
 
-use crate::batcher::{BatchItem, Queue};
 use crate::config::ModelConfig;
-use crate::{fetch, npy, service};
+use crate::engine::embed::batcher::{BatchItem, Queue};
+use crate::engine::embed::{l2_normalize, load_embedding_model};
+use crate::fetch;
+use crate::output::npy;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct EmbedArgs {
@@ -44,7 +46,7 @@ pub struct EmbedReport {
 pub fn embed_file(args: &EmbedArgs) -> anyhow::Result<EmbedReport> {
     args.model.validate()?;
     crate::alloc::tune();
-    let loaded = service::load_embedding_model(&args.model)?;
+    let loaded = load_embedding_model(&args.model)?;
     let body = std::fs::read(&args.input)
         .with_context(|| format!("cannot read {}", args.input.display()))?;
     let mut items = Vec::new();
@@ -96,7 +98,7 @@ pub fn embed_file(args: &EmbedArgs) -> anyhow::Result<EmbedReport> {
     }
     let model_secs = model_start.elapsed().as_secs_f64();
     if args.normalize {
-        vectors = vectors.into_iter().map(crate::job::l2_normalize).collect();
+        vectors = vectors.into_iter().map(l2_normalize).collect();
     }
     let dim = loaded.model.dim();
     std::fs::write(&args.output, npy::encode_f32(&vectors, dim))

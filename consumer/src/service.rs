@@ -5,163 +5,21 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use async_nats::jetstream::{self, consumer::PullConsumer};
 use futures::StreamExt;
-use sluice_schemas::{Task, Topology};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::batcher::{self, BatchItem};
-use crate::budget::{Budget, device_headroom_bytes};
+use crate::budget::Budget;
 use crate::config::Config;
+use crate::engine::startup::Started;
 use crate::fetch::{FetchPolicy, Fetcher};
-use crate::model::{self, EmbeddingModel, MiniLm, TextTokenizer};
-use crate::sink::Sink;
-use crate::telemetry::Stats;
-use crate::{executor, http, job};
-
-/// Per-job limits from the config.
-pub struct Limits {
-    pub max_input_bytes: u64,
-    pub max_items_per_job: u64,
-}
-
-/// What one job can cost in memory, for admission. See `budget.md`.
-#[derive(Debug, Clone)]
-pub struct JobCost {
-    pub max_input_bytes: u64,
-    pub max_items: u64,
-    pub per_item: ItemCost,
-}
-
-/// What an item costs, by task.
-#[derive(Debug, Clone)]
-pub enum ItemCost {
-    /// A text: its ids while it waits, its vector (and the `.npy` copy).
-    Embed { dim: u64, max_tokens_per_item: u64 },
-    /// A prompt: the KV cache of its whole sequence, its ids and its text.
-    Generate {
-        kv_bytes_per_token: u64,
-        max_prompt_tokens: u64,
-        max_new_tokens: u64,
-    },
-}
-
-impl JobCost {
-    /// Bytes per token held while a job waits: its id, and the batch
-    /// copy of it.
-    const PER_TOKEN: u64 = 8;
-    /// Bytes per item beyond its vector: bookkeeping and channel messages.
-    const PER_ITEM: u64 = 256;
-    /// generate: bytes per sequence token beyond its KV cache: the id, the
-    /// text it decodes to (a token is rarely over 16 bytes) and the output's
-    /// JSON copy of that text.
-    const PER_GENERATED_TOKEN: u64 = 8 + 2 * 16;
-
-    /// The most a job can hold before its inputs are read: the raw input and
-    /// its parsed copy, and every item at the longest the input allows.
-    pub fn worst_bytes(&self) -> u64 {
-        // A JSONL item takes at least 3 bytes ("" and a newline).
-        let items = self.max_items.min(self.max_input_bytes / 3 + 1);
-        let tokens = match self.per_item {
-            // Every embed item carries two special tokens.
-            ItemCost::Embed {
-                max_tokens_per_item,
-                ..
-            } => (items * max_tokens_per_item).min(self.max_input_bytes + 2 * items),
-            // A prompt may grow by its chat template, and then generates.
-            ItemCost::Generate {
-                max_prompt_tokens,
-                max_new_tokens,
-                ..
-            } => items * (max_prompt_tokens + max_new_tokens),
-        };
-        3 * self.max_input_bytes + self.actual_bytes(items, tokens)
-    }
-
-    /// What a job holds once tokenized. embed: `tokens` are the items' ids,
-    /// plus vectors; generate: `tokens` are the sequences' whole lengths
-    /// (`prompt + max_new_tokens` each), each with its KV cache.
-    pub fn actual_bytes(&self, items: u64, tokens: u64) -> u64 {
-        match self.per_item {
-            ItemCost::Embed { dim, .. } => {
-                tokens * Self::PER_TOKEN + items * (2 * 4 * dim + Self::PER_ITEM)
-            }
-            ItemCost::Generate {
-                kv_bytes_per_token, ..
-            } => tokens * (kv_bytes_per_token + Self::PER_GENERATED_TOKEN) + items * Self::PER_ITEM,
-        }
-    }
-}
-
-/// The task-specific end of the data path.
-pub enum Engine {
-    Embed(EmbedEngine),
-    Generate(crate::generate::GenerateEngine),
-}
-
-impl Engine {
-    /// The task this process serves.
-    pub fn task(&self) -> Task {
-        match self {
-            Engine::Embed(_) => Task::Embed,
-            Engine::Generate(_) => Task::Generate,
-        }
-    }
-}
-
-/// embed: tokenizer, and the batcher that feeds the executor.
-pub struct EmbedEngine {
-    pub dim: usize,
-    pub tokenizer: Arc<TextTokenizer>,
-    pub batcher: mpsc::Sender<BatchItem>,
-}
-
-/// What every job task shares.
-pub struct Shared {
-    pub topology: Topology,
-    pub js: jetstream::Context,
-    pub model_name: String,
-    pub limits: Limits,
-    pub cost: JobCost,
-    pub fetcher: Fetcher,
-    pub engine: Engine,
-    pub sink: Sink,
-    pub stats: Arc<Stats>,
-    pub max_deliver: i64,
-    pub progress_interval: Duration,
-    pub retry_base: Duration,
-    pub retry_max: Duration,
-    pub tracing: crate::trace::Tracing,
-}
-
-/// The model side of start-up, also used by the offline `embed` command.
-pub struct LoadedModel {
-    pub model: Box<dyn EmbeddingModel>,
-    pub tokenizer: Arc<TextTokenizer>,
-    pub device: candle_core::Device,
-}
-
-pub fn load_embedding_model(config: &crate::config::ModelConfig) -> anyhow::Result<LoadedModel> {
-    let device = model::open_device(config).context("cannot open the device")?;
-    let dir = &config.dir(Task::Embed);
-    if !dir.join("model.safetensors").is_file() {
-        bail!(
-            "no model at {}: run ./scripts/setup (it unpacks all-MiniLM-L6-v2 into models/), or set --model-dir",
-            dir.display()
-        );
-    }
-    let tokenizer = TextTokenizer::load(&dir.join("tokenizer.json"), config.max_tokens_per_item)
-        .map_err(anyhow::Error::msg)?;
-    let model = MiniLm::load(dir, device.clone(), config.max_tokens_per_item)
-        .map_err(anyhow::Error::msg)?;
-    Ok(LoadedModel {
-        model: Box::new(model),
-        tokenizer: Arc::new(tokenizer),
-        device,
-    })
-}
+use crate::output::{DeadLetters, OutputStore, ResultPublisher, StatusStore};
+use crate::shared::{Limits, Shared};
+use crate::telemetry::otlp::OtlpMetrics;
+use crate::telemetry::{Stats, Tracing};
+use crate::{engine, http, job};
 
 /// A running consumer. Drop does not stop it: call [`Running::shutdown`].
 pub struct Running {
@@ -172,8 +30,8 @@ pub struct Running {
     admission: tokio::task::JoinHandle<anyhow::Result<()>>,
     executor: std::thread::JoinHandle<()>,
     ready: Arc<AtomicBool>,
-    tracing: crate::trace::Tracing,
-    otlp_metrics: Option<crate::otlp_metrics::OtlpMetrics>,
+    tracing: Tracing,
+    otlp_metrics: Option<OtlpMetrics>,
 }
 
 impl Running {
@@ -218,11 +76,11 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         // The exporter's HTTP client is a blocking one: build it off the runtime.
         Some(endpoint) => {
             let protocol = config.otlp_protocol;
-            tokio::task::spawn_blocking(move || crate::trace::Tracing::otlp(&endpoint, protocol))
+            tokio::task::spawn_blocking(move || Tracing::otlp(&endpoint, protocol))
                 .await
                 .context("tracing set-up panicked")??
         }
-        None => crate::trace::Tracing::disabled(),
+        None => Tracing::disabled(),
     };
     let stats = Arc::new(Stats::default());
     let Started {
@@ -231,10 +89,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         cost,
         budget,
         device,
-    } = match task {
-        Task::Embed => start_embed(&config, &stats, &tracing)?,
-        Task::Generate => start_generate(&config, &stats)?,
-    };
+    } = engine::start(&config, &stats, &tracing)?;
 
     let nats = sluice_connect::connect_nats(
         &config.nats_url,
@@ -317,15 +172,15 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         })
         .map_err(anyhow::Error::msg)?,
         engine,
-        sink: Sink {
+        outputs: OutputStore {
             s3,
             bucket: config.output_bucket.clone(),
             prefix: config.output_prefix.clone(),
             inline_max_bytes: config.inline_output_max_bytes,
-            nats: nats.clone(),
-            js,
-            status,
         },
+        results: ResultPublisher { nats: nats.clone() },
+        status: StatusStore { kv: status },
+        dead_letters: DeadLetters { js },
         stats: Arc::clone(&stats),
         max_deliver,
         progress_interval: Duration::from_secs(config.progress_interval_secs),
@@ -334,14 +189,11 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         tracing: tracing.clone(),
     });
 
-    let advisories = crate::advisory::subscribe(
-        &shared.sink.nats,
-        &shared.topology.job_stream,
-        &consumer_name,
-    )
-    .await
-    .context("cannot subscribe to the MAX_DELIVERIES advisories")?;
-    tokio::spawn(crate::advisory::run(
+    let advisories =
+        job::dead_letter::subscribe(&nats, &shared.topology.job_stream, &consumer_name)
+            .await
+            .context("cannot subscribe to the MAX_DELIVERIES advisories")?;
+    tokio::spawn(job::dead_letter::run(
         Arc::downgrade(&shared),
         stream,
         advisories,
@@ -362,7 +214,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             let interval = Duration::from_secs(config.otlp_metrics_interval_secs.max(1));
             Some(
                 tokio::task::spawn_blocking(move || {
-                    crate::otlp_metrics::OtlpMetrics::start(
+                    OtlpMetrics::start(
                         &endpoint,
                         protocol,
                         interval,
@@ -401,239 +253,6 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         ready,
         tracing,
         otlp_metrics,
-    })
-}
-
-/// What the task-specific half of start-up hands the rest.
-struct Started {
-    engine: Engine,
-    /// The thread that owns the model (the executor, or the generation thread).
-    model_thread: std::thread::JoinHandle<()>,
-    cost: JobCost,
-    budget: Budget,
-    /// The device's name for logs and status, e.g. `cpu` or `cuda:0`.
-    device: String,
-}
-
-fn device_name(device: &candle_core::Device) -> String {
-    match device.location() {
-        candle_core::DeviceLocation::Cpu => "cpu".to_string(),
-        candle_core::DeviceLocation::Cuda { gpu_id } => format!("cuda:{gpu_id}"),
-        other => format!("{other:?}"),
-    }
-}
-
-/// The budget: explicit, or a fraction of the headroom left after loading the model.
-fn budget_limit(config: &Config, device: &candle_core::Device) -> anyhow::Result<u64> {
-    Ok(match config.memory_budget_bytes {
-        Some(b) => b,
-        None => {
-            let headroom = device_headroom_bytes(device).map_err(anyhow::Error::msg)?;
-            (headroom as f64 * config.memory_fraction) as u64
-        }
-    })
-}
-
-/// embed: load MiniLM, size and check the budget, warm up, start the
-/// batcher and the executor thread.
-fn start_embed(
-    config: &Config,
-    stats: &Arc<Stats>,
-    tracing: &crate::trace::Tracing,
-) -> anyhow::Result<Started> {
-    let loaded = load_embedding_model(&config.model)?;
-    let device = device_name(&loaded.device);
-    let model = loaded.model;
-    let dim = model.dim();
-    let limit = budget_limit(config, &loaded.device)?;
-    let (n, len) =
-        model::worst_batch_shape(config.model.max_batch_tokens, model.max_tokens_per_item());
-    let activation = model.batch_cost_bytes(n, len);
-    let cost = JobCost {
-        max_input_bytes: config.max_input_bytes,
-        max_items: config.max_items_per_job(),
-        per_item: ItemCost::Embed {
-            dim: dim as u64,
-            max_tokens_per_item: model.max_tokens_per_item() as u64,
-        },
-    };
-    let worst_job = cost.worst_bytes();
-    if activation + worst_job > limit {
-        bail!(
-            "the memory budget ({} MiB) cannot hold one batch at max_batch_tokens={} ({} MiB of activations \
-             for {n} items x {len} tokens) plus one job at its worst case ({} MiB, from max_input_bytes={} and \
-             max_items_per_job={}): raise --memory-budget (or --memory-fraction), or lower --max-batch-tokens, \
-             --max-input-bytes or --max-items-per-job",
-            limit >> 20,
-            config.model.max_batch_tokens,
-            activation >> 20,
-            worst_job >> 20,
-            config.max_input_bytes,
-            config.max_items_per_job(),
-        );
-    }
-    // Warm up with the largest batch the budget allows: it proves the shape
-    // fits and takes the first-call costs out of the first job.
-    let warm = Instant::now();
-    let dummy: Vec<Vec<u32>> = (0..n).map(|_| vec![101u32; len]).collect();
-    let refs: Vec<&[u32]> = dummy.iter().map(Vec::as_slice).collect();
-    model.embed(&refs).map_err(|e| {
-        anyhow::anyhow!(
-            "warm-up with the largest batch ({n} x {len} tokens) failed: {e}; lower --max-batch-tokens or --memory-budget"
-        )
-    })?;
-    drop(dummy);
-    tracing::info!(
-        task = "embed",
-        forward = model.forward_name(),
-        cpu_kernels = model::cpu::level().name(),
-        budget_mib = limit >> 20,
-        activation_mib = activation >> 20,
-        worst_job_kib = worst_job >> 10,
-        warmup_ms = warm.elapsed().as_millis() as u64,
-        "model ready"
-    );
-    // The one batch in flight holds its activations outside the job budget.
-    let budget = Budget::new(limit - activation);
-    let (item_tx, item_rx) = mpsc::channel(4096);
-    let (batch_tx, batch_rx) = mpsc::channel(1);
-    let executor = executor::spawn(
-        model,
-        batch_rx,
-        Arc::clone(stats),
-        budget.clone(),
-        tracing.clone(),
-    )?;
-    tokio::spawn(batcher::run(
-        item_rx,
-        batch_tx,
-        config.model.max_batch_tokens,
-        Duration::from_millis(config.max_wait_ms),
-    ));
-    let engine = Engine::Embed(EmbedEngine {
-        dim,
-        tokenizer: loaded.tokenizer,
-        batcher: item_tx,
-    });
-    Ok(Started {
-        engine,
-        model_thread: executor,
-        cost,
-        budget,
-        device,
-    })
-}
-
-/// generate: load the GGUF, check the limits against the model and the
-/// budget (one step's activations plus one job at its worst), warm up with
-/// the longest prompt chunk over the longest context, start the generation
-/// thread.
-fn start_generate(config: &Config, stats: &Arc<Stats>) -> anyhow::Result<Started> {
-    let g = &config.generate;
-    let device = model::open_device(&config.model).context("cannot open the device")?;
-    let (llama, tokenizer) =
-        crate::generate::load(&config.model.dir(Task::Generate), g.weights, &device)?;
-    let context = g.max_prompt_tokens + g.max_new_tokens;
-    if context > llama.config.context_length {
-        bail!(
-            "max_prompt_tokens ({}) + max_new_tokens ({}) exceed the model's context of {} tokens: lower --max-prompt-tokens or --max-new-tokens",
-            g.max_prompt_tokens,
-            g.max_new_tokens,
-            llama.config.context_length
-        );
-    }
-    let limit = budget_limit(config, &device)?;
-    let chunk = (g.max_step_tokens / 2).max(1);
-    let activation =
-        llama
-            .config
-            .step_activation_bytes(g.max_step_tokens, g.max_sequences, chunk, context);
-    let cost = JobCost {
-        max_input_bytes: config.max_input_bytes,
-        max_items: config.max_items_per_job(),
-        per_item: ItemCost::Generate {
-            kv_bytes_per_token: llama.config.kv_bytes_per_token(),
-            max_prompt_tokens: g.max_prompt_tokens as u64,
-            max_new_tokens: g.max_new_tokens as u64,
-        },
-    };
-    let worst_job = cost.worst_bytes();
-    if activation + worst_job > limit {
-        bail!(
-            "the memory budget ({} MiB) cannot hold one generation step ({} MiB of activations at max_step_tokens={} \
-             and max_sequences={}) plus one job at its worst case ({} MiB: max_items_per_job={} prompts of \
-             max_prompt_tokens={} + max_new_tokens={} tokens at {} KiB of KV cache per token): raise --memory-budget \
-             (or --memory-fraction), or lower --max-items-per-job, --max-prompt-tokens or --max-new-tokens",
-            limit >> 20,
-            activation >> 20,
-            g.max_step_tokens,
-            g.max_sequences,
-            worst_job >> 20,
-            config.max_items_per_job(),
-            g.max_prompt_tokens,
-            g.max_new_tokens,
-            llama.config.kv_bytes_per_token() >> 10,
-        );
-    }
-    // Warm up: the longest prompt chunk into a cache as long as a sequence can be.
-    let warm = Instant::now();
-    {
-        let mut cache = llama.new_cache(context).map_err(|e| {
-            anyhow::anyhow!("warm-up failed: {e}; lower --max-prompt-tokens or --max-new-tokens")
-        })?;
-        let tokens = vec![tokenizer.eos_id; chunk.min(context)];
-        llama
-            .forward(&mut [model::llama::Segment {
-                cache: &mut cache,
-                tokens: &tokens,
-            }])
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "warm-up with a {chunk}-token prompt chunk failed: {e}; lower --max-step-tokens or --memory-budget"
-                )
-            })?;
-    }
-    let job_budget = limit - activation;
-    tracing::info!(
-        task = "generate",
-        budget_mib = limit >> 20,
-        activation_mib = activation >> 20,
-        worst_job_mib = worst_job >> 20,
-        kv_bytes_per_token = llama.config.kv_bytes_per_token(),
-        weights = ?g.weights,
-        cpu_kernels = model::cpu::level().name(),
-        warmup_ms = warm.elapsed().as_millis() as u64,
-        "model ready"
-    );
-    let budget = Budget::new(job_budget);
-    let tokenizer = Arc::new(tokenizer);
-    let (tx, rx) = mpsc::channel(1024);
-    let executor = crate::generate::spawn(
-        llama,
-        Arc::clone(&tokenizer),
-        rx,
-        crate::generate::StepSettings {
-            max_step_tokens: g.max_step_tokens,
-            max_sequences: g.max_sequences,
-            kv_budget: job_budget,
-        },
-        Arc::clone(stats),
-    )?;
-    let engine = Engine::Generate(crate::generate::GenerateEngine {
-        tokenizer,
-        sequences: tx,
-        limits: crate::generate::GenerateLimits {
-            max_prompt_tokens: g.max_prompt_tokens,
-            max_new_tokens: g.max_new_tokens,
-            default_max_new_tokens: g.default_max_new_tokens(),
-        },
-    });
-    Ok(Started {
-        engine,
-        model_thread: executor,
-        cost,
-        budget,
-        device: device_name(&device),
     })
 }
 

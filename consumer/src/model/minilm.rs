@@ -2,9 +2,10 @@
 //! pooling: the mean of the last hidden state over the sequence's own tokens.
 //! Normalization is the job's choice and happens later.
 //!
-//! Two forwards: sluice's own (`bert.rs`) on x86-64 CPUs with AVX2 + FMA, and
-//! candle-transformers' BERT elsewhere (CUDA, other CPUs), which is also the
-//! reference the tests hold the first to.
+//! Two forwards: sluice's own (`bert.rs`) on x86-64 CPUs whose kernel level
+//! is AVX2 + FMA (see `cpu.rs`), and candle-transformers' BERT elsewhere
+//! (CUDA, other CPUs), which is also the reference the tests hold the first
+//! to.
 
 use std::path::Path;
 
@@ -21,6 +22,7 @@ pub struct MiniLm {
     hidden: usize,
     intermediate: usize,
     heads: usize,
+    vocab_size: usize,
     max_tokens_per_item: usize,
 }
 
@@ -38,6 +40,10 @@ pub enum ForwardChoice {
     Fastest,
     /// candle-transformers' BERT (the reference).
     Candle,
+    /// sluice's own, whatever the CPU: its SIMD kernels where the kernel
+    /// level allows them, else their plain-Rust references (slow; for tests
+    /// of the packed forward at every kernel level).
+    Packed,
 }
 
 impl MiniLm {
@@ -71,8 +77,11 @@ impl MiniLm {
             .map_err(|e| format!("cannot read {}: {e}", weights.display()))?;
         let vb = VarBuilder::from_buffered_safetensors(bytes, DType::F32, &device)
             .map_err(|e| format!("cannot load {}: {e}", weights.display()))?;
-        let fastest =
-            choice == ForwardChoice::Fastest && device.is_cpu() && encoder_kernels::available();
+        let fastest = match choice {
+            ForwardChoice::Fastest => device.is_cpu() && encoder_kernels::available(),
+            ForwardChoice::Packed => device.is_cpu(),
+            ForwardChoice::Candle => false,
+        };
         let unsupported = fastest.then(|| BertEncoder::unsupported(&config)).flatten();
         if let Some(reason) = &unsupported {
             tracing::warn!(
@@ -95,6 +104,7 @@ impl MiniLm {
         Ok(MiniLm {
             forward,
             device,
+            vocab_size: config.vocab_size,
             hidden: config.hidden_size,
             intermediate: config.intermediate_size,
             heads: config.num_attention_heads,
@@ -128,10 +138,13 @@ impl MiniLm {
 }
 
 impl EmbeddingModel for MiniLm {
-    /// `"sluice-avx2"` (`bert.rs`) or `"candle"` (candle-transformers).
+    /// `"sluice-avx2"` (`bert.rs` on the AVX2 kernels), `"sluice-portable"`
+    /// (`bert.rs` on the kernels' plain-Rust references) or `"candle"`
+    /// (candle-transformers).
     fn forward_name(&self) -> &'static str {
         match self.forward {
-            Forward::Packed(_) => "sluice-avx2",
+            Forward::Packed(_) if encoder_kernels::available() => "sluice-avx2",
+            Forward::Packed(_) => "sluice-portable",
             Forward::Candle(_) => "candle",
         }
     }
@@ -168,6 +181,18 @@ impl EmbeddingModel for MiniLm {
                 "bug: a sequence of {} tokens reached the model (limit {})",
                 long.len(),
                 self.max_tokens_per_item
+            )));
+        }
+        // Checked here for both forwards: candle's embedding lookup would
+        // fail with an index error that names neither the id nor the limit.
+        if let Some(id) = batch
+            .iter()
+            .flat_map(|s| s.iter())
+            .find(|id| **id as usize >= self.vocab_size)
+        {
+            return Err(ModelError::Failed(format!(
+                "token id {id} is outside the vocabulary ({})",
+                self.vocab_size
             )));
         }
         match &self.forward {

@@ -15,10 +15,6 @@ mod tokenizer;
 pub use minilm::{ForwardChoice, MiniLm};
 pub use tokenizer::{TextTokenizer, TokenizeError, TokenizedItem};
 
-use candle_core::Device;
-
-use crate::config::{DeviceKind, ModelConfig};
-
 /// An embedding model: token ids in, one mean-pooled vector per item out.
 pub trait EmbeddingModel: Send {
     /// Which forward runs (for logs and reports), e.g. `"sluice-avx2"`.
@@ -52,19 +48,6 @@ impl From<candle_core::Error> for ModelError {
         } else {
             ModelError::Failed(text)
         }
-    }
-}
-
-/// Opens the configured device.
-pub fn open_device(config: &ModelConfig) -> candle_core::Result<Device> {
-    let kernels = cpu::choice();
-    match &kernels.note {
-        Some(note) => tracing::warn!(level = kernels.level.name(), "{note}"),
-        None => tracing::debug!(level = kernels.level.name(), "CPU kernels"),
-    }
-    match config.device {
-        DeviceKind::Cpu => Ok(Device::Cpu),
-        DeviceKind::Cuda => Device::new_cuda(config.cuda_ordinal),
     }
 }
 

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use sluice_consumer::npy;
+use sluice_consumer::output::npy;
 use sluice_tests::deploy::{Deployment, run_cli};
 use sluice_tests::fixtures::jsonl;
 use sluice_tests::{Servers, free_port, read_until, unique_name};

@@ -238,7 +238,8 @@ fn compare_forced(what: &str, ours: &[Vec<f32>], reference: &[Vec<f32>], bound: 
         let (mine, _) = top2(a);
         if margin > bound * spread {
             assert_eq!(
-                mine, theirs,
+                mine,
+                theirs,
                 "{what}, position {position}: greedy tokens differ though the reference's top-2 margin is {:.3} of the spread",
                 margin / spread
             );

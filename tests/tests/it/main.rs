@@ -1,5 +1,6 @@
 //! All integration tests in one binary (one link, one build).
 
+mod architecture;
 mod auth;
 mod cli;
 mod deploy_files;

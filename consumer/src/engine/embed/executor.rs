@@ -8,12 +8,11 @@ use std::time::Instant;
 use sluice_schemas::ErrorCode;
 use tokio::sync::mpsc;
 
-use crate::batcher::{Batch, BatchReport, ItemOutcome};
+use super::batcher::{Batch, BatchReport, ItemOutcome};
 use crate::budget::Budget;
 use crate::error::JobError;
 use crate::model::{EmbeddingModel, ModelError};
-use crate::telemetry::Stats;
-use crate::trace::Tracing;
+use crate::telemetry::{Stats, Tracing};
 
 /// Starts the executor thread. It ends when the batcher hangs up.
 pub fn spawn(
@@ -66,7 +65,7 @@ fn run_batch(
     let result = model.embed(&seqs);
     let ended = Instant::now();
     let model_ms = ended.duration_since(started).as_secs_f64() * 1e3;
-    stats.record_batch(&batch, model_ms, result.is_ok());
+    stats.record_batch(&batch.figures(), model_ms, result.is_ok());
     if tracing.is_enabled() {
         trace_batch(tracing, &batch, started, ended, result.is_ok());
     }
@@ -128,8 +127,8 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use std::time::Instant;
 
+    use super::super::batcher::BatchItem;
     use super::*;
-    use crate::batcher::BatchItem;
 
     /// A model whose device is always out of memory.
     struct Exhausted;

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use crate::error::JobError;
+use crate::telemetry::BatchFigures;
 
 /// One item (a text's token ids) on its way to the model.
 #[derive(Debug)]
@@ -63,6 +64,23 @@ impl Batch {
     }
     pub fn real_tokens(&self) -> usize {
         self.items.iter().map(|i| i.ids.len()).sum()
+    }
+    /// The batch's shape for the metrics.
+    pub fn figures(&self) -> BatchFigures {
+        let mut lens = self.items.iter().map(|i| i.ids.len());
+        let first = lens.next().unwrap_or(0);
+        BatchFigures {
+            id: self.id,
+            items: self.items.len(),
+            padded_len: self.padded_len(),
+            padded_tokens: self.padded_tokens(),
+            real_tokens: self.real_tokens(),
+            multi_job: self
+                .items
+                .iter()
+                .any(|i| !i.job.same_channel(&self.items[0].job)),
+            mixed_length: lens.any(|l| l != first),
+        }
     }
 }
 

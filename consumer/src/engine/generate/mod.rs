@@ -1,27 +1,31 @@
-//! The generate task's path after fetch: prompts are tokenized (chat messages
-//! through the model's template), checked against the limits, and handed one
-//! sequence each to the generation thread, which owns the model and a
-//! continuous-batching [`Generator`]: sequences join a step as they arrive and
-//! leave it as they finish.
+//! The generate task's engine, in the same two steps as embed's: prepare
+//! (prompts tokenized, chat messages through the model's template, checked
+//! against the limits) and run (one sequence each to the generation thread,
+//! `executor`, which owns the model and a continuous-batching `Generator`:
+//! sequences join a step as they arrive and leave it as they finish).
 //!
 //! Memory: a job's reservation (see `budget.md`) covers the KV cache of all
 //! its prompts at `prompt + max_new_tokens` tokens, so the sum of the KV
 //! caches the thread allocates never exceeds the budget; the generator is
 //! also given the budget as its own KV cap, a second guard.
 
-use std::collections::HashMap;
+pub mod executor;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
 use candle_core::Device;
-use sluice_schemas::{ErrorCode, Generation, Item, Parameters, PromptInput};
+use sluice_schemas::{ErrorCode, Generation, Item, Parameters, PromptInput, Task};
 use tokio::sync::{mpsc, oneshot};
 
+use self::executor::Sequence;
+use super::startup::{Started, budget_limit, device_name, open_device};
+use crate::budget::{Budget, ItemCost, JobCost};
+use crate::config::Config;
 use crate::error::JobError;
-use crate::model::generation::{Generated, GenerationParams, Generator};
+use crate::model::generation::GenerationParams;
 use crate::model::gguf_tokenizer::GgufTokenizer;
 use crate::model::llama::{Llama, WeightFormat};
 use crate::telemetry::Stats;
@@ -32,13 +36,6 @@ pub struct GenerateLimits {
     pub max_prompt_tokens: usize,
     pub max_new_tokens: usize,
     pub default_max_new_tokens: usize,
-}
-
-/// One prompt on its way to the generation thread.
-pub struct Sequence {
-    pub prompt: Vec<u32>,
-    pub params: GenerationParams,
-    pub reply: oneshot::Sender<Result<Generated, JobError>>,
 }
 
 /// What the job side holds of the generate task.
@@ -88,121 +85,116 @@ pub fn load(
     Llama::load(&path, weights, device).map_err(|e| anyhow::anyhow!("{e}"))
 }
 
-/// How the generation thread steps.
-#[derive(Debug, Clone)]
-pub struct StepSettings {
-    pub max_step_tokens: usize,
-    pub max_sequences: usize,
-    /// The generator's own KV cap (the job budget: reservations already
-    /// cover every admitted sequence's cache).
-    pub kv_budget: u64,
-}
-
-/// Starts the generation thread. It ends when every sender of `sequences`
-/// is gone and its last sequence has finished.
-pub fn spawn(
-    model: Llama,
-    tokenizer: Arc<GgufTokenizer>,
-    mut sequences: mpsc::Receiver<Sequence>,
-    settings: StepSettings,
-    stats: Arc<Stats>,
-) -> std::io::Result<std::thread::JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name("sluice-generate".into())
-        .spawn(move || {
-            let new_generator = || {
-                Generator::new(&model, &tokenizer, settings.max_step_tokens)
-                    .with_kv_budget(settings.kv_budget)
-                    .with_max_running(settings.max_sequences)
-            };
-            let mut generator = new_generator();
-            let mut replies: HashMap<u64, oneshot::Sender<Result<Generated, JobError>>> =
-                HashMap::new();
-            let mut next_key = 0u64;
-            let mut open = true;
-            loop {
-                let mut add = |s: Sequence, generator: &mut Generator<'_, u64>| {
-                    next_key += 1;
-                    match generator.add(next_key, s.prompt, s.params) {
-                        Ok(()) => {
-                            replies.insert(next_key, s.reply);
-                        }
-                        Err(e) => {
-                            let _ = s.reply.send(Err(JobError::new(
-                                ErrorCode::InvalidParameters,
-                                e.to_string(),
-                            )));
-                        }
-                    }
-                };
-                if generator.is_empty() {
-                    if !open {
-                        break;
-                    }
-                    match sequences.blocking_recv() {
-                        Some(s) => add(s, &mut generator),
-                        None => break,
-                    }
-                }
-                loop {
-                    match sequences.try_recv() {
-                        Ok(s) => add(s, &mut generator),
-                        Err(mpsc::error::TryRecvError::Empty) => break,
-                        Err(mpsc::error::TryRecvError::Disconnected) => {
-                            open = false;
-                            break;
-                        }
-                    }
-                }
-                // A job that went away (drained, aborted) frees its sequences.
-                replies.retain(|key, reply| {
-                    let keep = !reply.is_closed();
-                    if !keep {
-                        generator.cancel(key);
-                    }
-                    keep
-                });
-                if generator.is_empty() {
-                    continue;
-                }
-                let started = Instant::now();
-                let result = generator.step();
-                stats.record_generate_step(
-                    started.elapsed(),
-                    generator.running(),
-                    generator.reserved_kv_bytes(),
-                    generator.peak_kv_bytes(),
-                );
-                match result {
-                    Ok(done) => {
-                        for (key, generated) in done {
-                            stats
-                                .generated_tokens
-                                .fetch_add(generated.completion_tokens as u64, Ordering::Relaxed);
-                            if let Some(reply) = replies.remove(&key) {
-                                let _ = reply.send(Ok(generated));
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        tracing::error!(error = %e, sequences = replies.len(), "generation step failed; failing its sequences");
-                        let code = match e {
-                            crate::model::ModelError::OutOfMemory(_) => {
-                                ErrorCode::DeviceOutOfMemory
-                            }
-                            crate::model::ModelError::Failed(_) => ErrorCode::Internal,
-                        };
-                        for (_, reply) in replies.drain() {
-                            let _ = reply.send(Err(JobError::new(
-                                code,
-                                format!("generation step failed: {e}"),
-                            )));
-                        }
-                        generator = new_generator();
-                    }
-                }
-            }
-        })
+/// generate: load the GGUF, check the limits against the model and the
+/// budget (one step's activations plus one job at its worst), warm up with
+/// the longest prompt chunk over the longest context, start the generation
+/// thread.
+pub fn start(config: &Config, stats: &Arc<Stats>) -> anyhow::Result<Started<GenerateEngine>> {
+    let g = &config.generate;
+    let device = open_device(&config.model).context("cannot open the device")?;
+    let (llama, tokenizer) = load(&config.model.dir(Task::Generate), g.weights, &device)?;
+    let context = g.max_prompt_tokens + g.max_new_tokens;
+    if context > llama.config.context_length {
+        bail!(
+            "max_prompt_tokens ({}) + max_new_tokens ({}) exceed the model's context of {} tokens: lower --max-prompt-tokens or --max-new-tokens",
+            g.max_prompt_tokens,
+            g.max_new_tokens,
+            llama.config.context_length
+        );
+    }
+    let limit = budget_limit(config, &device)?;
+    let chunk = (g.max_step_tokens / 2).max(1);
+    let activation =
+        llama
+            .config
+            .step_activation_bytes(g.max_step_tokens, g.max_sequences, chunk, context);
+    let cost = JobCost {
+        max_input_bytes: config.max_input_bytes,
+        max_items: config.max_items_per_job(),
+        per_item: ItemCost::Generate {
+            kv_bytes_per_token: llama.config.kv_bytes_per_token(),
+            max_prompt_tokens: g.max_prompt_tokens as u64,
+            max_new_tokens: g.max_new_tokens as u64,
+        },
+    };
+    let worst_job = cost.worst_bytes();
+    if activation + worst_job > limit {
+        bail!(
+            "the memory budget ({} MiB) cannot hold one generation step ({} MiB of activations at max_step_tokens={} \
+             and max_sequences={}) plus one job at its worst case ({} MiB: max_items_per_job={} prompts of \
+             max_prompt_tokens={} + max_new_tokens={} tokens at {} KiB of KV cache per token): raise --memory-budget \
+             (or --memory-fraction), or lower --max-items-per-job, --max-prompt-tokens or --max-new-tokens",
+            limit >> 20,
+            activation >> 20,
+            g.max_step_tokens,
+            g.max_sequences,
+            worst_job >> 20,
+            config.max_items_per_job(),
+            g.max_prompt_tokens,
+            g.max_new_tokens,
+            llama.config.kv_bytes_per_token() >> 10,
+        );
+    }
+    // Warm up: the longest prompt chunk into a cache as long as a sequence can be.
+    let warm = Instant::now();
+    {
+        let mut cache = llama.new_cache(context).map_err(|e| {
+            anyhow::anyhow!("warm-up failed: {e}; lower --max-prompt-tokens or --max-new-tokens")
+        })?;
+        let tokens = vec![tokenizer.eos_id; chunk.min(context)];
+        llama
+            .forward(&mut [crate::model::llama::Segment {
+                cache: &mut cache,
+                tokens: &tokens,
+            }])
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "warm-up with a {chunk}-token prompt chunk failed: {e}; lower --max-step-tokens or --memory-budget"
+                )
+            })?;
+    }
+    let job_budget = limit - activation;
+    tracing::info!(
+        task = "generate",
+        budget_mib = limit >> 20,
+        activation_mib = activation >> 20,
+        worst_job_mib = worst_job >> 20,
+        kv_bytes_per_token = llama.config.kv_bytes_per_token(),
+        weights = ?g.weights,
+        cpu_kernels = crate::model::cpu::level().name(),
+        warmup_ms = warm.elapsed().as_millis() as u64,
+        "model ready"
+    );
+    let budget = Budget::new(job_budget);
+    let tokenizer = Arc::new(tokenizer);
+    let (tx, rx) = mpsc::channel(1024);
+    let executor = executor::spawn(
+        llama,
+        Arc::clone(&tokenizer),
+        rx,
+        executor::StepSettings {
+            max_step_tokens: g.max_step_tokens,
+            max_sequences: g.max_sequences,
+            kv_budget: job_budget,
+        },
+        Arc::clone(stats),
+    )?;
+    let engine = GenerateEngine {
+        tokenizer,
+        sequences: tx,
+        limits: GenerateLimits {
+            max_prompt_tokens: g.max_prompt_tokens,
+            max_new_tokens: g.max_new_tokens,
+            default_max_new_tokens: g.default_max_new_tokens(),
+        },
+    };
+    Ok(Started {
+        engine,
+        model_thread: executor,
+        cost,
+        budget,
+        device: device_name(&device),
+    })
 }
 
 /// A prompt with its parameters resolved and checked.

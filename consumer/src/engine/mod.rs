@@ -1,0 +1,46 @@
+//! The task-specific end of the data path, one folder per task, each in
+//! the same two steps: prepare a job's items (tokens, and the memory they
+//! really cost) and run them (the payload, and the stage times). `embed`
+//! batches items of many jobs by token sum for one executor thread;
+//! `generate` hands sequences to a continuous-batching generation thread.
+//! `startup` holds what both tasks' start-up shares.
+
+pub mod embed;
+pub mod generate;
+pub mod startup;
+
+use std::sync::Arc;
+
+use sluice_schemas::Task;
+
+use crate::config::Config;
+use crate::telemetry::{Stats, Tracing};
+
+/// The task-specific end of the data path.
+pub enum Engine {
+    Embed(embed::EmbedEngine),
+    Generate(generate::GenerateEngine),
+}
+
+impl Engine {
+    /// The task this process serves.
+    pub fn task(&self) -> Task {
+        match self {
+            Engine::Embed(_) => Task::Embed,
+            Engine::Generate(_) => Task::Generate,
+        }
+    }
+}
+
+/// Loads the task's model, sizes and checks the budget, warms up, and
+/// starts the thread that owns the model.
+pub fn start(
+    config: &Config,
+    stats: &Arc<Stats>,
+    tracing: &Tracing,
+) -> anyhow::Result<startup::Started<Engine>> {
+    Ok(match config.task() {
+        Task::Embed => embed::start(config, stats, tracing)?.map_engine(Engine::Embed),
+        Task::Generate => generate::start(config, stats)?.map_engine(Engine::Generate),
+    })
+}

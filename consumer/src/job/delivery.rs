@@ -1,0 +1,124 @@
+//! A delivery of a job message as the rest of the job sees it: what
+//! JetStream and the headers say (attempt, sequence, reply subject, trace
+//! context), the job id read even from a job that fails to decode, the
+//! progress-ack keep-alive, and the Naks that give a message back.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, AckKind};
+use sluice_schemas::{JobState, StatusRecord, Task, VERSION};
+use time::OffsetDateTime;
+use tokio::sync::watch;
+
+/// What we know of a delivery before and after decoding it.
+pub struct Delivery {
+    pub attempt: u32,
+    pub stream_sequence: u64,
+    pub published: OffsetDateTime,
+    pub subject: String,
+    pub traceparent: Option<String>,
+    pub reply_to: Option<String>,
+    pub job_id: Option<String>,
+    pub task: Option<Task>,
+    /// Replays recorded in the job's status, carried into every status write.
+    pub replays: u32,
+    /// The job's trace id, for log lines ("-" when tracing is off).
+    pub trace_id: String,
+}
+
+/// The status record this delivery writes in `state`.
+pub fn status(job_id: &str, state: JobState, d: &Delivery) -> StatusRecord {
+    StatusRecord {
+        version: VERSION,
+        job_id: job_id.to_string(),
+        state,
+        updated_at: OffsetDateTime::now_utc(),
+        attempts: d.attempt,
+        stream_sequence: Some(d.stream_sequence),
+        output: None,
+        error: None,
+        replays: d.replays,
+    }
+}
+
+/// The `id` of a job message that may be invalid otherwise, if it is a valid id.
+pub fn peek_job_id(payload: &[u8]) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_slice(payload).ok()?;
+    let id = value.get("id")?.as_str()?;
+    sluice_schemas::names::is_valid_job_id(id).then(|| id.to_string())
+}
+
+/// Resolves once `abort` turns true; never if its sender goes away.
+pub async fn aborted(abort: &mut watch::Receiver<bool>) {
+    loop {
+        if *abort.borrow_and_update() {
+            return;
+        }
+        if abort.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+pub fn header(msg: &jetstream::Message, name: &str) -> Option<String> {
+    msg.headers
+        .as_ref()
+        .and_then(|h| h.get(name))
+        .map(|v| v.as_str().to_string())
+}
+
+pub fn ms_between(a: OffsetDateTime, b: OffsetDateTime) -> f64 {
+    ((b - a).as_seconds_f64() * 1e3).max(0.0)
+}
+
+/// Sends progress acks while the job waits or runs, so its ack deadline does
+/// not pass; stops when dropped.
+pub struct KeepAlive(Option<tokio::task::JoinHandle<()>>);
+
+impl KeepAlive {
+    pub fn start(js: &jetstream::Context, msg: &jetstream::Message, every: Duration) -> KeepAlive {
+        let acker = jetstream::message::Acker::new(js.clone(), msg.reply.clone());
+        KeepAlive(Some(tokio::spawn(async move {
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            loop {
+                tick.tick().await;
+                if let Err(e) = acker.ack_with(AckKind::Progress).await {
+                    tracing::debug!(error = %e, "progress ack failed");
+                }
+            }
+        })))
+    }
+}
+
+impl KeepAlive {
+    /// Stops it and waits until it has stopped, so that no progress ack of
+    /// this delivery can follow the ack decision.
+    pub async fn stop(mut self) {
+        if let Some(task) = self.0.take() {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for KeepAlive {
+    fn drop(&mut self) {
+        if let Some(task) = self.0.take() {
+            task.abort();
+        }
+    }
+}
+
+/// Gives a message back for immediate redelivery (drain, or a delivery that
+/// was never admitted).
+pub async fn nak_now(msg: &jetstream::Message) {
+    if let Err(e) = msg.ack_with(AckKind::Nak(None)).await {
+        tracing::warn!(error = %e, "nak failed; the job will be redelivered after ack_wait");
+    }
+}
+
+pub async fn nak(msg: &jetstream::Message, delay: Duration) {
+    if let Err(e) = msg.ack_with(AckKind::Nak(Some(delay))).await {
+        tracing::warn!(error = %e, "nak failed; the job will be redelivered after ack_wait");
+    }
+}

@@ -1,0 +1,349 @@
+//! One job from pull to settle: decode, check, mark it running, fetch its
+//! inputs, prepare and run its items on the engine, write the output, then
+//! settle (answer, ack or retry or dead-letter).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use async_nats::jetstream;
+use opentelemetry::KeyValue;
+use sluice_schemas::names::headers;
+use sluice_schemas::{ErrorCode, Item, JobState, Output, StatusRecord, Timings, Usage, ValidJob};
+use time::OffsetDateTime;
+use tokio::sync::watch;
+
+use super::delivery::{
+    Delivery, KeepAlive, aborted, header, ms_between, nak_now, peek_job_id, status,
+};
+use super::settle::{Done, Finished, settle};
+use crate::budget::Reservation;
+use crate::engine::Engine;
+use crate::engine::embed::{EmbedEngine, Prepared, l2_normalize};
+use crate::engine::generate::GenerateEngine;
+use crate::error::JobError;
+use crate::shared::Shared;
+use crate::telemetry::{JobTrace, TokensInFlight};
+
+/// Handles one delivered job message; `reservation` is the budget it was
+/// admitted under (from `asked_at` on) and is released when this returns.
+/// When `abort` turns true (the drain deadline passed) the job stops where it
+/// is and is Nak'ed.
+pub async fn handle(
+    shared: Arc<Shared>,
+    msg: jetstream::Message,
+    mut reservation: Reservation,
+    asked_at: Instant,
+    mut abort: watch::Receiver<bool>,
+) {
+    let pulled_at = Instant::now();
+    let mut delivery = match msg.info() {
+        Ok(info) => Delivery {
+            attempt: u32::try_from(info.delivered).unwrap_or(u32::MAX),
+            stream_sequence: info.stream_sequence,
+            published: info.published,
+            subject: msg.subject.to_string(),
+            traceparent: header(&msg, headers::TRACEPARENT),
+            reply_to: header(&msg, headers::REPLY_TO),
+            job_id: None,
+            task: None,
+            replays: 0,
+            trace_id: "-".into(),
+        },
+        Err(e) => {
+            tracing::error!(error = %e, subject = %msg.subject, "bug: a pulled message has no JetStream metadata; leaving it to redelivery");
+            return;
+        }
+    };
+    let trace = shared
+        .tracing
+        .job(delivery.traceparent.as_deref(), asked_at);
+    if let Some(id) = trace.trace_id() {
+        delivery.trace_id = id;
+    }
+    trace.stage_with(
+        "admission",
+        asked_at,
+        pulled_at,
+        vec![KeyValue::new(
+            "sluice.reserved_bytes",
+            reservation.bytes() as i64,
+        )],
+    );
+    if delivery.attempt > 1 {
+        shared.stats.redeliveries.fetch_add(1, Ordering::Relaxed);
+    }
+    let keepalive = KeepAlive::start(&shared.js, &msg, shared.progress_interval);
+    let mut timings = Timings {
+        queue: Some(ms_between(delivery.published, OffsetDateTime::now_utc())),
+        ..Timings::default()
+    };
+    let outcome = tokio::select! {
+        outcome = process(&shared, &msg, &mut delivery, &mut reservation, &mut timings, &trace) => outcome,
+        () = aborted(&mut abort) => {
+            tracing::info!(job = delivery.job_id.as_deref().unwrap_or("?"), trace_id = %delivery.trace_id, "drain deadline: Nak'ing the job for redelivery");
+            nak_now(&msg).await;
+            trace.end("requeued", None);
+            return;
+        }
+    };
+    keepalive.stop().await;
+    timings.total = Some(pulled_at.elapsed().as_secs_f64() * 1e3);
+    trace.set_attributes(vec![
+        KeyValue::new("messaging.system", "nats"),
+        KeyValue::new("messaging.destination.name", delivery.subject.clone()),
+        KeyValue::new("sluice.job.id", delivery.job_id.clone().unwrap_or_default()),
+        KeyValue::new("sluice.attempt", i64::from(delivery.attempt)),
+        KeyValue::new("sluice.stream_sequence", delivery.stream_sequence as i64),
+    ]);
+    settle(&shared, msg, delivery, outcome, timings, trace).await;
+}
+
+async fn process(
+    shared: &Shared,
+    msg: &jetstream::Message,
+    delivery: &mut Delivery,
+    reservation: &mut Reservation,
+    timings: &mut Timings,
+    trace: &JobTrace,
+) -> Result<Finished, JobError> {
+    let limits = &shared.limits;
+    if msg.payload.len() as u64 > limits.max_input_bytes {
+        return Err(JobError::new(
+            ErrorCode::InputTooLarge,
+            format!(
+                "the job message is {} bytes; this consumer accepts at most {} (max_input_bytes): put large inputs behind a URL",
+                msg.payload.len(),
+                limits.max_input_bytes
+            ),
+        ));
+    }
+    // Even a job that fails to decode is answered on its id if one can be read.
+    delivery.job_id = peek_job_id(&msg.payload);
+    let ValidJob { task, job } = sluice_schemas::Job::decode(&msg.payload)?;
+    delivery.job_id = Some(job.id.clone());
+    delivery.task = Some(task);
+    let serves = shared.engine.task();
+    if task != serves {
+        return Err(JobError::new(
+            ErrorCode::UnknownTask,
+            format!(
+                "this consumer serves the {} task, not {task}: publish {task} jobs to {}, where {task} consumers take them",
+                serves,
+                shared.topology.job_subject(task.as_str())
+            ),
+        ));
+    }
+    if job.model != shared.model_name {
+        return Err(JobError::new(
+            ErrorCode::UnknownModel,
+            format!(
+                "unknown model {:?}; this consumer serves {:?}",
+                job.model, shared.model_name
+            ),
+        ));
+    }
+    if let Some(deadline) = job.deadline {
+        let now = OffsetDateTime::now_utc();
+        if deadline <= now {
+            return Err(JobError::new(
+                ErrorCode::DeadlineExceeded,
+                format!(
+                    "the job's deadline passed {:.1} s before it could run",
+                    (now - deadline).as_seconds_f64()
+                ),
+            ));
+        }
+    }
+    // Mark it running unless it is already final: a compare-and-swap, so a
+    // stale redelivery can never turn a finished job back into a running one.
+    let running = status(&job.id, JobState::Running, delivery);
+    let began = shared
+        .status
+        .swap(&job.id, |current| match current {
+            Some(r) if r.state.is_final() => None,
+            Some(r) => Some(StatusRecord {
+                replays: r.replays,
+                ..running.clone()
+            }),
+            None => Some(running.clone()),
+        })
+        .await;
+    match began {
+        Ok((None, Some(record))) if record.state == JobState::Cancelled => {
+            return Err(JobError::new(
+                ErrorCode::Cancelled,
+                "the job was cancelled before it ran",
+            ));
+        }
+        Ok((None, Some(record))) => return Ok(Finished::AlreadyFinal(record.state)),
+        Ok((Some(written), _)) => delivery.replays = written.replays,
+        Ok((None, None)) => {}
+        Err(e) => {
+            tracing::warn!(job = %job.id, error = %e, "cannot record the running state");
+        }
+    }
+
+    let started = Instant::now();
+    let fetched = shared
+        .fetcher
+        .items(task, &job.inputs, limits.max_items_per_job)
+        .await?;
+    timings.fetch = Some(started.elapsed().as_secs_f64() * 1e3);
+    trace.stage_with(
+        "fetch",
+        started,
+        Instant::now(),
+        vec![KeyValue::new("sluice.inputs", job.inputs.len() as i64)],
+    );
+    if fetched.items.is_empty() {
+        return Err(JobError::new(
+            ErrorCode::InputInvalid,
+            "the job's inputs hold no items",
+        ));
+    }
+
+    let (output, usage) = match &shared.engine {
+        Engine::Embed(engine) => {
+            run_embed(
+                shared,
+                engine,
+                &job,
+                fetched.items,
+                reservation,
+                timings,
+                trace,
+            )
+            .await?
+        }
+        Engine::Generate(engine) => {
+            run_generate(
+                shared,
+                engine,
+                &job,
+                fetched.items,
+                reservation,
+                timings,
+                trace,
+            )
+            .await?
+        }
+    };
+    Ok(Finished::Done(Done { output, usage }))
+}
+
+/// embed: tokenize, batch, gather vectors, write the output.
+async fn run_embed(
+    shared: &Shared,
+    engine: &EmbedEngine,
+    job: &sluice_schemas::Job,
+    items: Vec<Item>,
+    reservation: &mut Reservation,
+    timings: &mut Timings,
+    trace: &JobTrace,
+) -> Result<(Output, Usage), JobError> {
+    let started = Instant::now();
+    let Prepared {
+        items: tokenized,
+        usage,
+    } = engine.prepare(items, job.parameters.truncate()).await?;
+    timings.tokenize = Some(started.elapsed().as_secs_f64() * 1e3);
+    trace.stage_with(
+        "tokenize",
+        started,
+        Instant::now(),
+        vec![
+            KeyValue::new("sluice.items", usage.items as i64),
+            KeyValue::new("sluice.tokens", usage.tokens as i64),
+        ],
+    );
+    let _in_flight = TokensInFlight::add(&shared.stats, usage.tokens);
+    // The real cost is known now: give back the rest of the worst case.
+    reservation.shrink_to(shared.cost.actual_bytes(usage.items, usage.tokens));
+
+    let vectors = engine.run(tokenized, timings, trace).await?;
+    let vectors = if job.parameters.normalize() {
+        vectors.into_iter().map(l2_normalize).collect()
+    } else {
+        vectors
+    };
+    let started = Instant::now();
+    let output = shared
+        .outputs
+        .store_embeddings(&job.id, vectors, engine.dim, job.output.presign_get_secs)
+        .await?;
+    record_write(timings, trace, started, &output);
+    Ok((output, usage))
+}
+
+/// generate: tokenize and check the prompts, reserve their KV caches (the
+/// reservation shrinks from the worst case to them), generate, write.
+async fn run_generate(
+    shared: &Shared,
+    engine: &GenerateEngine,
+    job: &sluice_schemas::Job,
+    items: Vec<Item>,
+    reservation: &mut Reservation,
+    timings: &mut Timings,
+    trace: &JobTrace,
+) -> Result<(Output, Usage), JobError> {
+    let started = Instant::now();
+    let prepared = engine.prepare(items, &job.parameters).await?;
+    timings.tokenize = Some(started.elapsed().as_secs_f64() * 1e3);
+    let prompt_tokens: u64 = prepared.iter().map(|(ids, _)| ids.len() as u64).sum();
+    let sequence_tokens: u64 = prepared
+        .iter()
+        .map(|(ids, p)| (ids.len() + p.max_new_tokens) as u64)
+        .sum();
+    let items = prepared.len() as u64;
+    trace.stage_with(
+        "tokenize",
+        started,
+        Instant::now(),
+        vec![
+            KeyValue::new("sluice.items", items as i64),
+            KeyValue::new("sluice.tokens", prompt_tokens as i64),
+        ],
+    );
+    let _in_flight = TokensInFlight::add(&shared.stats, prompt_tokens);
+    reservation.shrink_to(shared.cost.actual_bytes(items, sequence_tokens));
+
+    let started = Instant::now();
+    let generations = engine.generate(prepared).await?;
+    timings.inference = Some(started.elapsed().as_secs_f64() * 1e3);
+    trace.stage_with(
+        "inference",
+        started,
+        Instant::now(),
+        vec![KeyValue::new("sluice.sequences", items as i64)],
+    );
+    let usage = Usage {
+        items,
+        tokens: prompt_tokens,
+        truncated_items: 0,
+        completion_tokens: generations.iter().map(|g| g.completion_tokens).sum(),
+    };
+    let started = Instant::now();
+    let output = shared
+        .outputs
+        .store_generations(&job.id, generations, job.output.presign_get_secs)
+        .await?;
+    record_write(timings, trace, started, &output);
+    Ok((output, usage))
+}
+
+fn record_write(timings: &mut Timings, trace: &JobTrace, started: Instant, output: &Output) {
+    timings.write = Some(started.elapsed().as_secs_f64() * 1e3);
+    trace.stage_with(
+        "write",
+        started,
+        Instant::now(),
+        vec![KeyValue::new(
+            "sluice.output",
+            match output {
+                Output::S3(_) => "s3",
+                Output::Inline { .. } => "inline",
+            },
+        )],
+    );
+}

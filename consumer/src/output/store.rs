@@ -1,0 +1,151 @@
+//! Job outputs: inline in the result when small, else an object in S3 at a
+//! key derived from the job id (so a redelivered job overwrites its output
+//! rather than duplicating it), described by its size, SHA-256 and shape.
+
+use std::time::Duration;
+
+use aws_sdk_s3::presigning::PresigningConfig;
+use aws_sdk_s3::primitives::ByteStream;
+use sha2::{Digest, Sha256};
+use sluice_schemas::{ErrorCode, Generation, Output, S3Output};
+
+use super::npy;
+use crate::error::JobError;
+
+pub struct OutputStore {
+    pub s3: aws_sdk_s3::Client,
+    pub bucket: String,
+    pub prefix: String,
+    pub inline_max_bytes: u64,
+}
+
+fn storage(e: impl std::fmt::Display) -> JobError {
+    JobError::new(ErrorCode::StorageUnavailable, e.to_string())
+}
+
+impl OutputStore {
+    /// The S3 key of a job's output in `format` (`npy`, `jsonl`).
+    pub fn output_key(&self, job_id: &str, format: &str) -> String {
+        format!("{}{job_id}.{format}", self.prefix)
+    }
+
+    /// Puts the vectors inline when small, else into S3 as `.npy`.
+    pub async fn store_embeddings(
+        &self,
+        job_id: &str,
+        vectors: Vec<Vec<f32>>,
+        dim: usize,
+        presign_get_secs: Option<u32>,
+    ) -> Result<Output, JobError> {
+        let raw_bytes = (vectors.len() * dim * 4) as u64;
+        if raw_bytes <= self.inline_max_bytes {
+            return Ok(Output::embeddings(vectors));
+        }
+        let rows = vectors.len() as u64;
+        let body = npy::encode_f32(&vectors, dim);
+        drop(vectors);
+        self.put(
+            job_id,
+            body,
+            "npy",
+            "application/octet-stream",
+            vec![rows, dim as u64],
+            presign_get_secs,
+        )
+        .await
+    }
+
+    /// Puts the generations inline when their JSON is small, else into S3
+    /// as JSONL (one generation object per line, in item order).
+    pub async fn store_generations(
+        &self,
+        job_id: &str,
+        generations: Vec<Generation>,
+        presign_get_secs: Option<u32>,
+    ) -> Result<Output, JobError> {
+        let mut body = Vec::new();
+        for g in &generations {
+            serde_json::to_writer(&mut body, g).map_err(|e| {
+                JobError::new(ErrorCode::Internal, format!("encoding a generation: {e}"))
+            })?;
+            body.push(b'\n');
+        }
+        if body.len() as u64 <= self.inline_max_bytes {
+            return Ok(Output::generations(generations));
+        }
+        drop(generations);
+        self.put(
+            job_id,
+            body,
+            "jsonl",
+            "application/x-ndjson",
+            Vec::new(),
+            presign_get_secs,
+        )
+        .await
+    }
+
+    /// Writes a job's output object (keyed by the job id, so a redelivery
+    /// overwrites it) and describes it.
+    async fn put(
+        &self,
+        job_id: &str,
+        body: Vec<u8>,
+        format: &str,
+        content_type: &str,
+        shape: Vec<u64>,
+        presign_get_secs: Option<u32>,
+    ) -> Result<Output, JobError> {
+        let sha256 = hex::encode(Sha256::digest(&body));
+        let key = self.output_key(job_id, format);
+        let bytes = body.len() as u64;
+        self.s3
+            .put_object()
+            .bucket(&self.bucket)
+            .key(&key)
+            .content_type(content_type)
+            .metadata("sha256", &sha256)
+            .body(ByteStream::from(body))
+            .send()
+            .await
+            .map_err(|e| {
+                storage(format!(
+                    "writing s3://{}/{key}: {}",
+                    self.bucket,
+                    aws_sdk_s3::error::DisplayErrorContext(e)
+                ))
+            })?;
+        let url = match presign_get_secs {
+            Some(secs) => Some(self.presign_get(&key, secs).await?),
+            None => None,
+        };
+        Ok(Output::S3(S3Output {
+            bucket: self.bucket.clone(),
+            key,
+            bytes,
+            sha256,
+            format: format.into(),
+            shape,
+            url,
+        }))
+    }
+
+    async fn presign_get(&self, key: &str, secs: u32) -> Result<String, JobError> {
+        let config =
+            PresigningConfig::expires_in(Duration::from_secs(u64::from(secs))).map_err(|e| {
+                JobError::new(
+                    ErrorCode::InvalidParameters,
+                    format!("output.presign_get_secs: {e}"),
+                )
+            })?;
+        let req = self
+            .s3
+            .get_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .presigned(config)
+            .await
+            .map_err(|e| storage(format!("presigning s3://{}/{key}: {e}", self.bucket)))?;
+        Ok(req.uri().to_string())
+    }
+}

@@ -1,0 +1,45 @@
+//! What every job task shares, built once at start-up by `crate::service`
+//! and handed to each job behind an `Arc`. A leaf for the stages: nothing
+//! here imports `service` or `job`, so neither imports the other back.
+
+use std::time::Duration;
+
+use async_nats::jetstream;
+use sluice_schemas::Topology;
+
+use crate::budget::JobCost;
+use crate::engine::Engine;
+use crate::fetch::Fetcher;
+use crate::output::{DeadLetters, OutputStore, ResultPublisher, StatusStore};
+use crate::telemetry::{Stats, Tracing};
+
+/// Per-job limits from the config.
+pub struct Limits {
+    pub max_input_bytes: u64,
+    pub max_items_per_job: u64,
+}
+
+/// What every job task shares.
+pub struct Shared {
+    pub topology: Topology,
+    pub js: jetstream::Context,
+    pub model_name: String,
+    pub limits: Limits,
+    pub cost: JobCost,
+    pub fetcher: Fetcher,
+    pub engine: Engine,
+    /// Outputs: inline, or S3 objects.
+    pub outputs: OutputStore,
+    /// Results on each job's reply subject.
+    pub results: ResultPublisher,
+    /// The job status records (KV).
+    pub status: StatusStore,
+    /// The dead-letter stream.
+    pub dead_letters: DeadLetters,
+    pub stats: std::sync::Arc<Stats>,
+    pub max_deliver: i64,
+    pub progress_interval: Duration,
+    pub retry_base: Duration,
+    pub retry_max: Duration,
+    pub tracing: Tracing,
+}
