@@ -16,6 +16,9 @@ pub struct Budget {
 
 struct Inner {
     limit: AtomicU64,
+    /// The limit never shrinks below this (one job at its worst), so
+    /// admission can always take one more job.
+    floor: AtomicU64,
     reserved: AtomicU64,
     peak_reserved: AtomicU64,
     released: Notify,
@@ -34,11 +37,19 @@ impl Budget {
         Budget {
             inner: Arc::new(Inner {
                 limit: AtomicU64::new(limit_bytes),
+                floor: AtomicU64::new(0),
                 reserved: AtomicU64::new(0),
                 peak_reserved: AtomicU64::new(0),
                 released: Notify::new(),
             }),
         }
+    }
+
+    /// [`Budget::shrink_limit`] never takes the limit below `bytes` (the
+    /// most one job can reserve: admission waits for that much).
+    pub fn with_floor(self, bytes: u64) -> Budget {
+        self.inner.floor.store(bytes, Ordering::Release);
+        self
     }
 
     pub fn snapshot(&self) -> BudgetSnapshot {
@@ -77,7 +88,9 @@ impl Budget {
     }
 
     /// Waits until `bytes` fit, then reserves them. Never returns if `bytes`
-    /// exceeds the limit: check [`Budget::can_ever_fit`] first.
+    /// exceeds the limit: admission asks for one job's worst case, which
+    /// start-up checked against the limit and which the limit's floor keeps
+    /// within it.
     pub async fn reserve(&self, bytes: u64) -> Reservation {
         loop {
             // Register for the wake-up before checking, so a release between
@@ -92,14 +105,13 @@ impl Budget {
         }
     }
 
-    pub fn can_ever_fit(&self, bytes: u64) -> bool {
-        bytes <= self.inner.limit.load(Ordering::Acquire)
-    }
-
-    /// Lowers the limit (after the device ran out of memory). Live
-    /// reservations stay; new ones see the lower limit.
+    /// Lowers the limit (after the device ran out of memory), never below
+    /// the floor. Live reservations stay; new ones see the lower limit.
     pub fn shrink_limit(&self, new_limit: u64) {
-        self.inner.limit.fetch_min(new_limit, Ordering::AcqRel);
+        let floor = self.inner.floor.load(Ordering::Acquire);
+        self.inner
+            .limit
+            .fetch_min(new_limit.max(floor), Ordering::AcqRel);
     }
 
     fn release(&self, bytes: u64) {
@@ -340,5 +352,23 @@ mod tests {
         let h = cpu_headroom_bytes().unwrap();
         assert!(h > 16 << 20, "headroom {h} looks wrong");
         assert!(resident_bytes().unwrap() > 0);
+    }
+
+    /// Repeated out-of-memory shrinks stop at the floor, so one job at its
+    /// worst can still be admitted (admission would otherwise wait forever).
+    #[tokio::test]
+    async fn shrinking_stops_at_the_floor() {
+        let b = Budget::new(1000).with_floor(300);
+        for _ in 0..20 {
+            let limit = b.snapshot().limit_bytes;
+            b.shrink_limit(limit / 10 * 8);
+        }
+        assert_eq!(b.snapshot().limit_bytes, 300);
+        let r = tokio::time::timeout(std::time::Duration::from_secs(5), b.reserve(300)).await;
+        assert!(r.is_ok(), "one worst-case job is still admitted");
+        // Without a floor the limit goes where it is told.
+        let c = Budget::new(1000);
+        c.shrink_limit(10);
+        assert_eq!(c.snapshot().limit_bytes, 10);
     }
 }

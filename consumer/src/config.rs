@@ -133,7 +133,8 @@ pub struct Config {
     /// Bucket that outputs are written to.
     #[arg(long, env = "SLUICE_OUTPUT_BUCKET", default_value = "sluice")]
     pub output_bucket: String,
-    /// Key prefix of outputs: an output's key is `<prefix><job id>.npy`.
+    /// Key prefix of outputs: an output's key is `<prefix><job id>.npy`
+    /// (embed) or `<prefix><job id>.jsonl` (generate).
     #[arg(long, env = "SLUICE_OUTPUT_PREFIX", default_value = "outputs/")]
     pub output_prefix: String,
     /// Outputs up to this many bytes (of float32 data) go inline in the result
@@ -199,14 +200,17 @@ pub struct Config {
     #[arg(long, env = "SLUICE_DRAIN_TIMEOUT_SECS", default_value_t = 30)]
     pub drain_timeout_secs: u64,
 
-    /// Address of the HTTP endpoint (`/healthz`, `/debug/memory`). Port 0 picks one.
+    /// Address of the HTTP endpoint (`/healthz`, `/readyz`, `/metrics`,
+    /// `/debug/memory`). Port 0 picks one.
     #[arg(long, env = "SLUICE_HTTP_ADDR", default_value = "127.0.0.1:9464")]
     pub http_addr: SocketAddr,
     /// Log format.
     #[arg(long, env = "SLUICE_LOG_FORMAT", value_enum, default_value = "human")]
     pub log_format: LogFormat,
-    /// OTLP/HTTP endpoint to export traces to (e.g. http://otel-collector:4318;
-    /// spans go to <endpoint>/v1/traces). Unset: no traces are recorded.
+    /// OTLP/HTTP endpoint to export traces and metrics to (e.g.
+    /// http://otel-collector:4318; spans go to <endpoint>/v1/traces, metrics
+    /// to <endpoint>/v1/metrics). Unset: no traces are recorded and metrics
+    /// are only served on /metrics.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
     /// OTLP/HTTP encoding.

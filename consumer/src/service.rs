@@ -57,11 +57,6 @@ impl Running {
         .await;
         result
     }
-
-    /// True when the admission loop has ended by itself (a bug).
-    pub fn is_finished(&self) -> bool {
-        self.admission.is_finished()
-    }
 }
 
 /// Starts the consumer: everything that can fail at start-up fails here, with

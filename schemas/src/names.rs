@@ -112,7 +112,6 @@ pub mod headers {
     pub const JOB_ID: &str = "Sluice-Job-Id";
     /// W3C trace context, carried from publisher to result.
     pub const TRACEPARENT: &str = "traceparent";
-    pub const TRACESTATE: &str = "tracestate";
     /// On a result message: `ok` or the error code.
     pub const OUTCOME: &str = "Sluice-Outcome";
 }

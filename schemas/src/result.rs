@@ -161,7 +161,8 @@ pub struct Timings {
     pub inference: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub write: Option<f64>,
-    /// From pulling the job to publishing its result.
+    /// From pulling the job until its output was written: the status write
+    /// and the result's publish come after it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub total: Option<f64>,
 }

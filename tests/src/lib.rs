@@ -20,6 +20,7 @@ use tempfile::TempDir;
 pub mod deploy;
 pub mod fixtures;
 pub mod otlp;
+pub mod results;
 
 /// The repository root (the workspace holding this crate).
 pub fn repo_root() -> PathBuf {

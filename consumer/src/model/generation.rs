@@ -1,15 +1,44 @@
 //! Continuous batching for text generation. Sequences join the running set
 //! at any step and leave the step they finish (freeing their KV cache at
-//! once); each step is one [`Llama::forward`] over a token segment per
-//! sequence: the next chunk of a prompt still being read (prefill, chunked so
-//! a step's tokens stay under `max_step_tokens`) or the one token a decoding
-//! sequence sampled last.
+//! once); each step is one forward ([`StepModel::forward`], the llama's in
+//! the consumer) over a token segment per sequence: the next chunk of a
+//! prompt still being read (prefill, chunked so a step's tokens stay under
+//! `max_step_tokens`) or the one token a decoding sequence sampled last.
+//!
+//! The generator sees its model and tokenizer through two small traits, so
+//! the scheduling (admission by KV budget, cancel, chunked prefill, finish
+//! reasons) is tested with a fake model (`tests` below) as well as with the
+//! real one (`tests/tests/it/generate.rs`).
 
+use candle_core::Tensor;
 use candle_transformers::generation::{LogitsProcessor, Sampling};
 
 use super::ModelError;
 use super::gguf_tokenizer::GgufTokenizer;
-use super::llama::{KvCache, Llama, Segment};
+use super::llama::{Llama, Segment};
+
+/// What the generator needs of a model.
+pub trait StepModel {
+    /// One sequence's KV cache, sized at creation for its whole life.
+    type Cache;
+    /// KV-cache bytes one token of one sequence costs.
+    fn kv_bytes_per_token(&self) -> u64;
+    /// The most tokens (prompt + generated) a sequence may hold.
+    fn context_length(&self) -> usize;
+    fn new_cache(&self, capacity: usize) -> Result<Self::Cache, ModelError>;
+    /// The tokens a cache was made for.
+    fn cache_capacity(cache: &Self::Cache) -> usize;
+    /// Runs every segment's tokens, appends them to its cache, and returns
+    /// the logits after each segment's last token, `[segments, vocab]`.
+    fn forward(&self, segments: &mut [Segment<'_, Self::Cache>]) -> Result<Tensor, ModelError>;
+}
+
+/// What the generator needs of a tokenizer.
+pub trait TokenText {
+    /// Tokens that end a sequence (end of text, end of turn).
+    fn stop_ids(&self) -> Vec<u32>;
+    fn decode(&self, ids: &[u32]) -> String;
+}
 
 /// Per-prompt sampling and stopping.
 #[derive(Debug, Clone, PartialEq)]
@@ -77,7 +106,7 @@ pub struct Generated {
     pub tokens: Vec<u32>,
 }
 
-struct Running<K> {
+struct Running<K, C> {
     key: K,
     prompt: Vec<u32>,
     /// Prompt tokens already in the cache.
@@ -87,7 +116,7 @@ struct Running<K> {
     generated: Vec<u32>,
     params: GenerationParams,
     sampler: LogitsProcessor,
-    cache: KvCache,
+    cache: C,
 }
 
 struct Waiting<K> {
@@ -98,9 +127,9 @@ struct Waiting<K> {
 
 /// The sequences being generated, keyed by the caller's `K`: a running set
 /// that holds KV caches, and a queue of sequences waiting for KV room.
-pub struct Generator<'m, K> {
-    model: &'m Llama,
-    tokenizer: &'m GgufTokenizer,
+pub struct Generator<'m, K, M: StepModel = Llama, T: TokenText = GgufTokenizer> {
+    model: &'m M,
+    tokenizer: &'m T,
     eos: Vec<u32>,
     max_step_tokens: usize,
     prefill_chunk: usize,
@@ -110,27 +139,19 @@ pub struct Generator<'m, K> {
     max_running: Option<usize>,
     /// The most KV-cache bytes the running set has reserved at once.
     peak_kv: u64,
-    running: Vec<Running<K>>,
+    running: Vec<Running<K, M::Cache>>,
     waiting: std::collections::VecDeque<Waiting<K>>,
 }
 
-impl<'m, K: Clone> Generator<'m, K> {
+impl<'m, K: Clone, M: StepModel, T: TokenText> Generator<'m, K, M, T> {
     /// `max_step_tokens` caps the tokens of one step (prompt chunks plus one
     /// per decoding sequence); prompts are read in chunks of half of it, so
     /// decoding sequences always have the other half.
-    pub fn new(model: &'m Llama, tokenizer: &'m GgufTokenizer, max_step_tokens: usize) -> Self {
-        let mut eos = vec![tokenizer.eos_id];
-        for name in ["<|im_end|>", "<|endoftext|>", "<|eot_id|>"] {
-            if let Some(id) = tokenizer.tokenizer.token_to_id(name)
-                && !eos.contains(&id)
-            {
-                eos.push(id);
-            }
-        }
+    pub fn new(model: &'m M, tokenizer: &'m T, max_step_tokens: usize) -> Self {
         Generator {
             model,
             tokenizer,
-            eos,
+            eos: tokenizer.stop_ids(),
             max_step_tokens: max_step_tokens.max(1),
             prefill_chunk: (max_step_tokens / 2).max(1),
             kv_budget: None,
@@ -171,15 +192,15 @@ impl<'m, K: Clone> Generator<'m, K> {
     /// KV-cache bytes a sequence of `prompt_tokens` and `max_new_tokens`
     /// reserves for its whole life.
     pub fn kv_bytes(&self, prompt_tokens: usize, max_new_tokens: usize) -> u64 {
-        (prompt_tokens + max_new_tokens) as u64 * self.model.config.kv_bytes_per_token()
+        (prompt_tokens + max_new_tokens) as u64 * self.model.kv_bytes_per_token()
     }
 
     /// KV-cache bytes the running set holds now.
     pub fn reserved_kv_bytes(&self) -> u64 {
-        let per_token = self.model.config.kv_bytes_per_token();
+        let per_token = self.model.kv_bytes_per_token();
         self.running
             .iter()
-            .map(|r| r.cache.capacity() as u64 * per_token)
+            .map(|r| M::cache_capacity(&r.cache) as u64 * per_token)
             .sum()
     }
 
@@ -217,12 +238,12 @@ impl<'m, K: Clone> Generator<'m, K> {
         }
         params.check().map_err(ModelError::Failed)?;
         let capacity = prompt.len() + params.max_new_tokens;
-        if capacity > self.model.config.context_length {
+        if capacity > self.model.context_length() {
             return Err(ModelError::Failed(format!(
                 "prompt ({}) + max_new_tokens ({}) exceed the model's context of {} tokens",
                 prompt.len(),
                 params.max_new_tokens,
-                self.model.config.context_length
+                self.model.context_length()
             )));
         }
         if let Some(budget) = self.kv_budget {
@@ -371,7 +392,7 @@ impl<'m, K: Clone> Generator<'m, K> {
         Ok(done)
     }
 
-    fn result(&self, r: &Running<K>, reason: FinishReason) -> Generated {
+    fn result(&self, r: &Running<K, M::Cache>, reason: FinishReason) -> Generated {
         let mut text = self.tokenizer.decode(&r.generated);
         if reason == FinishReason::Stop
             && let Some(at) = r
@@ -394,10 +415,10 @@ impl<'m, K: Clone> Generator<'m, K> {
 }
 
 /// Records `token` and says whether the sequence is done.
-fn record<K>(
+fn record<K, C>(
     eos: &[u32],
-    tokenizer: &GgufTokenizer,
-    r: &mut Running<K>,
+    tokenizer: &impl TokenText,
+    r: &mut Running<K, C>,
     token: u32,
 ) -> Option<FinishReason> {
     if !r.params.ignore_eos && eos.contains(&token) {
@@ -412,4 +433,223 @@ fn record<K>(
         }
     }
     (r.generated.len() >= r.params.max_new_tokens).then_some(FinishReason::Length)
+}
+
+/// The scheduler with a fake model: no model files, every step visible.
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::cell::RefCell;
+
+    use candle_core::Device;
+
+    use super::*;
+
+    const VOCAB: usize = 8;
+    const EOS: u32 = 0;
+
+    /// Predicts `last + 1 (mod 8)` greedily, so token 7 is followed by the
+    /// end of sequence. One KV byte per token. Logs each step's segment sizes.
+    struct Counting {
+        steps: RefCell<Vec<Vec<usize>>>,
+    }
+
+    struct Cache {
+        len: usize,
+        capacity: usize,
+    }
+
+    impl StepModel for Counting {
+        type Cache = Cache;
+        fn kv_bytes_per_token(&self) -> u64 {
+            1
+        }
+        fn context_length(&self) -> usize {
+            64
+        }
+        fn new_cache(&self, capacity: usize) -> Result<Cache, ModelError> {
+            Ok(Cache { len: 0, capacity })
+        }
+        fn cache_capacity(cache: &Cache) -> usize {
+            cache.capacity
+        }
+        fn forward(&self, segments: &mut [Segment<'_, Cache>]) -> Result<Tensor, ModelError> {
+            let mut logits = vec![0f32; segments.len() * VOCAB];
+            for (row, s) in segments.iter_mut().enumerate() {
+                s.cache.len += s.tokens.len();
+                assert!(s.cache.len <= s.cache.capacity, "cache overflow");
+                let next = (*s.tokens.last().unwrap() as usize + 1) % VOCAB;
+                logits[row * VOCAB + next] = 1.0;
+            }
+            self.steps
+                .borrow_mut()
+                .push(segments.iter().map(|s| s.tokens.len()).collect());
+            Ok(Tensor::from_vec(
+                logits,
+                (segments.len(), VOCAB),
+                &Device::Cpu,
+            )?)
+        }
+    }
+
+    /// Token `t` reads as the letter `a + t`.
+    struct Letters;
+
+    impl TokenText for Letters {
+        fn stop_ids(&self) -> Vec<u32> {
+            vec![EOS]
+        }
+        fn decode(&self, ids: &[u32]) -> String {
+            ids.iter().map(|t| (b'a' + *t as u8) as char).collect()
+        }
+    }
+
+    fn model() -> Counting {
+        Counting {
+            steps: RefCell::new(Vec::new()),
+        }
+    }
+
+    fn params(max_new_tokens: usize) -> GenerationParams {
+        GenerationParams {
+            max_new_tokens,
+            ..GenerationParams::default()
+        }
+    }
+
+    fn run_all<M: StepModel, T: TokenText>(
+        g: &mut Generator<'_, usize, M, T>,
+    ) -> Vec<(usize, Generated)> {
+        let mut done = Vec::new();
+        for _ in 0..1000 {
+            if g.is_empty() {
+                break;
+            }
+            done.extend(g.step().unwrap());
+        }
+        assert!(g.is_empty(), "did not finish");
+        done.sort_by_key(|(k, _)| *k);
+        done
+    }
+
+    #[test]
+    fn the_kv_budget_admits_in_arrival_order_and_waiting_sequences_join_later() {
+        let m = model();
+        // Each sequence holds 2 + 4 = 6 KV bytes; the budget fits two.
+        let mut g = Generator::new(&m, &Letters, 64).with_kv_budget(13);
+        for k in 0..5 {
+            g.add(k, vec![1, 1], params(4)).unwrap();
+        }
+        let mut most = 0;
+        let mut done = Vec::new();
+        while !g.is_empty() {
+            done.extend(g.step().unwrap());
+            assert!(g.reserved_kv_bytes() <= 13);
+            most = most.max(g.running());
+        }
+        assert_eq!(most, 2);
+        assert_eq!(g.peak_kv_bytes(), 12);
+        done.sort_by_key(|(k, _)| *k);
+        assert_eq!(done.len(), 5);
+        for (_, out) in &done {
+            // 1 -> 2 3 4 5, stopped by length.
+            assert_eq!(out.tokens, vec![2, 3, 4, 5]);
+            assert_eq!(out.text, "cdef");
+            assert_eq!(out.finish_reason, FinishReason::Length);
+        }
+        // A sequence larger than the whole budget is refused when added.
+        let err = g.add(9, vec![1; 10], params(10)).unwrap_err().to_string();
+        assert!(err.contains("KV cache") && err.contains("budget"), "{err}");
+    }
+
+    #[test]
+    fn cancel_frees_a_running_sequence_and_drops_a_waiting_one() {
+        let m = model();
+        let mut g = Generator::new(&m, &Letters, 64)
+            .with_kv_budget(100)
+            .with_max_running(1);
+        g.add(1, vec![1, 1, 1], params(20)).unwrap();
+        g.add(2, vec![1], params(20)).unwrap();
+        assert!(g.step().unwrap().is_empty());
+        assert_eq!((g.running(), g.len()), (1, 2));
+        assert_eq!(g.reserved_kv_bytes(), 23);
+        assert!(g.cancel(&1));
+        assert_eq!((g.running(), g.reserved_kv_bytes()), (0, 0));
+        assert!(g.cancel(&2));
+        assert!(!g.cancel(&2), "already gone");
+        assert!(g.is_empty());
+    }
+
+    #[test]
+    fn prompts_are_read_in_chunks_beside_decoding_sequences() {
+        let m = model();
+        // Steps of at most 8 tokens: prompts in chunks of 4.
+        let mut g = Generator::new(&m, &Letters, 8);
+        g.add(1, vec![1; 10], params(3)).unwrap();
+        let done = run_all(&mut g);
+        assert_eq!(done[0].1.tokens, vec![2, 3, 4]);
+        let steps = m.steps.borrow().clone();
+        assert_eq!(steps, vec![vec![4], vec![4], vec![2], vec![1], vec![1]]);
+
+        // A short prompt decodes while a long one is still being read.
+        let m = model();
+        let mut g = Generator::new(&m, &Letters, 8);
+        g.add(1, vec![1], params(6)).unwrap();
+        g.add(2, vec![1; 12], params(2)).unwrap();
+        run_all(&mut g);
+        let steps = m.steps.borrow().clone();
+        assert_eq!(steps[0], vec![1, 4], "both start in one step");
+        assert_eq!(
+            steps[1],
+            vec![1, 4],
+            "decode 1 token beside a 4-token chunk"
+        );
+        assert!(
+            steps.iter().all(|s| s.iter().sum::<usize>() <= 8),
+            "{steps:?}"
+        );
+    }
+
+    #[test]
+    fn sequences_finish_by_eos_stop_sequence_or_length() {
+        let m = model();
+        let mut g = Generator::new(&m, &Letters, 64);
+        // 5 -> 6 7 then 0 (end of sequence): not part of the output.
+        g.add(0, vec![5], params(10)).unwrap();
+        // 1 -> 2 3 4 ...: the text "cde" holds the stop sequence "de".
+        g.add(
+            1,
+            vec![1],
+            GenerationParams {
+                stop: vec!["de".into()],
+                ..params(10)
+            },
+        )
+        .unwrap();
+        g.add(2, vec![1], params(2)).unwrap();
+        // ignore_eos runs through the end-of-sequence token.
+        g.add(
+            3,
+            vec![6],
+            GenerationParams {
+                ignore_eos: true,
+                ..params(3)
+            },
+        )
+        .unwrap();
+        let done = run_all(&mut g);
+        let by = |k: usize| &done[k].1;
+        assert_eq!(by(0).finish_reason, FinishReason::Eos);
+        assert_eq!(
+            (by(0).tokens.clone(), by(0).text.as_str()),
+            (vec![6, 7], "gh")
+        );
+        assert_eq!(by(1).finish_reason, FinishReason::Stop);
+        assert_eq!(by(1).text, "c", "the text ends before the stop sequence");
+        assert_eq!(by(1).completion_tokens, 3);
+        assert_eq!(by(2).finish_reason, FinishReason::Length);
+        assert_eq!(by(2).tokens, vec![2, 3]);
+        assert_eq!(by(3).tokens, vec![7, 0, 1]);
+        assert_eq!(by(3).finish_reason, FinishReason::Length);
+    }
 }

@@ -234,8 +234,8 @@ impl KvCache {
 }
 
 /// A sequence's part in one forward step: its cache and the tokens to add.
-pub struct Segment<'a> {
-    pub cache: &'a mut KvCache,
+pub struct Segment<'a, C = KvCache> {
+    pub cache: &'a mut C,
     pub tokens: &'a [u32],
 }
 
@@ -445,4 +445,28 @@ fn rope_tables(c: &LlamaConfig, device: &Device) -> candle_core::Result<(Tensor,
 /// Index of the largest logit (greedy decoding).
 pub fn argmax(logits: &Tensor) -> Result<u32, ModelError> {
     Ok(logits.argmax(D::Minus1)?.to_scalar::<u32>()?)
+}
+
+impl super::generation::StepModel for Llama {
+    type Cache = KvCache;
+
+    fn kv_bytes_per_token(&self) -> u64 {
+        self.config.kv_bytes_per_token()
+    }
+
+    fn context_length(&self) -> usize {
+        self.config.context_length
+    }
+
+    fn new_cache(&self, capacity: usize) -> Result<KvCache, ModelError> {
+        Llama::new_cache(self, capacity)
+    }
+
+    fn cache_capacity(cache: &KvCache) -> usize {
+        cache.capacity()
+    }
+
+    fn forward(&self, segments: &mut [Segment<'_, KvCache>]) -> Result<Tensor, ModelError> {
+        Llama::forward(self, segments)
+    }
 }

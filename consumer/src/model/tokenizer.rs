@@ -1,6 +1,8 @@
 //! Text to token ids with the model's `tokenizer.json`, truncating the way
 //! sentence-transformers does (at the model's limit, keeping `[CLS]`/`[SEP]`)
-//! and padding nothing: the model pads each batch to its own longest item.
+//! and padding nothing: our packed CPU forward never pads, and candle's BERT
+//! (CUDA, CPUs without the SIMD kernels) pads each batch to its own longest
+//! item.
 
 use std::path::Path;
 
@@ -43,10 +45,6 @@ impl TextTokenizer {
             .map_err(|e| format!("cannot set truncation: {e}"))?;
         inner.with_padding(None);
         Ok(TextTokenizer { inner, max_tokens })
-    }
-
-    pub fn max_tokens(&self) -> usize {
-        self.max_tokens
     }
 
     /// Tokenizes `texts`. Blocking and CPU-heavy: call it off the async runtime.

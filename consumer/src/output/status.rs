@@ -85,8 +85,44 @@ impl StatusStore {
     /// Writes a final status unless one is already there. Of two deliveries
     /// of one job running at once (a stale Nak or an ack timeout can cause
     /// that), only one finishes it. Returns whether this write won; the loser
-    /// must not answer the job again.
+    /// must not answer the job again. A write whose reply was lost is read
+    /// back before it counts as failed.
     pub async fn finish(&self, record: &StatusRecord) -> Result<bool, JobError> {
+        match self.finish_once(record).await {
+            Err(error) => self.confirm_after_error(record, error).await,
+            written => written,
+        }
+    }
+
+    /// A write whose reply was lost (the stream's leader changed, a timeout)
+    /// may still have been stored. Reads the record back, up to 5 times a
+    /// second apart, and counts the write as this one's if the final record
+    /// there is exactly `record` (same state, attempt, sequence and time):
+    /// otherwise the redelivery would find the job final, take it as
+    /// answered, and its result would never be published. A record that is
+    /// not final means the write did not land; the caller retries the job.
+    async fn confirm_after_error(
+        &self,
+        record: &StatusRecord,
+        error: JobError,
+    ) -> Result<bool, JobError> {
+        for _ in 0..5 {
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            match self.get(&record.job_id).await {
+                Ok(Some(current)) if current.state.is_final() => {
+                    return Ok(current.state == record.state
+                        && current.attempts == record.attempts
+                        && current.stream_sequence == record.stream_sequence
+                        && current.updated_at == record.updated_at);
+                }
+                Ok(_) => return Err(error),
+                Err(_) => continue,
+            }
+        }
+        Err(error)
+    }
+
+    async fn finish_once(&self, record: &StatusRecord) -> Result<bool, JobError> {
         let (written, _) = self
             .swap(&record.job_id, |current| {
                 let done = current.is_some_and(|r| r.state.is_final());

@@ -468,7 +468,7 @@ pub const SCALARS: &[Scalar] = &[
     ),
     counter(
         "sluice_items_total",
-        "Items embedded in ok jobs.",
+        "Items (texts embedded, or prompts generated) of ok jobs.",
         |s, _| load(&s.items_done),
     ),
     counter("sluice_tokens_total", "Real tokens in ok jobs.", |s, _| {
@@ -569,12 +569,12 @@ pub const SCALARS: &[Scalar] = &[
     ),
     bytes_gauge(
         "sluice_memory_allocated_bytes",
-        "Memory the model's device holds now (on CPU: the process's resident set).",
+        "The process's resident set (host RSS) now; on CUDA this is host memory, not device memory.",
         |_, r| r.memory.allocated_bytes as f64,
     ),
     bytes_gauge(
         "sluice_memory_peak_bytes",
-        "Highest memory the model's device has held (on CPU: peak resident set).",
+        "The process's peak resident set (host RSS); on CUDA this is host memory, not device memory.",
         |_, r| r.memory.peak_bytes as f64,
     ),
 ];

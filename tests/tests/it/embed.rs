@@ -6,41 +6,10 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use sluice_consumer::output::npy;
-use sluice_schemas::{Input, JobResult, JobState, Outcome, Output};
+use sluice_schemas::{Input, JobState, Outcome, Output};
 use sluice_tests::deploy::Deployment;
 use sluice_tests::fixtures::{cosine, jsonl, minilm_reference};
-
-pub async fn wait_results(
-    results: &mut sluice_producer::Results,
-    n: usize,
-    timeout: Duration,
-) -> Vec<JobResult> {
-    let mut got = Vec::new();
-    let deadline = tokio::time::Instant::now() + timeout;
-    while got.len() < n {
-        match tokio::time::timeout_at(deadline, results.next_result()).await {
-            Ok(r) => got.push(r.unwrap()),
-            Err(_) => panic!("only {} of {n} results within {timeout:?}", got.len()),
-        }
-    }
-    got
-}
-
-/// Waits for the next result and returns its error; panics on an ok result.
-pub async fn next_error(
-    results: &mut sluice_producer::Results,
-) -> (JobResult, sluice_schemas::ErrorInfo) {
-    let r = wait_results(results, 1, Duration::from_secs(60))
-        .await
-        .remove(0);
-    match &r.outcome {
-        Outcome::Error { error } => {
-            let error = error.clone();
-            (r, error)
-        }
-        other => panic!("{}: expected an error, got {other:?}", r.job_id),
-    }
-}
+use sluice_tests::results::{next_error, wait_results};
 
 #[tokio::test]
 async fn embed_job_via_presigned_url_matches_reference_and_small_job_comes_inline() {

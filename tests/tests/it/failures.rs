@@ -15,7 +15,7 @@ use sluice_schemas::{ErrorCode, Input, InputFormat, JobState, ObjectRef, Outcome
 use sluice_tests::deploy::Deployment;
 use sluice_tests::free_port;
 
-use crate::embed::{next_error, wait_results};
+use sluice_tests::results::{next_error, wait_results};
 
 async fn upload(d: &Deployment, key: &str, body: Vec<u8>) {
     d.servers

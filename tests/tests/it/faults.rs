@@ -169,14 +169,14 @@ async fn s3_down_for_10s_mid_run_loses_nothing() {
     let counter = count_results(d.producer.subscribe_results().await.unwrap());
     let ids = publish(&d, "s3o", 2000).await;
     let consumer = d.start_consumer(&FAULT_ARGS).await.unwrap();
-    while consumer
-        .stats
-        .jobs_ok
-        .load(std::sync::atomic::Ordering::Relaxed)
-        < 200
-    {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until("200 jobs done", Duration::from_secs(300), || {
+        consumer
+            .stats
+            .jobs_ok
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 200
+    })
+    .await;
     d.servers.s3.stop();
     tokio::time::sleep(Duration::from_secs(10)).await;
     d.servers.s3.restart().await.unwrap();
@@ -204,14 +204,14 @@ async fn nats_restart_mid_run_loses_nothing() {
     let counter = count_results(d.producer.subscribe_results().await.unwrap());
     let ids = publish(&d, "natsr", 2000).await;
     let consumer = d.start_consumer(&FAULT_ARGS).await.unwrap();
-    while consumer
-        .stats
-        .jobs_ok
-        .load(std::sync::atomic::Ordering::Relaxed)
-        < 300
-    {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until("300 jobs done", Duration::from_secs(300), || {
+        consumer
+            .stats
+            .jobs_ok
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 300
+    })
+    .await;
     d.servers.nats.restart().await.unwrap();
     wait_drained(&d, Duration::from_secs(600)).await;
     // Results published while the subscriber reconnected are gone (core
@@ -312,9 +312,7 @@ async fn stream_leader_killed_mid_run_on_a_three_node_cluster_loses_nothing() {
         a.stats.jobs_ok.load(std::sync::atomic::Ordering::Relaxed)
             + b.stats.jobs_ok.load(std::sync::atomic::Ordering::Relaxed)
     };
-    while done() < 300 {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until("300 jobs done", Duration::from_secs(300), || done() >= 300).await;
     // Kill the job stream's leader mid-run, then bring it back.
     let info = stream.info().await.unwrap().clone();
     let leader = info
@@ -346,4 +344,17 @@ async fn stream_leader_killed_mid_run_on_a_three_node_cluster_loses_nothing() {
     );
     a.shutdown(Duration::from_secs(10)).await.unwrap();
     b.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+/// Polls `done` every 100 ms; panics naming `what` if it is not true within
+/// `timeout`, so a stuck run fails instead of hanging the suite.
+async fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !done() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not reached within {timeout:?}: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

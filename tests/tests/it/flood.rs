@@ -10,7 +10,7 @@ use futures::StreamExt;
 use sluice_schemas::{Input, Outcome};
 use sluice_tests::deploy::{ConsumerProcess, Deployment};
 
-use crate::embed::wait_results;
+use sluice_tests::results::wait_results;
 
 /// Publishes `n` one-text inline jobs with ids `<prefix>-<i>`, many at a time.
 async fn publish_jobs(d: &Deployment, prefix: &str, n: usize) {

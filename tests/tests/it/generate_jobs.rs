@@ -16,7 +16,7 @@ use sluice_schemas::{
 };
 use sluice_tests::deploy::Deployment;
 
-use crate::embed::wait_results;
+use sluice_tests::results::wait_results;
 
 const MODEL: &str = "smollm2-135m-instruct";
 

@@ -10,7 +10,7 @@ use sluice_tests::fixtures::jsonl;
 use sluice_tests::otlp::OtlpReceiver;
 use sluice_tests::read_until;
 
-use crate::embed::wait_results;
+use sluice_tests::results::wait_results;
 
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const PUBLISHER_SPAN: &str = "00f067aa0ba902b7";

@@ -125,7 +125,7 @@ pub fn start(
         "model ready"
     );
     // The one batch in flight holds its activations outside the job budget.
-    let budget = Budget::new(limit - activation);
+    let budget = Budget::new(limit - activation).with_floor(worst_job);
     let (item_tx, item_rx) = mpsc::channel(4096);
     let (batch_tx, batch_rx) = mpsc::channel(1);
     let executor = executor::spawn(

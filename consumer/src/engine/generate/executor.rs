@@ -48,7 +48,7 @@ pub fn spawn(
         .name("sluice-generate".into())
         .spawn(move || {
             let new_generator = || {
-                Generator::new(&model, &tokenizer, settings.max_step_tokens)
+                Generator::new(&model, tokenizer.as_ref(), settings.max_step_tokens)
                     .with_kv_budget(settings.kv_budget)
                     .with_max_running(settings.max_sequences)
             };
