@@ -256,13 +256,9 @@ impl ModelConfig {
 
     /// The model name jobs ask for, or the task's default.
     pub fn name(&self, task: Task) -> String {
-        self.model_name.clone().unwrap_or_else(|| {
-            match task {
-                Task::Embed => "all-minilm-l6-v2",
-                Task::Generate => "smollm2-135m-instruct",
-            }
-            .to_string()
-        })
+        self.model_name
+            .clone()
+            .unwrap_or_else(|| task.default_model().to_string())
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {

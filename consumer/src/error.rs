@@ -27,6 +27,19 @@ impl JobError {
     }
 }
 
+/// The status bucket is NATS: a failure there is retried like storage.
+impl From<sluice_status::StatusError> for JobError {
+    fn from(e: sluice_status::StatusError) -> JobError {
+        let mut message = e.to_string();
+        let mut cause = std::error::Error::source(&e);
+        while let Some(c) = cause {
+            message.push_str(&format!(": {c}"));
+            cause = c.source();
+        }
+        JobError::new(ErrorCode::StorageUnavailable, message)
+    }
+}
+
 impl From<ErrorInfo> for JobError {
     fn from(e: ErrorInfo) -> JobError {
         JobError::new(e.code, e.message)

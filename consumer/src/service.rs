@@ -15,11 +15,12 @@ use crate::budget::Budget;
 use crate::config::Config;
 use crate::engine::startup::Started;
 use crate::fetch::{FetchPolicy, Fetcher};
-use crate::output::{DeadLetters, OutputStore, ResultPublisher, StatusStore};
+use crate::output::{DeadLetters, OutputStore, ResultPublisher};
 use crate::shared::{Limits, Shared};
 use crate::telemetry::otlp::OtlpMetrics;
 use crate::telemetry::{Stats, Tracing};
 use crate::{engine, http, job};
+use sluice_status::StatusStore;
 
 /// A running consumer. Drop does not stop it: call [`Running::shutdown`].
 pub struct Running {
@@ -174,7 +175,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             inline_max_bytes: config.inline_output_max_bytes,
         },
         results: ResultPublisher { nats: nats.clone() },
-        status: StatusStore { kv: status },
+        status: StatusStore::new(status),
         dead_letters: DeadLetters { js },
         stats: Arc::clone(&stats),
         max_deliver,

@@ -10,8 +10,9 @@ use sluice_schemas::Topology;
 use crate::budget::JobCost;
 use crate::engine::Engine;
 use crate::fetch::Fetcher;
-use crate::output::{DeadLetters, OutputStore, ResultPublisher, StatusStore};
+use crate::output::{DeadLetters, OutputStore, ResultPublisher};
 use crate::telemetry::{Stats, Tracing};
+use sluice_status::StatusStore;
 
 /// Per-job limits from the config.
 pub struct Limits {

@@ -4,7 +4,8 @@ use anyhow::{Context, Result, bail};
 use async_nats::HeaderMap;
 use base64::Engine;
 use sluice_schemas::names::headers;
-use sluice_schemas::{DeadLetter, ErrorCode, Input, Job, JobState, StatusRecord, VERSION};
+use sluice_schemas::{DeadLetter, ErrorCode, Input, Job};
+use sluice_status::Replay;
 use time::OffsetDateTime;
 
 use crate::Producer;
@@ -118,24 +119,13 @@ impl Producer {
         };
         let mut replays = 1;
         if let Some(id) = &letter.job_id {
-            let store = self.status_store().await?;
-            let previous: Option<StatusRecord> = store
-                .get(id)
-                .await?
-                .and_then(|b| serde_json::from_slice(&b).ok());
-            replays = previous.as_ref().map_or(0, |r| r.replays) + 1;
-            let record = StatusRecord {
-                version: VERSION,
-                job_id: id.clone(),
-                state: JobState::Queued,
-                updated_at: OffsetDateTime::now_utc(),
-                attempts: 0,
-                stream_sequence: None,
-                output: None,
-                error: None,
-                replays,
-            };
-            store.put(id, serde_json::to_vec(&record)?.into()).await?;
+            match self.statuses().await?.replay(id).await? {
+                Replay::Queued { replays: n } => replays = n,
+                Replay::AlreadyDone(record) => bail!(
+                    "job {id} is done (its status says so since {}): dead letter {dlq_seq} is stale, and replaying it would run the job twice",
+                    record.updated_at
+                ),
+            }
         }
         let mut h = HeaderMap::new();
         for (name, values) in &letter.headers {
@@ -170,34 +160,7 @@ impl Producer {
     /// later answers `cancelled` without running it. Returns false when the
     /// job had already finished (or is unknown).
     pub async fn cancel(&self, job_id: &str) -> Result<bool> {
-        let store = self.status_store().await?;
-        let entry = store.entry(job_id).await?;
-        let previous: Option<StatusRecord> = entry
-            .as_ref()
-            .and_then(|e| serde_json::from_slice(&e.value).ok());
-        if previous.as_ref().is_some_and(|r| r.state.is_final()) {
-            return Ok(false);
-        }
-        let record = StatusRecord {
-            version: VERSION,
-            job_id: job_id.to_string(),
-            state: JobState::Cancelled,
-            updated_at: OffsetDateTime::now_utc(),
-            attempts: previous.as_ref().map_or(0, |r| r.attempts),
-            stream_sequence: previous.as_ref().and_then(|r| r.stream_sequence),
-            output: None,
-            error: None,
-            replays: previous.as_ref().map_or(0, |r| r.replays),
-        };
-        let bytes = serde_json::to_vec(&record)?;
-        // Compare-and-swap against what we read, so a finish in between wins.
-        match entry {
-            Some(e) => store
-                .update(job_id, bytes.into(), e.revision)
-                .await
-                .map(|_| ())?,
-            None => store.create(job_id, bytes.into()).await.map(|_| ())?,
-        }
-        Ok(true)
+        // Compare-and-swap in the status store: a finish in between wins.
+        Ok(self.statuses().await?.cancel(job_id).await?)
     }
 }

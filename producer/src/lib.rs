@@ -30,7 +30,7 @@ use aws_sdk_s3::primitives::ByteStream;
 use futures::StreamExt;
 use sluice_schemas::names::headers;
 use sluice_schemas::{
-    Input, InputFormat, Job, JobResult, JobState, ObjectRef, StatusRecord, Task, Topology, VERSION,
+    Input, InputFormat, Job, JobResult, ObjectRef, StatusRecord, Task, Topology, VERSION,
 };
 
 /// Where the producer connects and what it names things.
@@ -70,7 +70,7 @@ impl Default for ProducerConfig {
             bucket: "sluice".into(),
             input_prefix: "inputs/".into(),
             presign_secs: 24 * 3600,
-            model: "all-minilm-l6-v2".into(),
+            model: Task::Embed.default_model().into(),
         }
     }
 }
@@ -233,26 +233,20 @@ impl Producer {
     /// Writes a `queued` status record unless the job already has one (a
     /// fast consumer may have marked it running already; that record wins).
     async fn record_queued(&self, job_id: &str, sequence: u64) -> Result<()> {
-        let record = StatusRecord {
-            version: VERSION,
-            job_id: job_id.to_string(),
-            state: JobState::Queued,
-            updated_at: time::OffsetDateTime::now_utc(),
-            attempts: 0,
-            stream_sequence: Some(sequence),
-            output: None,
-            error: None,
-            replays: 0,
-        };
-        let store = self.status_store().await?;
-        match store
-            .create(job_id, serde_json::to_vec(&record)?.into())
+        self.statuses()
+            .await?
+            .queue(job_id, sequence)
             .await
-        {
-            Ok(_) => Ok(()),
-            Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => Ok(()),
-            Err(e) => Err(e).with_context(|| format!("cannot record job {job_id} as queued")),
-        }
+            .with_context(|| format!("cannot record job {job_id} as queued"))?;
+        Ok(())
+    }
+
+    /// The status records, written only through their named transitions
+    /// (the same store the consumer uses).
+    pub async fn statuses(&self) -> Result<sluice_status::StatusStore> {
+        Ok(sluice_status::StatusStore::new(
+            self.status_store().await?.clone(),
+        ))
     }
 
     /// Subscribes to every result of this namespace. Subscribe before
@@ -308,9 +302,9 @@ pub fn new_traceparent() -> String {
     format!("00-{trace}-{}-01", &span[..16])
 }
 
-/// The trace id in a `traceparent` (its second field).
+/// The trace id in a valid `traceparent`.
 pub fn trace_id_of(traceparent: &str) -> Option<&str> {
-    traceparent.split('-').nth(1)
+    sluice_schemas::TraceParent::parse(traceparent).map(|tp| tp.trace_id)
 }
 
 /// A stream of results.

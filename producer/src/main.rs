@@ -323,13 +323,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             download,
             traceparent,
         } => {
-            let model = model.unwrap_or_else(|| {
-                match task {
-                    Task::Embed => "all-minilm-l6-v2",
-                    Task::Generate => "smollm2-135m-instruct",
-                }
-                .to_string()
-            });
+            let model = model.unwrap_or_else(|| task.default_model().to_string());
             let config = ProducerConfig { model, ..config };
             let inputs = collect_inputs(&paths)?;
             if inputs.is_empty() && urls.is_empty() {
@@ -811,13 +805,7 @@ fn report_submit(
 }
 
 fn is_traceparent(value: &str) -> bool {
-    let parts: Vec<&str> = value.split('-').collect();
-    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
-    parts.len() == 4
-        && hex(parts[0], 2)
-        && hex(parts[1], 32)
-        && hex(parts[2], 16)
-        && hex(parts[3], 2)
+    sluice_schemas::TraceParent::parse(value).is_some()
 }
 
 fn report_result(json: bool, r: &JobResult) {

@@ -31,6 +31,16 @@ impl Task {
     pub fn parse(s: &str) -> Option<Task> {
         Task::ALL.into_iter().find(|t| t.as_str() == s)
     }
+
+    /// The model a job names when its publisher does not say, and the one a
+    /// consumer of this task serves by default (the models `scripts/setup`
+    /// installs).
+    pub fn default_model(self) -> &'static str {
+        match self {
+            Task::Embed => "all-minilm-l6-v2",
+            Task::Generate => "smollm2-135m-instruct",
+        }
+    }
 }
 
 impl std::fmt::Display for Task {

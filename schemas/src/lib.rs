@@ -6,8 +6,10 @@ mod error_code;
 mod job;
 pub mod names;
 pub mod secret;
+pub mod trace_context;
 pub use names::Topology;
 pub use secret::Secret;
+pub use trace_context::TraceParent;
 mod result;
 
 pub use error_code::{ErrorCode, ErrorInfo};

@@ -139,6 +139,7 @@ pub async fn give_up(
             Ok(true) => {}
             Ok(false) => return Ok(()),
             Err(e) => {
+                let e = JobError::from(e);
                 tracing::warn!(job = %job_id, error = %e, "cannot record the failure (it is in the dead-letter stream)")
             }
         }

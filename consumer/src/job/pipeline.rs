@@ -9,7 +9,8 @@ use std::time::Instant;
 use async_nats::jetstream;
 use opentelemetry::KeyValue;
 use sluice_schemas::names::headers;
-use sluice_schemas::{ErrorCode, Item, JobState, Output, StatusRecord, Timings, Usage, ValidJob};
+use sluice_schemas::{ErrorCode, Item, JobState, Output, Timings, Usage, ValidJob};
+use sluice_status::Start;
 use time::OffsetDateTime;
 use tokio::sync::watch;
 
@@ -158,28 +159,17 @@ async fn process(
     // Mark it running unless it is already final: a compare-and-swap, so a
     // stale redelivery can never turn a finished job back into a running one.
     let running = status(&job.id, JobState::Running, delivery);
-    let began = shared
-        .status
-        .swap(&job.id, |current| match current {
-            Some(r) if r.state.is_final() => None,
-            Some(r) => Some(StatusRecord {
-                replays: r.replays,
-                ..running.clone()
-            }),
-            None => Some(running.clone()),
-        })
-        .await;
-    match began {
-        Ok((None, Some(record))) if record.state == JobState::Cancelled => {
+    match shared.status.start(&running).await {
+        Ok(Start::Final(record)) if record.state == JobState::Cancelled => {
             return Err(JobError::new(
                 ErrorCode::Cancelled,
                 "the job was cancelled before it ran",
             ));
         }
-        Ok((None, Some(record))) => return Ok(Finished::AlreadyFinal(record.state)),
-        Ok((Some(written), _)) => delivery.replays = written.replays,
-        Ok((None, None)) => {}
+        Ok(Start::Final(record)) => return Ok(Finished::AlreadyFinal(record.state)),
+        Ok(Start::Running(written)) => delivery.replays = written.replays,
         Err(e) => {
+            let e = JobError::from(e);
             tracing::warn!(job = %job.id, error = %e, "cannot record the running state");
         }
     }

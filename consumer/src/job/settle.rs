@@ -115,6 +115,7 @@ pub async fn settle(
                     return;
                 }
                 Err(e) => {
+                    let e = JobError::from(e);
                     tracing::warn!(job = %job_id, trace_id = %d.trace_id, error = %e, "cannot record a finished job; it will be redelivered");
                     nak(&msg, retry_delay(shared, &d)).await;
                     trace.end("retry", Some(ErrorCode::StorageUnavailable.as_str()));

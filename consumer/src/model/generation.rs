@@ -15,7 +15,7 @@ use candle_transformers::generation::{LogitsProcessor, Sampling};
 
 use super::ModelError;
 use super::gguf_tokenizer::GgufTokenizer;
-use super::llama::{Llama, Segment};
+use super::llama::{KvCache, Llama, Segment};
 
 /// What the generator needs of a model.
 pub trait StepModel {
@@ -38,6 +38,51 @@ pub trait TokenText {
     /// Tokens that end a sequence (end of text, end of turn).
     fn stop_ids(&self) -> Vec<u32>;
     fn decode(&self, ids: &[u32]) -> String;
+}
+
+/// The consumer's model.
+impl StepModel for Llama {
+    type Cache = KvCache;
+
+    fn kv_bytes_per_token(&self) -> u64 {
+        self.config.kv_bytes_per_token()
+    }
+
+    fn context_length(&self) -> usize {
+        self.config.context_length
+    }
+
+    fn new_cache(&self, capacity: usize) -> Result<KvCache, ModelError> {
+        Llama::new_cache(self, capacity)
+    }
+
+    fn cache_capacity(cache: &KvCache) -> usize {
+        cache.capacity()
+    }
+
+    fn forward(&self, segments: &mut [Segment<'_, KvCache>]) -> Result<Tensor, ModelError> {
+        Llama::forward(self, segments)
+    }
+}
+
+impl TokenText for GgufTokenizer {
+    /// The end-of-sequence id and the chat templates' end-of-turn markers
+    /// this vocabulary has.
+    fn stop_ids(&self) -> Vec<u32> {
+        let mut eos = vec![self.eos_id];
+        for name in ["<|im_end|>", "<|endoftext|>", "<|eot_id|>"] {
+            if let Some(id) = self.tokenizer.token_to_id(name)
+                && !eos.contains(&id)
+            {
+                eos.push(id);
+            }
+        }
+        eos
+    }
+
+    fn decode(&self, ids: &[u32]) -> String {
+        GgufTokenizer::decode(self, ids)
+    }
 }
 
 /// Per-prompt sampling and stopping.

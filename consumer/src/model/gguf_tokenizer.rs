@@ -266,23 +266,3 @@ impl GgufTokenizer {
 
 /// One chat message (`role`: system, user or assistant), as jobs carry it.
 pub use sluice_schemas::ChatMessage;
-
-impl super::generation::TokenText for GgufTokenizer {
-    /// The end-of-sequence id and the chat templates' end-of-turn markers
-    /// this vocabulary has.
-    fn stop_ids(&self) -> Vec<u32> {
-        let mut eos = vec![self.eos_id];
-        for name in ["<|im_end|>", "<|endoftext|>", "<|eot_id|>"] {
-            if let Some(id) = self.tokenizer.token_to_id(name)
-                && !eos.contains(&id)
-            {
-                eos.push(id);
-            }
-        }
-        eos
-    }
-
-    fn decode(&self, ids: &[u32]) -> String {
-        GgufTokenizer::decode(self, ids)
-    }
-}

@@ -446,27 +446,3 @@ fn rope_tables(c: &LlamaConfig, device: &Device) -> candle_core::Result<(Tensor,
 pub fn argmax(logits: &Tensor) -> Result<u32, ModelError> {
     Ok(logits.argmax(D::Minus1)?.to_scalar::<u32>()?)
 }
-
-impl super::generation::StepModel for Llama {
-    type Cache = KvCache;
-
-    fn kv_bytes_per_token(&self) -> u64 {
-        self.config.kv_bytes_per_token()
-    }
-
-    fn context_length(&self) -> usize {
-        self.config.context_length
-    }
-
-    fn new_cache(&self, capacity: usize) -> Result<KvCache, ModelError> {
-        Llama::new_cache(self, capacity)
-    }
-
-    fn cache_capacity(cache: &KvCache) -> usize {
-        cache.capacity()
-    }
-
-    fn forward(&self, segments: &mut [Segment<'_, KvCache>]) -> Result<Tensor, ModelError> {
-        Llama::forward(self, segments)
-    }
-}

@@ -1,12 +1,11 @@
 //! Everything a job leaves behind: its output (`store`: inline or S3), its
-//! result and dead letters on NATS (`results`), its status record
-//! (`status`), and the `.npy` encoding of embedding outputs (`npy`).
+//! result and dead letters on NATS (`results`), and the `.npy` encoding of
+//! embedding outputs (`npy`). Its status record is written through the
+//! `sluice-status` crate's `StatusStore`, which the CLI shares.
 
 pub mod npy;
 pub mod results;
-pub mod status;
 pub mod store;
 
 pub use results::{DeadLetters, ResultPublisher};
-pub use status::StatusStore;
 pub use store::OutputStore;

@@ -11,7 +11,7 @@ use crate::error::JobError;
 
 /// Result, status and dead-letter writes go to NATS; a failure there is
 /// retried like storage.
-pub(super) fn queue(what: &str, e: impl std::fmt::Display) -> JobError {
+fn queue(what: &str, e: impl std::fmt::Display) -> JobError {
     JobError::new(ErrorCode::StorageUnavailable, format!("{what}: {e}"))
 }
 

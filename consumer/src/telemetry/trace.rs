@@ -217,25 +217,11 @@ impl JobTrace {
 /// `00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>`; None when malformed
 /// (the job then starts a new trace).
 pub fn parse_traceparent(value: &str) -> Option<SpanContext> {
-    let mut parts = value.trim().split('-');
-    let (version, trace, span, flags) =
-        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
-    if version.len() != 2 || version == "ff" || trace.len() != 32 || span.len() != 16 {
-        return None;
-    }
-    if version == "00" && parts.next().is_some() {
-        return None;
-    }
-    let trace_id = TraceId::from_hex(trace).ok()?;
-    let span_id = SpanId::from_hex(span).ok()?;
-    let flags = u8::from_str_radix(flags, 16).ok()?;
-    if trace_id == TraceId::INVALID || span_id == SpanId::INVALID {
-        return None;
-    }
+    let tp = sluice_schemas::TraceParent::parse(value)?;
     Some(SpanContext::new(
-        trace_id,
-        span_id,
-        TraceFlags::new(flags),
+        TraceId::from_hex(tp.trace_id).ok()?,
+        SpanId::from_hex(tp.parent_id).ok()?,
+        TraceFlags::new(tp.flags),
         true,
         TraceState::default(),
     ))

@@ -14,3 +14,4 @@ mod generate_jobs;
 mod harness;
 mod observability;
 mod publishers;
+mod status;

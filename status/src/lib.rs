@@ -1,0 +1,275 @@
+//! The job status record's one store. Every writer (the producer's submit,
+//! the consumer, `sluice cancel`, `sluice dlq replay`) goes through a named
+//! transition here, each a compare-and-swap on the record's KV revision that
+//! retries when another writer got in between, so each decision is made on
+//! what is really there:
+//!
+//! | transition | from | to | when the record is final |
+//! | --- | --- | --- | --- |
+//! | [`StatusStore::queue`] | nothing | `queued` | left (create-if-absent: a fast consumer's `running` wins) |
+//! | [`StatusStore::start`] | nothing, `queued`, `running` | `running` | left; the caller answers from it |
+//! | [`StatusStore::finish`] | nothing, `queued`, `running` | `done`, `failed`, `cancelled` | left: the first final status wins |
+//! | [`StatusStore::cancel`] | nothing, `queued`, `running` | `cancelled` | left |
+//! | [`StatusStore::replay`] | nothing, `failed`, `cancelled` | `queued`, replays + 1 | `done` is refused: it succeeded |
+//!
+//! `replays` is carried through every transition.
+
+use std::time::Duration;
+
+use async_nats::jetstream::kv;
+use sluice_schemas::{JobState, StatusRecord, VERSION};
+use time::OffsetDateTime;
+
+/// Why a status read or write failed. Each names the job and keeps the
+/// server's error as its source.
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    #[error("reading the status record of {job_id}")]
+    Read {
+        job_id: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("writing the status record of {job_id}")]
+    Write {
+        job_id: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("the status record of {job_id} kept changing under 16 writes in a row")]
+    Contention { job_id: String },
+}
+
+/// What [`StatusStore::start`] found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Start {
+    /// The job is marked running: this record was written.
+    Running(StatusRecord),
+    /// The job's status is already final: it was answered (or cancelled)
+    /// before; nothing was written.
+    Final(StatusRecord),
+}
+
+/// What [`StatusStore::replay`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Replay {
+    /// Queued again; the job's replay count is now this.
+    Queued { replays: u32 },
+    /// The job is `done`: replaying it would run it twice.
+    AlreadyDone(Box<StatusRecord>),
+}
+
+#[derive(Clone)]
+pub struct StatusStore {
+    kv: kv::Store,
+}
+
+impl StatusStore {
+    pub fn new(kv: kv::Store) -> StatusStore {
+        StatusStore { kv }
+    }
+
+    pub async fn get(&self, job_id: &str) -> Result<Option<StatusRecord>, StatusError> {
+        let entry = self.kv.get(job_id).await.map_err(|e| StatusError::Read {
+            job_id: job_id.to_string(),
+            source: Box::new(e),
+        })?;
+        Ok(entry.and_then(|bytes| serde_json::from_slice(&bytes).ok()))
+    }
+
+    /// `queued`, unless the job has a record already (a consumer that was
+    /// faster than the publisher's status write keeps its `running`).
+    /// Returns whether this wrote it.
+    pub async fn queue(&self, job_id: &str, stream_sequence: u64) -> Result<bool, StatusError> {
+        let record = StatusRecord {
+            version: VERSION,
+            job_id: job_id.to_string(),
+            state: JobState::Queued,
+            updated_at: OffsetDateTime::now_utc(),
+            attempts: 0,
+            stream_sequence: Some(stream_sequence),
+            output: None,
+            error: None,
+            replays: 0,
+        };
+        let (written, _) = self
+            .swap(job_id, |current| current.is_none().then(|| record.clone()))
+            .await?;
+        Ok(written.is_some())
+    }
+
+    /// `running` (as `record` says: attempt, sequence), unless the status is
+    /// final: then the job was answered before and must not run again.
+    pub async fn start(&self, record: &StatusRecord) -> Result<Start, StatusError> {
+        let (written, seen) = self
+            .swap(&record.job_id, |current| match current {
+                Some(r) if r.state.is_final() => None,
+                Some(r) => Some(StatusRecord {
+                    replays: r.replays,
+                    ..record.clone()
+                }),
+                None => Some(record.clone()),
+            })
+            .await?;
+        Ok(match (written, seen) {
+            (Some(written), _) => Start::Running(written),
+            (None, Some(seen)) => Start::Final(seen),
+            // swap only declines to write over a final record.
+            (None, None) => Start::Running(record.clone()),
+        })
+    }
+
+    /// A final status (`record.state` is `done`, `failed` or `cancelled`)
+    /// unless one is already there. Of two deliveries of one job running at
+    /// once (a stale Nak or an ack timeout can cause that), only one
+    /// finishes it. Returns whether this write won; the loser must not
+    /// answer the job again.
+    ///
+    /// A write whose reply was lost (the stream's leader changed, a
+    /// timeout) may still have been stored: the record is read back, up to
+    /// 5 times a second apart, and the write counts as this one's if the
+    /// final record there is exactly `record` (same state, attempt, sequence
+    /// and time). Otherwise a redelivery would find the job final, take it
+    /// as answered, and its result would never be published.
+    pub async fn finish(&self, record: &StatusRecord) -> Result<bool, StatusError> {
+        let attempt = self
+            .swap(&record.job_id, |current| {
+                let done = current.is_some_and(|r| r.state.is_final());
+                (!done).then(|| StatusRecord {
+                    replays: current.map_or(record.replays, |r| r.replays),
+                    ..record.clone()
+                })
+            })
+            .await;
+        match attempt {
+            Ok((written, _)) => Ok(written.is_some()),
+            Err(error) => {
+                for _ in 0..5 {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    match self.get(&record.job_id).await {
+                        Ok(Some(current)) if current.state.is_final() => {
+                            return Ok(current.state == record.state
+                                && current.attempts == record.attempts
+                                && current.stream_sequence == record.stream_sequence
+                                && current.updated_at == record.updated_at);
+                        }
+                        Ok(_) => return Err(error),
+                        Err(_) => continue,
+                    }
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// `cancelled`, unless the job has finished. Returns whether it was
+    /// cancelled (false: it had already finished).
+    pub async fn cancel(&self, job_id: &str) -> Result<bool, StatusError> {
+        let (written, _) = self
+            .swap(job_id, |current| match current {
+                Some(r) if r.state.is_final() => None,
+                _ => Some(StatusRecord {
+                    version: VERSION,
+                    job_id: job_id.to_string(),
+                    state: JobState::Cancelled,
+                    updated_at: OffsetDateTime::now_utc(),
+                    attempts: current.map_or(0, |r| r.attempts),
+                    stream_sequence: current.and_then(|r| r.stream_sequence),
+                    output: None,
+                    error: None,
+                    replays: current.map_or(0, |r| r.replays),
+                }),
+            })
+            .await?;
+        Ok(written.is_some())
+    }
+
+    /// `queued` again for a replay of a dead-lettered job, its replay count
+    /// one higher. A job that is `done` is not replayed (its dead letter is
+    /// stale: another delivery succeeded).
+    pub async fn replay(&self, job_id: &str) -> Result<Replay, StatusError> {
+        let (written, seen) = self
+            .swap(job_id, |current| match current {
+                Some(r) if r.state == JobState::Done => None,
+                _ => Some(StatusRecord {
+                    version: VERSION,
+                    job_id: job_id.to_string(),
+                    state: JobState::Queued,
+                    updated_at: OffsetDateTime::now_utc(),
+                    attempts: 0,
+                    stream_sequence: None,
+                    output: None,
+                    error: None,
+                    replays: current.map_or(0, |r| r.replays) + 1,
+                }),
+            })
+            .await?;
+        Ok(match (written, seen) {
+            (Some(w), _) => Replay::Queued { replays: w.replays },
+            (None, Some(done)) => Replay::AlreadyDone(Box::new(done)),
+            (None, None) => Replay::Queued { replays: 1 },
+        })
+    }
+
+    /// Compare-and-swap: `decide` sees the current record and returns the
+    /// one to write, or None to leave it. Retries when another writer got in
+    /// between. Returns the record written (None when left) and the record
+    /// `decide` last saw.
+    async fn swap<F>(
+        &self,
+        job_id: &str,
+        mut decide: F,
+    ) -> Result<(Option<StatusRecord>, Option<StatusRecord>), StatusError>
+    where
+        F: FnMut(Option<&StatusRecord>) -> Option<StatusRecord>,
+    {
+        let write_error = |e: Box<dyn std::error::Error + Send + Sync>| StatusError::Write {
+            job_id: job_id.to_string(),
+            source: e,
+        };
+        for _ in 0..16 {
+            let entry = self.kv.entry(job_id).await.map_err(|e| StatusError::Read {
+                job_id: job_id.to_string(),
+                source: Box::new(e),
+            })?;
+            let live = entry.as_ref().filter(|e| e.operation == kv::Operation::Put);
+            let current = live.and_then(|e| serde_json::from_slice::<StatusRecord>(&e.value).ok());
+            let Some(next) = decide(current.as_ref()) else {
+                return Ok((None, current));
+            };
+            let payload = serde_json::to_vec(&next).map_err(|e| write_error(Box::new(e)))?;
+            let written = match live {
+                Some(e) => self
+                    .kv
+                    .update(job_id, payload.into(), e.revision)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| {
+                        (
+                            e.kind() == kv::UpdateErrorKind::WrongLastRevision,
+                            Box::new(e) as Box<dyn std::error::Error + Send + Sync>,
+                        )
+                    }),
+                None => self
+                    .kv
+                    .create(job_id, payload.into())
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| {
+                        (
+                            e.kind() == kv::CreateErrorKind::AlreadyExists,
+                            Box::new(e) as Box<dyn std::error::Error + Send + Sync>,
+                        )
+                    }),
+            };
+            match written {
+                Ok(()) => return Ok((Some(next), current)),
+                Err((true, _)) => continue, // someone wrote in between: decide again
+                Err((false, e)) => return Err(write_error(e)),
+            }
+        }
+        Err(StatusError::Contention {
+            job_id: job_id.to_string(),
+        })
+    }
+}
