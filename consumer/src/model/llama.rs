@@ -17,7 +17,7 @@ use candle_core::{D, DType, Device, Module, Tensor};
 
 use super::ModelError;
 use super::gguf_tokenizer::GgufTokenizer;
-use super::qmatmul::{self, PackedMatrix};
+use super::qmatmul::{self, BlockType, PackedMatrix};
 
 /// Shape of the network, from the GGUF metadata (`llama.*`).
 #[derive(Debug, Clone, PartialEq)]
@@ -149,12 +149,24 @@ enum Linear {
     Dense(Tensor),
 }
 
+/// The kernels' packing of a Q4_1 or Q8_0 matrix whose rows are whole
+/// blocks; `None` for other types and shapes (candle's matmul keeps them).
+fn packed(q: &QTensor) -> Option<PackedMatrix> {
+    let (rows, cols) = q.shape().dims2().ok()?;
+    let kind = match q.dtype() {
+        GgmlDType::Q4_1 => BlockType::Q4_1,
+        GgmlDType::Q8_0 => BlockType::Q8_0,
+        _ => return None,
+    };
+    PackedMatrix::from_blocks(kind, rows, cols, &q.data().ok()?)
+}
+
 impl Linear {
     fn new(q: QTensor, format: WeightFormat, device: &Device) -> Result<Linear, ModelError> {
         let quantized = |q: QTensor| -> Result<Linear, ModelError> {
             if device.is_cpu()
                 && qmatmul::available()
-                && let Some(p) = PackedMatrix::from_qtensor(&q)
+                && let Some(p) = packed(&q)
             {
                 return Ok(Linear::Packed(p));
             }
@@ -445,4 +457,33 @@ fn rope_tables(c: &LlamaConfig, device: &Device) -> candle_core::Result<(Tensor,
 /// Index of the largest logit (greedy decoding).
 pub fn argmax(logits: &Tensor) -> Result<u32, ModelError> {
     Ok(logits.argmax(D::Minus1)?.to_scalar::<u32>()?)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use candle_core::{Device, Tensor};
+
+    use super::*;
+
+    /// Other quantizations and rows that are not whole blocks stay with
+    /// candle's matmul.
+    #[test]
+    fn other_types_and_ragged_rows_are_left_to_candle() {
+        let values = |n: usize| {
+            (0..n)
+                .map(|i| (i % 17) as f32 / 8.0 - 1.0)
+                .collect::<Vec<_>>()
+        };
+        let t = Tensor::from_vec(values(4 * 64), (4, 64), &Device::Cpu).unwrap();
+        let q4k = QTensor::quantize(
+            &Tensor::from_vec(values(4 * 256), (4, 256), &Device::Cpu).unwrap(),
+            GgmlDType::Q4K,
+        )
+        .unwrap();
+        assert!(packed(&q4k).is_none());
+        assert!(packed(&QTensor::quantize(&t, GgmlDType::F32).unwrap()).is_none());
+        assert!(packed(&QTensor::quantize(&t, GgmlDType::Q8_0).unwrap()).is_some());
+        assert!(packed(&QTensor::quantize(&t, GgmlDType::Q4_1).unwrap()).is_some());
+    }
 }

@@ -3,14 +3,15 @@
 //! batch costs in memory, which is what the budget and the batcher plan with.
 
 mod bert;
-pub mod cpu;
-pub mod encoder_kernels;
 pub mod generation;
 pub mod gguf_tokenizer;
 pub mod llama;
 mod minilm;
-pub mod qmatmul;
 mod tokenizer;
+
+/// The CPU kernels (the `sluice-kernels` crate), under the names the models
+/// use.
+pub use sluice_kernels::{cpu, encoder as encoder_kernels, quantized as qmatmul};
 
 pub use minilm::{ForwardChoice, MiniLm};
 pub use tokenizer::{TextTokenizer, TokenizeError, TokenizedItem};

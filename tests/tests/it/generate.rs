@@ -285,7 +285,7 @@ fn q8_0_requantization_keeps_the_stored_weights_answers() {
 /// spread, and the greedy tokens are equal wherever candle's top-2 margin is
 /// over that. The tolerance: on x86-64 with AVX2 our matmuls are our own
 /// kernels, which equal candle's to the order of f32 sums (7e-7 of the
-/// largest output, measured per matmul; `qmatmul::tests`). But both quantize
+/// largest output, measured per matmul; `sluice-kernels`, `quantized::tests`). But both quantize
 /// every matmul's input to 8 bits, so a sum-order difference now and then
 /// flips a rounding, a jump of one quantization step (up to 1/127 of a
 /// block's largest value) that the next layers carry on: measured 2.2% of

@@ -10,28 +10,35 @@
 //! each block's integer dot product is scaled into an f32 accumulator. Weight
 //! scales are converted from f16 to f32 once, at load.
 //!
-//! Like `encoder_kernels.rs` (and `alloc.rs`'s `mallopt`), this module has
-//! `unsafe`: SIMD loads from fixed-size arrays and calls into
-//! `#[target_feature]` functions after the CPU was checked for the features
-//! at run time. [`reference_matmul`] is
-//! the same arithmetic in plain Rust; the tests hold the two together.
-#![allow(unsafe_code)]
+//! The SIMD code is in `x86_avx2.rs` (the only file with unsafe code).
+//! [`reference_matmul`] is the same arithmetic in plain Rust; the tests hold
+//! the two together.
 
-use candle_core::quantized::{GgmlDType, QTensor};
 use rayon::prelude::*;
 
+use crate::x86_avx2::Avx2;
+
 /// Values per quantization block.
-const BLOCK: usize = 32;
+pub(crate) const BLOCK: usize = 32;
 
 /// A weight matrix `[rows (outputs), cols (inputs)]` in its quantized blocks.
 pub struct PackedMatrix {
-    rows: usize,
-    cols: usize,
-    blocks: usize,
-    weights: Packed,
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    pub(crate) blocks: usize,
+    pub(crate) weights: Packed,
 }
 
-enum Packed {
+/// The GGUF block types the kernels take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockType {
+    /// 20 bytes a block of 32: f16 scale, f16 minimum, 16 bytes of nibbles.
+    Q4_1,
+    /// 34 bytes a block of 32: f16 scale, 32 signed bytes.
+    Q8_0,
+}
+
+pub(crate) enum Packed {
     /// `w = d * q + m`, `q` in 0..=15; low nibbles are values 0..16 of the
     /// block, high nibbles 16..32 (the GGUF layout).
     Q4_1 {
@@ -46,32 +53,36 @@ enum Packed {
 /// Activations quantized per block: `x ~ d * q`, and `s = d * sum(q)`
 /// (scales rounded to f16, as ggml keeps them).
 pub struct QuantizedRows {
-    tokens: usize,
-    blocks: usize,
-    qs: Vec<[i8; 32]>,
-    d: Vec<f32>,
-    s: Vec<f32>,
+    pub(crate) tokens: usize,
+    pub(crate) blocks: usize,
+    pub(crate) qs: Vec<[i8; 32]>,
+    pub(crate) d: Vec<f32>,
+    pub(crate) s: Vec<f32>,
 }
 
 /// Whether the SIMD kernels run in this process: the CPU has AVX2 and FMA
-/// and `SLUICE_CPU_KERNELS` did not lower the level (see [`super::cpu`]).
+/// and `SLUICE_CPU_KERNELS` did not lower the level (see [`crate::cpu`]).
 pub fn available() -> bool {
-    super::cpu::level() >= super::cpu::KernelLevel::Avx2
+    Avx2::get().is_some()
 }
 
 impl PackedMatrix {
-    /// Repacks a Q4_1 or Q8_0 matrix whose rows are whole blocks; `None` for
-    /// other types and shapes (the caller keeps candle's matmul for them).
-    pub fn from_qtensor(q: &QTensor) -> Option<PackedMatrix> {
-        let (rows, cols) = q.shape().dims2().ok()?;
-        if cols % BLOCK != 0 {
+    /// Repacks a `[rows, cols]` matrix of GGUF blocks (`data`, row-major,
+    /// as GGUF stores them); `None` when the rows are not whole blocks or the
+    /// data is not `rows x cols` of them.
+    pub fn from_blocks(
+        kind: BlockType,
+        rows: usize,
+        cols: usize,
+        data: &[u8],
+    ) -> Option<PackedMatrix> {
+        if !cols.is_multiple_of(BLOCK) {
             return None;
         }
         let blocks = cols / BLOCK;
-        let data = q.data().ok()?;
         let f16 = |b: &[u8]| half::f16::from_le_bytes([b[0], b[1]]).to_f32();
-        let weights = match q.dtype() {
-            GgmlDType::Q4_1 => {
+        let weights = match kind {
+            BlockType::Q4_1 => {
                 let raw: Vec<&[u8]> = data.chunks_exact(20).collect();
                 if raw.len() != rows * blocks {
                     return None;
@@ -89,7 +100,7 @@ impl PackedMatrix {
                         .collect(),
                 }
             }
-            GgmlDType::Q8_0 => {
+            BlockType::Q8_0 => {
                 let raw: Vec<&[u8]> = data.chunks_exact(34).collect();
                 if raw.len() != rows * blocks {
                     return None;
@@ -108,7 +119,6 @@ impl PackedMatrix {
                         .collect(),
                 }
             }
-            _ => return None,
         };
         Some(PackedMatrix {
             rows,
@@ -136,18 +146,13 @@ impl PackedMatrix {
         let threads = rayon::current_num_threads().max(1);
         let rows_per_task = self.rows.div_ceil(threads).next_multiple_of(4).max(4);
         let mut transposed = vec![0f32; self.rows * tokens];
-        let simd = available();
+        let simd = Avx2::get();
         let run = |(chunk, out): (usize, &mut [f32])| {
             let first = chunk * rows_per_task;
             let rows = out.len() / tokens;
-            if simd {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: `available()` checked that the CPU has AVX2 and FMA.
-                unsafe {
-                    avx2::rows(self, &xq, first, rows, out)
-                };
-            } else {
-                reference_rows(self, &xq, first, rows, out);
+            match simd {
+                Some(avx2) => avx2.quantized_rows(self, &xq, first, rows, out),
+                None => reference_rows(self, &xq, first, rows, out),
             }
         };
         transposed
@@ -246,213 +251,23 @@ fn reference_rows(w: &PackedMatrix, x: &QuantizedRows, first: usize, rows: usize
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use std::arch::x86_64::*;
-
-    use super::{Packed, PackedMatrix, QuantizedRows};
-
-    /// Rows `first..first + rows` of `W x` into `out` (`[rows, tokens]`):
-    /// tiles of 2 rows x 4 tokens (each weight block unpacked once for 4
-    /// tokens), then the remaining tokens 4 rows at a time.
-    ///
-    /// # Safety
-    /// The CPU must support AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn rows(
-        w: &PackedMatrix,
-        x: &QuantizedRows,
-        first: usize,
-        rows: usize,
-        out: &mut [f32],
-    ) {
-        let tokens = x.tokens;
-        let mut t = 0;
-        while t + 4 <= tokens {
-            let mut r = 0;
-            while r + 2 <= rows {
-                let sums = tile::<2, 4>(w, x, first + r, t);
-                for (i, row) in sums.iter().enumerate() {
-                    for (j, v) in row.iter().enumerate() {
-                        out[(r + i) * tokens + t + j] = *v;
-                    }
-                }
-                r += 2;
-            }
-            while r < rows {
-                let sums = tile::<1, 4>(w, x, first + r, t);
-                for (j, v) in sums[0].iter().enumerate() {
-                    out[r * tokens + t + j] = *v;
-                }
-                r += 1;
-            }
-            t += 4;
-        }
-        while t < tokens {
-            let mut r = 0;
-            while r + 4 <= rows {
-                let sums = tile::<4, 1>(w, x, first + r, t);
-                for (i, row) in sums.iter().enumerate() {
-                    out[(r + i) * tokens + t] = row[0];
-                }
-                r += 4;
-            }
-            while r < rows {
-                out[r * tokens + t] = tile::<1, 1>(w, x, first + r, t)[0][0];
-                r += 1;
-            }
-            t += 1;
-        }
-    }
-
-    /// `R` rows from `row` times `T` tokens from `token`.
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    fn tile<const R: usize, const T: usize>(
-        w: &PackedMatrix,
-        x: &QuantizedRows,
-        row: usize,
-        token: usize,
-    ) -> [[f32; T]; R] {
-        let nb = w.blocks;
-        let x_q: [&[[i8; 32]]; T] =
-            std::array::from_fn(|j| &x.qs[(token + j) * nb..(token + j + 1) * nb]);
-        let x_d: [&[f32]; T] =
-            std::array::from_fn(|j| &x.d[(token + j) * nb..(token + j + 1) * nb]);
-        let w_range = |i: usize| (row + i) * nb..(row + i + 1) * nb;
-        let acc = match &w.weights {
-            Packed::Q4_1 { d, qs, .. } => q4_1::<R, T>(
-                nb,
-                std::array::from_fn(|i| &qs[w_range(i)]),
-                std::array::from_fn(|i| &d[w_range(i)]),
-                x_q,
-                x_d,
-            ),
-            Packed::Q8_0 { d, qs } => q8_0::<R, T>(
-                nb,
-                std::array::from_fn(|i| &qs[w_range(i)]),
-                std::array::from_fn(|i| &d[w_range(i)]),
-                x_q,
-                x_d,
-            ),
-        };
-        let mut sums = [[0f32; T]; R];
-        for i in 0..R {
-            for j in 0..T {
-                sums[i][j] = hsum(acc[i][j]);
-            }
-        }
-        if let Packed::Q4_1 { m, .. } = &w.weights {
-            // The `m * x` part of each block: m_w . s_x over the blocks.
-            for (i, row_sums) in sums.iter_mut().enumerate() {
-                let w_m = &m[w_range(i)];
-                for (j, v) in row_sums.iter_mut().enumerate() {
-                    let x_s = &x.s[(token + j) * nb..(token + j + 1) * nb];
-                    *v += w_m.iter().zip(x_s).map(|(a, b)| a * b).sum::<f32>();
-                }
-            }
-        }
-        sums
-    }
-
-    /// Q4_1 blocks: the nibbles unpacked once per block for all `T` tokens
-    /// (u8 0..=15 times i8, as `maddubs` takes them).
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    fn q4_1<const R: usize, const T: usize>(
-        nb: usize,
-        w_q: [&[[u8; 16]]; R],
-        w_d: [&[f32]; R],
-        x_q: [&[[i8; 32]]; T],
-        x_d: [&[f32]; T],
-    ) -> [[__m256; T]; R] {
-        let ones = _mm256_set1_epi16(1);
-        let low = _mm256_set1_epi8(0x0F);
-        let mut acc = [[_mm256_setzero_ps(); T]; R];
-        for b in 0..nb {
-            let mut wv = [_mm256_setzero_si256(); R];
-            for i in 0..R {
-                let packed = load16(&w_q[i][b]);
-                wv[i] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), low);
-            }
-            for j in 0..T {
-                let xv = load32(&x_q[j][b]);
-                let dx = x_d[j][b];
-                for i in 0..R {
-                    let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(wv[i], xv), ones);
-                    let scale = _mm256_set1_ps(w_d[i][b] * dx);
-                    acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[i][j]);
-                }
-            }
-        }
-        acc
-    }
-
-    /// Q8_0 blocks: |w| times x with w's signs, the u8 x i8 product
-    /// `maddubs` takes.
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    fn q8_0<const R: usize, const T: usize>(
-        nb: usize,
-        w_q: [&[[i8; 32]]; R],
-        w_d: [&[f32]; R],
-        x_q: [&[[i8; 32]]; T],
-        x_d: [&[f32]; T],
-    ) -> [[__m256; T]; R] {
-        let ones = _mm256_set1_epi16(1);
-        let mut acc = [[_mm256_setzero_ps(); T]; R];
-        for b in 0..nb {
-            let mut wv = [_mm256_setzero_si256(); R];
-            for i in 0..R {
-                wv[i] = load32(&w_q[i][b]);
-            }
-            for j in 0..T {
-                let xv = load32(&x_q[j][b]);
-                let dx = x_d[j][b];
-                for i in 0..R {
-                    let pairs = _mm256_maddubs_epi16(
-                        _mm256_sign_epi8(wv[i], wv[i]),
-                        _mm256_sign_epi8(xv, wv[i]),
-                    );
-                    let dot = _mm256_madd_epi16(pairs, ones);
-                    let scale = _mm256_set1_ps(w_d[i][b] * dx);
-                    acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[i][j]);
-                }
-            }
-        }
-        acc
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    fn hsum(v: __m256) -> f32 {
-        let sum4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let sum2 = _mm_add_ps(sum4, _mm_movehl_ps(sum4, sum4));
-        let sum1 = _mm_add_ss(sum2, _mm_movehdup_ps(sum2));
-        _mm_cvtss_f32(sum1)
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    fn load32(q: &[i8; 32]) -> __m256i {
-        // SAFETY: `q` is 32 readable bytes; the load is unaligned.
-        unsafe { _mm256_loadu_si256(q.as_ptr().cast()) }
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    fn load16(q: &[u8; 16]) -> __m128i {
-        // SAFETY: `q` is 16 readable bytes; the load is unaligned.
-        unsafe { _mm_loadu_si128(q.as_ptr().cast()) }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
+    use candle_core::quantized::{GgmlDType, QTensor};
     use candle_core::{Device, Tensor};
 
     use super::*;
+
+    fn pack(q: &QTensor) -> Option<PackedMatrix> {
+        let (rows, cols) = q.shape().dims2().unwrap();
+        let kind = match q.dtype() {
+            GgmlDType::Q4_1 => BlockType::Q4_1,
+            GgmlDType::Q8_0 => BlockType::Q8_0,
+            _ => return None,
+        };
+        PackedMatrix::from_blocks(kind, rows, cols, &q.data().unwrap())
+    }
 
     /// A deterministic pseudo-random matrix in [-1, 1).
     fn values(n: usize, seed: u64) -> Vec<f32> {
@@ -479,7 +294,7 @@ mod tests {
         let w_tensor = Tensor::from_vec(dense.clone(), (rows, cols), &Device::Cpu).unwrap();
         for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0] {
             let q = QTensor::quantize(&w_tensor, dtype).unwrap();
-            let w = PackedMatrix::from_qtensor(&q).unwrap();
+            let w = pack(&q).unwrap();
             let dequantized = q.dequantize(&Device::Cpu).unwrap();
             for tokens in 1..=9 {
                 let x = values(tokens * cols, 7 + tokens as u64);
@@ -535,7 +350,7 @@ mod tests {
             Tensor::from_vec(values(rows * cols, 5), (rows, cols), &Device::Cpu).unwrap();
         for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0] {
             let q = QTensor::quantize(&w_tensor, dtype).unwrap();
-            let w = PackedMatrix::from_qtensor(&q).unwrap();
+            let w = pack(&q).unwrap();
             let candle = candle_core::quantized::QMatMul::from_qtensor(q).unwrap();
             for tokens in [1, 5] {
                 let x = values(tokens * cols, 11);
@@ -562,15 +377,9 @@ mod tests {
     }
 
     #[test]
-    fn other_types_and_ragged_rows_are_left_to_candle() {
-        let t = Tensor::from_vec(values(4 * 64, 3), (4, 64), &Device::Cpu).unwrap();
-        let q4k = QTensor::quantize(
-            &Tensor::from_vec(values(4 * 256, 3), (4, 256), &Device::Cpu).unwrap(),
-            GgmlDType::Q4K,
-        )
-        .unwrap();
-        assert!(PackedMatrix::from_qtensor(&q4k).is_none());
-        let f32q = QTensor::quantize(&t, GgmlDType::F32).unwrap();
-        assert!(PackedMatrix::from_qtensor(&f32q).is_none());
+    fn data_that_is_not_whole_blocks_is_refused() {
+        assert!(PackedMatrix::from_blocks(BlockType::Q8_0, 2, 40, &[0; 2 * 34]).is_none());
+        assert!(PackedMatrix::from_blocks(BlockType::Q8_0, 2, 32, &[0; 34]).is_none());
+        assert!(PackedMatrix::from_blocks(BlockType::Q4_1, 2, 32, &[0; 2 * 20]).is_some());
     }
 }

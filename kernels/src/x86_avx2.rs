@@ -1,271 +1,62 @@
-//! f32 kernels for the CPU encoder (`bert.rs`) on x86-64 with AVX2 + FMA:
-//!
-//! - [`PackedLinear`]: `y = x W^T + b`, a blocked matrix product (6 x 16
-//!   register tiles, the weights packed at load into 16-column panels, the
-//!   activations packed per 72 x 256 block so both stay in cache), rows split
-//!   across the rayon pool. candle's f32 matmul reached 55-63 GFLOP/s on these
-//!   cores for the encoder's shapes, MKL about 125-157; this is what closes
-//!   that gap.
-//! - [`attention`]: softmax attention per sequence and head over the
-//!   sequence's own tokens (no padding), one block of 4 queries at a time, so
-//!   no `[heads, len, len]` score tensor is ever materialized.
-//! - [`gelu`]: the erf GELU of BERT, vectorized.
-//!
-//! Like `qmatmul.rs`, this module has `unsafe`: calls into
-//! `#[target_feature]` functions after the CPU was checked at run time, and
-//! the transmutes between `[f32; 8]` and `__m256` (no raw pointers). Each kernel has a plain-Rust
-//! reference of the same arithmetic, which runs on other CPUs and which the
-//! tests hold the SIMD code to.
+//! The AVX2 + FMA kernels of x86-64: the one file of the crate with unsafe
+//! code. Each kernel is a `#[target_feature(enable = "avx2,fma")]` function;
+//! the rest of the crate reaches them only through [`Avx2`], a token that
+//! exists only once the CPU said it has those features and the kernel level
+//! (`crate::cpu`) allows them, so every call is safe by construction.
 #![allow(unsafe_code)]
 
-use rayon::prelude::*;
+use crate::cpu::{self, KernelLevel};
+use crate::encoder::{Heads, PackedLinear};
+use crate::quantized::{PackedMatrix, QuantizedRows};
 
-/// Rows of a register tile.
-const MR: usize = 6;
-/// Columns of a register tile (two AVX vectors).
-const NR: usize = 16;
-/// Depth of a packed block: an `MR x KC` slice of activations and a
-/// `KC x NR` slice of weights together fit the 32 KiB L1 cache.
-const KC: usize = 256;
-/// Rows of a packed activation block (kept in L2 across all weight panels).
-const MC: usize = 72;
-
-/// Whether this CPU runs the SIMD kernels.
-pub fn available() -> bool {
-    super::qmatmul::available()
-}
-
-/// A linear layer's weights `[outputs, inputs]` (PyTorch's layout) and bias,
-/// packed for [`PackedLinear::forward`]: panels of 16 outputs, each stored
-/// input-major (`inputs x 16`), the last panel padded with zeros.
-pub struct PackedLinear {
-    inputs: usize,
-    outputs: usize,
-    panels: Vec<f32>,
-    bias: Vec<f32>,
-}
-
-impl PackedLinear {
-    pub fn new(
-        weight: &[f32],
-        outputs: usize,
-        inputs: usize,
-        bias: Option<&[f32]>,
-    ) -> PackedLinear {
-        assert_eq!(weight.len(), outputs * inputs, "weight shape");
-        let count = outputs.div_ceil(NR);
-        let mut panels = vec![0f32; count * inputs * NR];
-        for (o, row) in weight.chunks_exact(inputs).enumerate() {
-            let (panel, lane) = (o / NR, o % NR);
-            for (k, w) in row.iter().enumerate() {
-                panels[(panel * inputs + k) * NR + lane] = *w;
-            }
-        }
-        let mut padded_bias = vec![0f32; count * NR];
-        if let Some(bias) = bias {
-            assert_eq!(bias.len(), outputs, "bias shape");
-            padded_bias[..outputs].copy_from_slice(bias);
-        }
-        PackedLinear {
-            inputs,
-            outputs,
-            panels,
-            bias: padded_bias,
-        }
-    }
-
-    pub fn inputs(&self) -> usize {
-        self.inputs
-    }
-
-    pub fn outputs(&self) -> usize {
-        self.outputs
-    }
-
-    fn weight(&self, output: usize, input: usize) -> f32 {
-        self.panels[((output / NR) * self.inputs + input) * NR + output % NR]
-    }
-
-    /// `x` is `[rows, inputs]` row-major; returns `[rows, outputs]`.
-    pub fn forward(&self, x: &[f32], rows: usize) -> Vec<f32> {
-        assert_eq!(x.len(), rows * self.inputs, "input shape");
-        let mut out = vec![0f32; rows * self.outputs];
-        if rows == 0 {
-            return out;
-        }
-        let simd = available();
-        let threads = rayon::current_num_threads().max(1);
-        let per_task = rows.div_ceil(threads).next_multiple_of(MR);
-        out.par_chunks_mut(per_task * self.outputs)
-            .zip(x.par_chunks(per_task * self.inputs))
-            .for_each(|(out, x)| {
-                if simd {
-                    #[cfg(target_arch = "x86_64")]
-                    // SAFETY: `available()` checked that the CPU has AVX2 and FMA.
-                    unsafe {
-                        avx2::linear(self, x, out)
-                    };
-                } else {
-                    self.reference_rows(x, out);
-                }
-            });
-        out
-    }
-
-    /// The product in plain Rust (each output summed over inputs in order,
-    /// after the bias).
-    pub fn reference(&self, x: &[f32], rows: usize) -> Vec<f32> {
-        assert_eq!(x.len(), rows * self.inputs, "input shape");
-        let mut out = vec![0f32; rows * self.outputs];
-        self.reference_rows(x, &mut out);
-        out
-    }
-
-    fn reference_rows(&self, x: &[f32], out: &mut [f32]) {
-        for (x, y) in x
-            .chunks_exact(self.inputs)
-            .zip(out.chunks_exact_mut(self.outputs))
-        {
-            for (o, y) in y.iter_mut().enumerate() {
-                let mut acc = self.bias[o];
-                for (k, v) in x.iter().enumerate() {
-                    acc = v.mul_add(self.weight(o, k), acc);
-                }
-                *y = acc;
-            }
-        }
-    }
-}
-
-/// Where one sequence's tokens are in a packed batch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Span {
-    pub start: usize,
-    pub len: usize,
-}
-
-/// The shape of multi-head attention over rows of `[q | k | v]`.
+/// Proof that this process runs the AVX2 + FMA kernels.
 #[derive(Clone, Copy, Debug)]
-pub struct Heads {
-    pub heads: usize,
-    pub head_dim: usize,
-}
+pub struct Avx2(());
 
-impl Heads {
-    fn hidden(&self) -> usize {
-        self.heads * self.head_dim
+impl Avx2 {
+    /// Some when the CPU has AVX2 and FMA and `SLUICE_CPU_KERNELS` did not
+    /// lower the level.
+    pub fn get() -> Option<Avx2> {
+        (cpu::level() >= KernelLevel::Avx2).then_some(Avx2(()))
+    }
+
+    /// `out = x W^T + b` for `x`'s rows (see `PackedLinear::forward`).
+    pub fn linear(self, w: &PackedLinear, x: &[f32], out: &mut [f32]) {
+        // SAFETY: an `Avx2` exists only where the CPU has AVX2 and FMA.
+        unsafe { encoder::linear(w, x, out) }
+    }
+
+    /// One sequence's attention (see `encoder::attention`).
+    pub fn attend(self, qkv: &[f32], len: usize, shape: Heads, out: &mut [f32]) {
+        // SAFETY: as in `linear`.
+        unsafe { encoder::attend(qkv, len, shape, out) }
+    }
+
+    /// GELU in place.
+    pub fn gelu(self, x: &mut [f32]) {
+        // SAFETY: as in `linear`.
+        unsafe { encoder::gelu(x) }
+    }
+
+    /// Rows `first..first + rows` of `W x` into `out` (`[rows, tokens]`).
+    pub fn quantized_rows(
+        self,
+        w: &PackedMatrix,
+        x: &QuantizedRows,
+        first: usize,
+        rows: usize,
+        out: &mut [f32],
+    ) {
+        // SAFETY: as in `linear`.
+        unsafe { quantized::rows(w, x, first, rows, out) }
     }
 }
 
-/// Scaled dot-product attention within each span. `qkv` is `[tokens, 3 *
-/// hidden]` (each row the token's queries, keys and values, head-major);
-/// returns the context `[tokens, hidden]`. Spans must not overlap and must
-/// cover the tokens in order.
-pub fn attention(qkv: &[f32], spans: &[Span], shape: Heads) -> Vec<f32> {
-    let hidden = shape.hidden();
-    let tokens: usize = spans.iter().map(|s| s.len).sum();
-    assert_eq!(qkv.len(), tokens * 3 * hidden, "qkv shape");
-    let mut out = vec![0f32; tokens * hidden];
-    let simd = available() && shape.head_dim.is_multiple_of(32);
-    // One task per sequence: its rows of the output are contiguous.
-    let mut tasks = Vec::with_capacity(spans.len());
-    let mut rest = out.as_mut_slice();
-    let mut next = 0;
-    for span in spans {
-        assert_eq!(span.start, next, "spans must cover the tokens in order");
-        next += span.len;
-        let (mine, tail) = rest.split_at_mut(span.len * hidden);
-        tasks.push((*span, mine));
-        rest = tail;
-    }
-    tasks.into_par_iter().for_each(|(span, out)| {
-        let rows = &qkv[span.start * 3 * hidden..(span.start + span.len) * 3 * hidden];
-        if simd {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `available()` checked that the CPU has AVX2 and FMA.
-            unsafe {
-                avx2::attend(rows, span.len, shape, out)
-            };
-        } else {
-            reference_attend(rows, span.len, shape, out);
-        }
-    });
-    out
-}
-
-/// One sequence's attention in plain Rust.
-fn reference_attend(qkv: &[f32], len: usize, shape: Heads, out: &mut [f32]) {
-    let (hidden, hd) = (shape.hidden(), shape.head_dim);
-    let scale = 1.0 / (hd as f32).sqrt();
-    let at = |t: usize, part: usize, h: usize| {
-        let base = t * 3 * hidden + part * hidden + h * hd;
-        &qkv[base..base + hd]
-    };
-    let mut scores = vec![0f32; len];
-    for h in 0..shape.heads {
-        for i in 0..len {
-            let q = at(i, 0, h);
-            for (j, s) in scores.iter_mut().enumerate() {
-                *s = q.iter().zip(at(j, 1, h)).map(|(a, b)| a * b).sum::<f32>() * scale;
-            }
-            let max = scores.iter().fold(f32::NEG_INFINITY, |m, s| m.max(*s));
-            let mut sum = 0f32;
-            for s in scores.iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s;
-            }
-            let ctx = &mut out[i * hidden + h * hd..i * hidden + (h + 1) * hd];
-            ctx.fill(0.0);
-            for (j, p) in scores.iter().enumerate() {
-                for (c, v) in ctx.iter_mut().zip(at(j, 2, h)) {
-                    *c += p / sum * v;
-                }
-            }
-        }
-    }
-}
-
-/// `x * Phi(x)` (BERT's "gelu"), in place.
-pub fn gelu(x: &mut [f32]) {
-    let simd = available();
-    x.par_chunks_mut(16 * 1024).for_each(|chunk| {
-        if simd {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `available()` checked that the CPU has AVX2 and FMA.
-            unsafe {
-                avx2::gelu(chunk)
-            };
-        } else {
-            chunk.iter_mut().for_each(|v| *v = gelu_scalar(*v));
-        }
-    });
-}
-
-/// Coefficients of erf's rational approximation (Abramowitz and Stegun
-/// 7.1.26, absolute error below 1.5e-7).
-const ERF_P: f32 = 0.327_591_1;
-const ERF_A: [f32; 5] = [
-    0.254_829_6,
-    -0.284_496_74,
-    1.421_413_7,
-    -1.453_152_1,
-    1.061_405_4,
-];
-
-/// The erf GELU with the approximation the SIMD kernel uses.
-pub fn gelu_scalar(x: f32) -> f32 {
-    let z = (x * std::f32::consts::FRAC_1_SQRT_2).abs();
-    let t = 1.0 / (1.0 + ERF_P * z);
-    let poly = ERF_A.iter().rev().fold(0f32, |acc, a| acc * t + a) * t;
-    let erf = 1.0 - poly * (-z * z).exp();
-    0.5 * x * (1.0 + erf.copysign(x))
-}
-
-#[cfg(target_arch = "x86_64")]
-mod avx2 {
+/// The encoder's f32 kernels.
+mod encoder {
     use std::arch::x86_64::*;
 
-    use super::{ERF_A, ERF_P, Heads, KC, MC, MR, NR, PackedLinear};
+    use crate::encoder::{ERF_A, ERF_P, Heads, KC, MC, MR, NR, PackedLinear};
 
     // Vectors are read from and written to `[f32; 8]` arrays, never through
     // raw pointers: std's `_mm256_loadu_ps` copies through a range-checked
@@ -643,7 +434,7 @@ mod avx2 {
             );
         }
         for v in tail {
-            *v = super::gelu_scalar(*v);
+            *v = crate::encoder::gelu_scalar(*v);
         }
     }
 
@@ -690,126 +481,203 @@ mod avx2 {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
+/// The quantized matrix products.
+mod quantized {
+    use std::arch::x86_64::*;
 
-    fn values(n: usize, seed: u64) -> Vec<f32> {
-        let mut state = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (0..n)
-            .map(|_| {
-                state = state
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
+    use crate::quantized::{Packed, PackedMatrix, QuantizedRows};
 
-    /// The largest difference relative to the largest magnitude.
-    fn relative_error(a: &[f32], b: &[f32]) -> f32 {
-        assert_eq!(a.len(), b.len());
-        let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
-        a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
-    }
-
-    #[test]
-    fn linear_matches_the_plain_product_for_every_edge() {
-        // Rows and outputs that are not multiples of the tile, inputs that
-        // span more than one depth block, and the encoder's shapes.
-        for (rows, outputs, inputs) in [
-            (1, 1, 1),
-            (7, 17, 300),
-            (13, 40, 513),
-            (100, 384, 384),
-            (61, 1536, 384),
-        ] {
-            let w = values(outputs * inputs, 1);
-            let b = values(outputs, 2);
-            let x = values(rows * inputs, 3);
-            let linear = PackedLinear::new(&w, outputs, inputs, Some(&b));
-            let fast = linear.forward(&x, rows);
-            let plain = linear.reference(&x, rows);
-            // Independent check of the packing: the product from the
-            // unpacked weights, in f64.
-            let mut exact = vec![0f32; rows * outputs];
-            for r in 0..rows {
-                for o in 0..outputs {
-                    let mut acc = f64::from(b[o]);
-                    for k in 0..inputs {
-                        acc += f64::from(x[r * inputs + k]) * f64::from(w[o * inputs + k]);
+    /// Rows `first..first + rows` of `W x` into `out` (`[rows, tokens]`):
+    /// tiles of 2 rows x 4 tokens (each weight block unpacked once for 4
+    /// tokens), then the remaining tokens 4 rows at a time.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn rows(
+        w: &PackedMatrix,
+        x: &QuantizedRows,
+        first: usize,
+        rows: usize,
+        out: &mut [f32],
+    ) {
+        let tokens = x.tokens;
+        let mut t = 0;
+        while t + 4 <= tokens {
+            let mut r = 0;
+            while r + 2 <= rows {
+                let sums = tile::<2, 4>(w, x, first + r, t);
+                for (i, row) in sums.iter().enumerate() {
+                    for (j, v) in row.iter().enumerate() {
+                        out[(r + i) * tokens + t + j] = *v;
                     }
-                    exact[r * outputs + o] = acc as f32;
+                }
+                r += 2;
+            }
+            while r < rows {
+                let sums = tile::<1, 4>(w, x, first + r, t);
+                for (j, v) in sums[0].iter().enumerate() {
+                    out[r * tokens + t + j] = *v;
+                }
+                r += 1;
+            }
+            t += 4;
+        }
+        while t < tokens {
+            let mut r = 0;
+            while r + 4 <= rows {
+                let sums = tile::<4, 1>(w, x, first + r, t);
+                for (i, row) in sums.iter().enumerate() {
+                    out[(r + i) * tokens + t] = row[0];
+                }
+                r += 4;
+            }
+            while r < rows {
+                out[r * tokens + t] = tile::<1, 1>(w, x, first + r, t)[0][0];
+                r += 1;
+            }
+            t += 1;
+        }
+    }
+
+    /// `R` rows from `row` times `T` tokens from `token`.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn tile<const R: usize, const T: usize>(
+        w: &PackedMatrix,
+        x: &QuantizedRows,
+        row: usize,
+        token: usize,
+    ) -> [[f32; T]; R] {
+        let nb = w.blocks;
+        let x_q: [&[[i8; 32]]; T] =
+            std::array::from_fn(|j| &x.qs[(token + j) * nb..(token + j + 1) * nb]);
+        let x_d: [&[f32]; T] =
+            std::array::from_fn(|j| &x.d[(token + j) * nb..(token + j + 1) * nb]);
+        let w_range = |i: usize| (row + i) * nb..(row + i + 1) * nb;
+        let acc = match &w.weights {
+            Packed::Q4_1 { d, qs, .. } => q4_1::<R, T>(
+                nb,
+                std::array::from_fn(|i| &qs[w_range(i)]),
+                std::array::from_fn(|i| &d[w_range(i)]),
+                x_q,
+                x_d,
+            ),
+            Packed::Q8_0 { d, qs } => q8_0::<R, T>(
+                nb,
+                std::array::from_fn(|i| &qs[w_range(i)]),
+                std::array::from_fn(|i| &d[w_range(i)]),
+                x_q,
+                x_d,
+            ),
+        };
+        let mut sums = [[0f32; T]; R];
+        for i in 0..R {
+            for j in 0..T {
+                sums[i][j] = hsum(acc[i][j]);
+            }
+        }
+        if let Packed::Q4_1 { m, .. } = &w.weights {
+            // The `m * x` part of each block: m_w . s_x over the blocks.
+            for (i, row_sums) in sums.iter_mut().enumerate() {
+                let w_m = &m[w_range(i)];
+                for (j, v) in row_sums.iter_mut().enumerate() {
+                    let x_s = &x.s[(token + j) * nb..(token + j + 1) * nb];
+                    *v += w_m.iter().zip(x_s).map(|(a, b)| a * b).sum::<f32>();
                 }
             }
-            let (e1, e2) = (
-                relative_error(&fast, &exact),
-                relative_error(&plain, &exact),
-            );
-            assert!(
-                e1 < 1e-5 && e2 < 1e-5,
-                "{rows}x{outputs}x{inputs}: simd {e1:e}, plain {e2:e}"
-            );
         }
+        sums
     }
 
-    #[test]
-    fn attention_matches_the_plain_softmax_per_sequence() {
-        let shape = Heads {
-            heads: 3,
-            head_dim: 32,
-        };
-        let lens = [1usize, 5, 16, 17, 40];
-        let mut spans = Vec::new();
-        let mut start = 0;
-        for len in lens {
-            spans.push(Span { start, len });
-            start += len;
+    /// Q4_1 blocks: the nibbles unpacked once per block for all `T` tokens
+    /// (u8 0..=15 times i8, as `maddubs` takes them).
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn q4_1<const R: usize, const T: usize>(
+        nb: usize,
+        w_q: [&[[u8; 16]]; R],
+        w_d: [&[f32]; R],
+        x_q: [&[[i8; 32]]; T],
+        x_d: [&[f32]; T],
+    ) -> [[__m256; T]; R] {
+        let ones = _mm256_set1_epi16(1);
+        let low = _mm256_set1_epi8(0x0F);
+        let mut acc = [[_mm256_setzero_ps(); T]; R];
+        for b in 0..nb {
+            let mut wv = [_mm256_setzero_si256(); R];
+            for i in 0..R {
+                let packed = load16(&w_q[i][b]);
+                wv[i] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), low);
+            }
+            for j in 0..T {
+                let xv = load32(&x_q[j][b]);
+                let dx = x_d[j][b];
+                for i in 0..R {
+                    let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(wv[i], xv), ones);
+                    let scale = _mm256_set1_ps(w_d[i][b] * dx);
+                    acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[i][j]);
+                }
+            }
         }
-        let qkv: Vec<f32> = values(start * 3 * 96, 4).iter().map(|v| v * 3.0).collect();
-        let fast = attention(&qkv, &spans, shape);
-        let mut plain = vec![0f32; start * 96];
-        for span in &spans {
-            reference_attend(
-                &qkv[span.start * 288..(span.start + span.len) * 288],
-                span.len,
-                shape,
-                &mut plain[span.start * 96..(span.start + span.len) * 96],
-            );
-        }
-        let e = relative_error(&fast, &plain);
-        assert!(e < 1e-5, "attention differs by {e:e}");
-        // A sequence of one token attends only to itself: its context is its
-        // own values.
-        assert_eq!(&fast[..96], &qkv[192..288]);
+        acc
     }
 
-    #[test]
-    fn gelu_matches_the_erf_definition() {
-        let mut x: Vec<f32> = (-1200..=1200).map(|i| i as f32 / 100.0).collect();
-        x.push(-100.0);
-        x.push(100.0);
-        let expected: Vec<f32> = x
-            .iter()
-            .map(|v| {
-                let t = candle_core::Tensor::new(&[*v], &candle_core::Device::Cpu).unwrap();
-                t.gelu_erf().unwrap().to_vec1::<f32>().unwrap()[0]
-            })
-            .collect();
-        let mut fast = x.clone();
-        gelu(&mut fast);
-        for ((x, f), e) in x.iter().zip(&fast).zip(&expected) {
-            assert!(
-                (f - e).abs() <= 1e-6 * (1.0 + e.abs()),
-                "gelu({x}) = {f}, expected {e}"
-            );
-            assert!(
-                (gelu_scalar(*x) - e).abs() <= 1e-6 * (1.0 + e.abs()),
-                "scalar gelu({x})"
-            );
+    /// Q8_0 blocks: |w| times x with w's signs, the u8 x i8 product
+    /// `maddubs` takes.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn q8_0<const R: usize, const T: usize>(
+        nb: usize,
+        w_q: [&[[i8; 32]]; R],
+        w_d: [&[f32]; R],
+        x_q: [&[[i8; 32]]; T],
+        x_d: [&[f32]; T],
+    ) -> [[__m256; T]; R] {
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [[_mm256_setzero_ps(); T]; R];
+        for b in 0..nb {
+            let mut wv = [_mm256_setzero_si256(); R];
+            for i in 0..R {
+                wv[i] = load32(&w_q[i][b]);
+            }
+            for j in 0..T {
+                let xv = load32(&x_q[j][b]);
+                let dx = x_d[j][b];
+                for i in 0..R {
+                    let pairs = _mm256_maddubs_epi16(
+                        _mm256_sign_epi8(wv[i], wv[i]),
+                        _mm256_sign_epi8(xv, wv[i]),
+                    );
+                    let dot = _mm256_madd_epi16(pairs, ones);
+                    let scale = _mm256_set1_ps(w_d[i][b] * dx);
+                    acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[i][j]);
+                }
+            }
         }
+        acc
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn hsum(v: __m256) -> f32 {
+        let sum4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let sum2 = _mm_add_ps(sum4, _mm_movehl_ps(sum4, sum4));
+        let sum1 = _mm_add_ss(sum2, _mm_movehdup_ps(sum2));
+        _mm_cvtss_f32(sum1)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn load32(q: &[i8; 32]) -> __m256i {
+        // SAFETY: `q` is 32 readable bytes; the load is unaligned.
+        unsafe { _mm256_loadu_si256(q.as_ptr().cast()) }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn load16(q: &[u8; 16]) -> __m128i {
+        // SAFETY: `q` is 16 readable bytes; the load is unaligned.
+        unsafe { _mm_loadu_si128(q.as_ptr().cast()) }
     }
 }

@@ -1,0 +1,26 @@
+//! sluice's CPU kernels, apart from the models that use them (the consumer's
+//! `model/bert.rs` and `model/llama.rs`).
+//!
+//! - `cpu`: the instruction-set level, chosen once per process at run time
+//!   (`SLUICE_CPU_KERNELS` may lower it, never raise it).
+//! - `encoder`: the packed f32 matrix product, attention and GELU of the
+//!   BERT encoder, with their plain-Rust references.
+//! - `quantized`: batched matrix products over Q4_1 / Q8_0 blocks, with
+//!   their plain-Rust reference.
+//! - `x86_avx2`: the AVX2 + FMA code for both, the crate's only unsafe
+//!   code, reached through a token that proves the level was detected. On
+//!   other architectures `no_avx2.rs` stands in: its token can never exist.
+//!
+//! Every kernel is tested against its reference at each level the machine
+//! offers (`scripts/test` reruns the model tests at `portable`).
+
+pub mod cpu;
+pub mod encoder;
+pub mod quantized;
+
+#[cfg(target_arch = "x86_64")]
+pub mod x86_avx2;
+
+#[cfg(not(target_arch = "x86_64"))]
+#[path = "no_avx2.rs"]
+pub mod x86_avx2;

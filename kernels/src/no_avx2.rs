@@ -1,0 +1,38 @@
+//! Stands in for `x86_avx2.rs` on other architectures: the token has no
+//! value, so the kernels always take their plain-Rust references.
+
+use crate::encoder::{Heads, PackedLinear};
+use crate::quantized::{PackedMatrix, QuantizedRows};
+
+/// Never made: no AVX2 here.
+#[derive(Clone, Copy, Debug)]
+pub enum Avx2 {}
+
+impl Avx2 {
+    pub fn get() -> Option<Avx2> {
+        None
+    }
+
+    pub fn linear(self, _: &PackedLinear, _: &[f32], _: &mut [f32]) {
+        match self {}
+    }
+
+    pub fn attend(self, _: &[f32], _: usize, _: Heads, _: &mut [f32]) {
+        match self {}
+    }
+
+    pub fn gelu(self, _: &mut [f32]) {
+        match self {}
+    }
+
+    pub fn quantized_rows(
+        self,
+        _: &PackedMatrix,
+        _: &QuantizedRows,
+        _: usize,
+        _: usize,
+        _: &mut [f32],
+    ) {
+        match self {}
+    }
+}
