@@ -87,21 +87,27 @@ fn run_batch(
         }
         other => {
             let error = match other {
-                Err(ModelError::OutOfMemory(m)) => {
-                    // Something else took device memory: admit less from now on.
-                    let limit = budget.snapshot().limit_bytes;
-                    budget.shrink_limit(limit / 10 * 8);
-                    tracing::warn!(
-                        old_mib = limit >> 20,
-                        new_mib = (limit / 10 * 8) >> 20,
-                        "device out of memory: shrinking the budget"
-                    );
-                    JobError::new(
-                        ErrorCode::DeviceOutOfMemory,
-                        format!("the device ran out of memory in batch {}: {m}", batch.id),
-                    )
+                Err(e) => {
+                    let message = match &e {
+                        ModelError::OutOfMemory(m) => {
+                            // Something else took device memory: admit less from now on.
+                            let limit = budget.snapshot().limit_bytes;
+                            budget.shrink_limit(limit / 10 * 8);
+                            tracing::warn!(
+                                old_mib = limit >> 20,
+                                new_mib = (limit / 10 * 8) >> 20,
+                                "device out of memory: shrinking the budget"
+                            );
+                            format!("the device ran out of memory in batch {}: {m}", batch.id)
+                        }
+                        ModelError::Failed(m) => m.clone(),
+                    };
+                    // The code comes from the one mapping (`crate::error`).
+                    JobError {
+                        message,
+                        ..JobError::from(e)
+                    }
                 }
-                Err(ModelError::Failed(m)) => JobError::new(ErrorCode::Internal, m),
                 Ok(v) => JobError::new(
                     ErrorCode::Internal,
                     format!(

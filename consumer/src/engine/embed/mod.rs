@@ -22,7 +22,7 @@ use super::startup::{Started, budget_limit, device_name, open_device};
 use crate::budget::{Budget, ItemCost, JobCost};
 use crate::config::{Config, ModelConfig};
 use crate::error::JobError;
-use crate::model::{EmbeddingModel, MiniLm, TextTokenizer, TokenizeError, TokenizedItem};
+use crate::model::{EmbeddingModel, MiniLm, TextTokenizer, TokenizedItem};
 use crate::telemetry::{JobTrace, Stats, Tracing};
 
 /// embed: tokenizer, and the batcher that feeds the executor.
@@ -173,13 +173,7 @@ impl EmbedEngine {
         let tokenized = tokio::task::spawn_blocking(move || tokenizer.encode(texts, truncate))
             .await
             .map_err(|e| JobError::new(ErrorCode::Internal, format!("tokenizer task failed: {e}")))?
-            .map_err(|e| match e {
-                TokenizeError::TooLong { .. } => JobError::new(
-                    ErrorCode::ItemTooLong,
-                    format!("{e}; set parameters.truncate=true to cut it, or split the text"),
-                ),
-                TokenizeError::Failed(m) => JobError::new(ErrorCode::InputInvalid, m),
-            })?;
+            .map_err(JobError::from)?;
         let usage = Usage {
             items: tokenized.len() as u64,
             tokens: tokenized.iter().map(|t| t.ids.len() as u64).sum(),

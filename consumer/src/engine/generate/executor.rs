@@ -123,17 +123,13 @@ pub fn spawn(
                     }
                     Err(e) => {
                         tracing::error!(error = %e, sequences = replies.len(), "generation step failed; failing its sequences");
-                        let code = match e {
-                            crate::model::ModelError::OutOfMemory(_) => {
-                                ErrorCode::DeviceOutOfMemory
-                            }
-                            crate::model::ModelError::Failed(_) => ErrorCode::Internal,
+                        let inner = JobError::from(e);
+                        let error = JobError {
+                            message: format!("generation step failed: {}", inner.message),
+                            ..inner
                         };
                         for (_, reply) in replies.drain() {
-                            let _ = reply.send(Err(JobError::new(
-                                code,
-                                format!("generation step failed: {e}"),
-                            )));
+                            let _ = reply.send(Err(error.clone()));
                         }
                         generator = new_generator();
                     }
