@@ -10,6 +10,7 @@ use sha2::{Digest, Sha256};
 use sluice_producer::provision::Settings;
 use sluice_schemas::{Input, JobResult, JobState, Outcome};
 use sluice_tests::deploy::Deployment;
+use sluice_tests::read_until;
 
 /// Publishes `n` one-text jobs `<prefix>-<i>`.
 async fn publish(d: &Deployment, prefix: &str, n: usize) -> Vec<String> {
@@ -169,14 +170,18 @@ async fn s3_down_for_10s_mid_run_loses_nothing() {
     let counter = count_results(d.producer.subscribe_results().await.unwrap());
     let ids = publish(&d, "s3o", 2000).await;
     let consumer = d.start_consumer(&FAULT_ARGS).await.unwrap();
-    wait_until("200 jobs done", Duration::from_secs(300), || {
-        consumer
-            .stats
-            .jobs_ok
-            .load(std::sync::atomic::Ordering::Relaxed)
-            >= 200
-    })
+    let ok = read_until(
+        Duration::from_secs(300),
+        || async {
+            consumer
+                .stats
+                .jobs_ok
+                .load(std::sync::atomic::Ordering::Relaxed)
+        },
+        |n| *n >= 200,
+    )
     .await;
+    assert!(ok >= 200, "only {ok} jobs done within 300 s");
     d.servers.s3.stop();
     tokio::time::sleep(Duration::from_secs(10)).await;
     d.servers.s3.restart().await.unwrap();
@@ -204,14 +209,18 @@ async fn nats_restart_mid_run_loses_nothing() {
     let counter = count_results(d.producer.subscribe_results().await.unwrap());
     let ids = publish(&d, "natsr", 2000).await;
     let consumer = d.start_consumer(&FAULT_ARGS).await.unwrap();
-    wait_until("300 jobs done", Duration::from_secs(300), || {
-        consumer
-            .stats
-            .jobs_ok
-            .load(std::sync::atomic::Ordering::Relaxed)
-            >= 300
-    })
+    let ok = read_until(
+        Duration::from_secs(300),
+        || async {
+            consumer
+                .stats
+                .jobs_ok
+                .load(std::sync::atomic::Ordering::Relaxed)
+        },
+        |n| *n >= 300,
+    )
     .await;
+    assert!(ok >= 300, "only {ok} jobs done within 300 s");
     d.servers.nats.restart().await.unwrap();
     wait_drained(&d, Duration::from_secs(600)).await;
     // Results published while the subscriber reconnected are gone (core
@@ -312,7 +321,8 @@ async fn stream_leader_killed_mid_run_on_a_three_node_cluster_loses_nothing() {
         a.stats.jobs_ok.load(std::sync::atomic::Ordering::Relaxed)
             + b.stats.jobs_ok.load(std::sync::atomic::Ordering::Relaxed)
     };
-    wait_until("300 jobs done", Duration::from_secs(300), || done() >= 300).await;
+    let ok = read_until(Duration::from_secs(300), || async { done() }, |n| *n >= 300).await;
+    assert!(ok >= 300, "only {ok} jobs done within 300 s");
     // Kill the job stream's leader mid-run, then bring it back.
     let info = stream.info().await.unwrap().clone();
     let leader = info
@@ -344,17 +354,4 @@ async fn stream_leader_killed_mid_run_on_a_three_node_cluster_loses_nothing() {
     );
     a.shutdown(Duration::from_secs(10)).await.unwrap();
     b.shutdown(Duration::from_secs(10)).await.unwrap();
-}
-
-/// Polls `done` every 100 ms; panics naming `what` if it is not true within
-/// `timeout`, so a stuck run fails instead of hanging the suite.
-async fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + timeout;
-    while !done() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "not reached within {timeout:?}: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
