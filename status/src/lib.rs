@@ -92,10 +92,19 @@ impl StatusStore {
             error: None,
             replays: 0,
         };
-        let (written, _) = self
-            .swap(job_id, |current| current.is_none().then(|| record.clone()))
-            .await?;
-        Ok(written.is_some())
+        // One round trip (submit's hot path): create, or find one there.
+        let payload = serde_json::to_vec(&record).map_err(|e| StatusError::Write {
+            job_id: job_id.to_string(),
+            source: Box::new(e),
+        })?;
+        match self.kv.create(job_id, payload.into()).await {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => Ok(false),
+            Err(e) => Err(StatusError::Write {
+                job_id: job_id.to_string(),
+                source: Box::new(e),
+            }),
+        }
     }
 
     /// `running` (as `record` says: attempt, sequence), unless the status is
