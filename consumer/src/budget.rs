@@ -154,8 +154,24 @@ impl std::fmt::Debug for Reservation {
     }
 }
 
+/// Why free memory could not be measured.
+#[derive(Debug, thiserror::Error)]
+pub enum HeadroomError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: &'static str,
+        source: std::io::Error,
+    },
+    #[error("no MemAvailable in /proc/meminfo")]
+    NoMemAvailable,
+    #[error("cannot read CUDA free memory: {0}")]
+    Cuda(String),
+    #[error("no headroom measurement for device {0}")]
+    Unsupported(String),
+}
+
 /// Free memory where the model runs, in bytes.
-pub fn device_headroom_bytes(device: &candle_core::Device) -> Result<u64, String> {
+pub fn device_headroom_bytes(device: &candle_core::Device) -> Result<u64, HeadroomError> {
     match device {
         candle_core::Device::Cpu => cpu_headroom_bytes(),
         #[cfg(feature = "cuda")]
@@ -163,23 +179,26 @@ pub fn device_headroom_bytes(device: &candle_core::Device) -> Result<u64, String
             use candle_core::cuda_backend::cudarc::driver::result::mem_get_info;
             mem_get_info()
                 .map(|(free, _total)| free as u64)
-                .map_err(|e| format!("cannot read CUDA free memory: {e}"))
+                .map_err(|e| HeadroomError::Cuda(e.to_string()))
         }
         #[allow(unreachable_patterns)]
-        other => Err(format!("no headroom measurement for device {other:?}")),
+        other => Err(HeadroomError::Unsupported(format!("{other:?}"))),
     }
 }
 
 /// On a CPU: the smaller of MemAvailable and what the cgroup still allows.
-pub fn cpu_headroom_bytes() -> Result<u64, String> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo")
-        .map_err(|e| format!("cannot read /proc/meminfo: {e}"))?;
+pub fn cpu_headroom_bytes() -> Result<u64, HeadroomError> {
+    const MEMINFO: &str = "/proc/meminfo";
+    let meminfo = std::fs::read_to_string(MEMINFO).map_err(|source| HeadroomError::Read {
+        path: MEMINFO,
+        source,
+    })?;
     let available = meminfo
         .lines()
         .find_map(|l| l.strip_prefix("MemAvailable:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map(|kb| kb * 1024)
-        .ok_or("no MemAvailable in /proc/meminfo")?;
+        .ok_or(HeadroomError::NoMemAvailable)?;
     Ok(match cgroup_room_bytes() {
         Some(room) => available.min(room),
         None => available,

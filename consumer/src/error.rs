@@ -77,7 +77,7 @@ impl From<ModelError> for JobError {
     fn from(e: ModelError) -> JobError {
         let code = match e {
             ModelError::OutOfMemory(_) => ErrorCode::DeviceOutOfMemory,
-            ModelError::Failed(_) => ErrorCode::Internal,
+            ModelError::Failed(_) | ModelError::Input(_) => ErrorCode::Internal,
         };
         JobError::caused_by(code, e.to_string(), e)
     }

@@ -32,14 +32,13 @@ pub struct FetchedItems {
 }
 
 impl Fetcher {
-    pub fn new(policy: FetchPolicy) -> Result<Fetcher, String> {
+    pub fn new(policy: FetchPolicy) -> Result<Fetcher, reqwest::Error> {
         let http = reqwest::Client::builder()
             // A redirect could lead past the allow-list: never follow one.
             .redirect(reqwest::redirect::Policy::none())
             .timeout(policy.timeout)
             .connect_timeout(policy.timeout.min(Duration::from_secs(10)))
-            .build()
-            .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+            .build()?;
         Ok(Fetcher { http, policy })
     }
 

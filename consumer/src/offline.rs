@@ -62,10 +62,7 @@ pub fn embed_file(args: &EmbedArgs) -> anyhow::Result<EmbedReport> {
     let n = texts.len();
 
     let start = Instant::now();
-    let tokenized = loaded
-        .tokenizer
-        .encode(texts, true)
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let tokenized = loaded.tokenizer.encode(texts, true)?;
     let tokenize_secs = start.elapsed().as_secs_f64();
     let real_tokens = tokenized.iter().map(|t| t.ids.len() as u64).sum();
 

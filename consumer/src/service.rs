@@ -166,7 +166,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             max_bytes: config.max_input_bytes,
             timeout: Duration::from_secs(config.fetch_timeout_secs),
         })
-        .map_err(anyhow::Error::msg)?,
+        .context("cannot build the HTTP client for inputs")?,
         engine,
         outputs: OutputStore {
             s3,

@@ -56,7 +56,7 @@ pub fn budget_limit(config: &Config, device: &candle_core::Device) -> anyhow::Re
     Ok(match config.memory_budget_bytes {
         Some(b) => b,
         None => {
-            let headroom = device_headroom_bytes(device).map_err(anyhow::Error::msg)?;
+            let headroom = device_headroom_bytes(device)?;
             (headroom as f64 * config.memory_fraction) as u64
         }
     })

@@ -16,6 +16,16 @@ use rayon::prelude::*;
 
 use super::encoder_kernels::{self as kernels, Heads, PackedLinear, Span};
 
+/// A batch [`BertEncoder::embed_mean`] cannot run: a bug upstream, since
+/// the tokenizer and `MiniLm::embed` check both limits first.
+#[derive(Debug, thiserror::Error)]
+pub enum EncoderInputError {
+    #[error("a sequence of {tokens} tokens (the model has {positions} positions)")]
+    TooLong { tokens: usize, positions: usize },
+    #[error("token id {id} is outside the vocabulary ({vocab})")]
+    OutOfVocabulary { id: u32, vocab: usize },
+}
+
 pub struct BertEncoder {
     hidden: usize,
     heads: Heads,
@@ -152,23 +162,22 @@ impl BertEncoder {
     }
 
     /// Mean-pooled last hidden states, one per sequence.
-    pub fn embed_mean(&self, batch: &[&[u32]]) -> Result<Vec<Vec<f32>>, String> {
+    pub fn embed_mean(&self, batch: &[&[u32]]) -> Result<Vec<Vec<f32>>, EncoderInputError> {
         let h = self.hidden;
         let mut spans = Vec::with_capacity(batch.len());
         let mut tokens = 0;
         for seq in batch {
             if seq.len() > self.max_positions {
-                return Err(format!(
-                    "a sequence of {} tokens (the model has {} positions)",
-                    seq.len(),
-                    self.max_positions
-                ));
+                return Err(EncoderInputError::TooLong {
+                    tokens: seq.len(),
+                    positions: self.max_positions,
+                });
             }
             if let Some(id) = seq.iter().find(|id| **id as usize >= self.vocab) {
-                return Err(format!(
-                    "token id {id} is outside the vocabulary ({})",
-                    self.vocab
-                ));
+                return Err(EncoderInputError::OutOfVocabulary {
+                    id: *id,
+                    vocab: self.vocab,
+                });
             }
             spans.push(Span {
                 start: tokens,

@@ -14,7 +14,7 @@ use candle_nn::VarBuilder;
 use candle_transformers::models::bert::{BertModel, Config as BertConfig};
 
 use super::bert::BertEncoder;
-use super::{EmbeddingModel, ModelError, encoder_kernels};
+use super::{EmbeddingModel, LoadError, ModelError, encoder_kernels};
 
 pub struct MiniLm {
     forward: Forward,
@@ -49,7 +49,11 @@ pub enum ForwardChoice {
 impl MiniLm {
     /// Loads `config.json` and `model.safetensors` from `dir`, with the
     /// fastest forward for `device`.
-    pub fn load(dir: &Path, device: Device, max_tokens_per_item: usize) -> Result<MiniLm, String> {
+    pub fn load(
+        dir: &Path,
+        device: Device,
+        max_tokens_per_item: usize,
+    ) -> Result<MiniLm, LoadError> {
         Self::load_with(dir, device, max_tokens_per_item, ForwardChoice::Fastest)
     }
 
@@ -58,25 +62,41 @@ impl MiniLm {
         device: Device,
         max_tokens_per_item: usize,
         choice: ForwardChoice,
-    ) -> Result<MiniLm, String> {
+    ) -> Result<MiniLm, LoadError> {
         let config_path = dir.join("config.json");
-        let config_text = std::fs::read_to_string(&config_path)
-            .map_err(|e| format!("cannot read {}: {e}", config_path.display()))?;
-        let config: BertConfig = serde_json::from_str(&config_text)
-            .map_err(|e| format!("{} is not a BERT config: {e}", config_path.display()))?;
+        let config_text =
+            std::fs::read_to_string(&config_path).map_err(|source| LoadError::Read {
+                path: config_path.clone(),
+                source,
+            })?;
+        let config: BertConfig =
+            serde_json::from_str(&config_text).map_err(|source| LoadError::Config {
+                path: config_path.clone(),
+                source,
+            })?;
         if max_tokens_per_item > config.max_position_embeddings {
-            return Err(format!(
+            return Err(LoadError::Unsupported(format!(
                 "max_tokens_per_item {max_tokens_per_item} exceeds the model's {} positions",
                 config.max_position_embeddings
-            ));
+            )));
         }
         let weights = dir.join("model.safetensors");
         // Reading the file (not mmap) keeps the model free of unsafe code; the
         // weights are 90 MB.
-        let bytes = std::fs::read(&weights)
-            .map_err(|e| format!("cannot read {}: {e}", weights.display()))?;
-        let vb = VarBuilder::from_buffered_safetensors(bytes, DType::F32, &device)
-            .map_err(|e| format!("cannot load {}: {e}", weights.display()))?;
+        let bytes = std::fs::read(&weights).map_err(|source| LoadError::Read {
+            path: weights.clone(),
+            source,
+        })?;
+        let vb = VarBuilder::from_buffered_safetensors(bytes, DType::F32, &device).map_err(
+            |source| LoadError::Weights {
+                path: weights.clone(),
+                source,
+            },
+        )?;
+        let build = |source| LoadError::Build {
+            path: weights.clone(),
+            source,
+        };
         let fastest = match choice {
             ForwardChoice::Fastest => device.is_cpu() && encoder_kernels::available(),
             ForwardChoice::Packed => device.is_cpu(),
@@ -91,15 +111,9 @@ impl MiniLm {
         }
         let packed = fastest && unsupported.is_none();
         let forward = if packed {
-            Forward::Packed(
-                BertEncoder::load(vb, &config)
-                    .map_err(|e| format!("cannot build BERT from {}: {e}", weights.display()))?,
-            )
+            Forward::Packed(BertEncoder::load(vb, &config).map_err(build)?)
         } else {
-            Forward::Candle(
-                BertModel::load(vb, &config)
-                    .map_err(|e| format!("cannot build BERT from {}: {e}", weights.display()))?,
-            )
+            Forward::Candle(BertModel::load(vb, &config).map_err(build)?)
         };
         Ok(MiniLm {
             forward,
@@ -196,8 +210,54 @@ impl EmbeddingModel for MiniLm {
             )));
         }
         match &self.forward {
-            Forward::Packed(encoder) => encoder.embed_mean(batch).map_err(ModelError::Failed),
+            Forward::Packed(encoder) => Ok(encoder.embed_mean(batch)?),
             Forward::Candle(model) => Ok(self.candle_forward(model, batch)?),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use std::error::Error;
+
+    use super::*;
+
+    /// A load failure names the file and keeps the I/O error as its source,
+    /// so a caller can tell a missing file from a bad one.
+    #[test]
+    fn a_missing_model_names_the_file_and_keeps_the_cause() {
+        let dir = std::env::temp_dir().join("sluice-no-such-model");
+        let err = match MiniLm::load(&dir, Device::Cpu, 128) {
+            Err(e) => e,
+            Ok(_) => panic!("loaded a model from {}", dir.display()),
+        };
+        assert!(
+            err.to_string().starts_with(&format!(
+                "cannot read {}",
+                dir.join("config.json").display()
+            )),
+            "{err}"
+        );
+        let io = err
+            .source()
+            .and_then(|s| s.downcast_ref::<std::io::Error>())
+            .expect("the I/O error as the source");
+        assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
+    }
+
+    #[test]
+    fn a_config_that_is_not_bert_says_so() {
+        let dir = std::env::temp_dir().join(format!("sluice-bad-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("config.json"), "{\"hidden_size\": \"wide\"}").unwrap();
+        let err = match MiniLm::load(&dir, Device::Cpu, 128) {
+            Err(e) => e,
+            Ok(_) => panic!("loaded a model from a bad config"),
+        };
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(matches!(err, LoadError::Config { .. }), "{err:?}");
+        assert!(err.to_string().contains("is not a BERT config"), "{err}");
+        assert!(err.source().is_some());
     }
 }

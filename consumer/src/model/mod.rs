@@ -13,6 +13,7 @@ mod tokenizer;
 /// use.
 pub use sluice_kernels::{cpu, encoder as encoder_kernels, quantized as qmatmul};
 
+pub use bert::EncoderInputError;
 pub use minilm::{ForwardChoice, MiniLm};
 pub use tokenizer::{TextTokenizer, TokenizeError, TokenizedItem};
 
@@ -39,6 +40,43 @@ pub enum ModelError {
     OutOfMemory(String),
     #[error("model failed: {0}")]
     Failed(String),
+    /// A batch the forward refuses (a bug upstream: inputs are checked first).
+    #[error("model failed: {0}")]
+    Input(#[from] EncoderInputError),
+}
+
+/// A model or tokenizer that cannot be loaded from its files, naming the
+/// file and keeping the cause.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{} is not a BERT config: {source}", path.display())]
+    Config {
+        path: std::path::PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("cannot load {}: {source}", path.display())]
+    Weights {
+        path: std::path::PathBuf,
+        source: candle_core::Error,
+    },
+    #[error("cannot build BERT from {}: {source}", path.display())]
+    Build {
+        path: std::path::PathBuf,
+        source: candle_core::Error,
+    },
+    #[error("cannot load tokenizer {}: {source}", path.display())]
+    Tokenizer {
+        path: std::path::PathBuf,
+        source: tokenizers::Error,
+    },
+    /// A setting the model files cannot honour.
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 impl From<candle_core::Error> for ModelError {

@@ -8,6 +8,8 @@ use std::path::Path;
 
 use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
 
+use super::LoadError;
+
 /// One item's token ids.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenizedItem {
@@ -30,9 +32,12 @@ pub struct TextTokenizer {
 }
 
 impl TextTokenizer {
-    pub fn load(path: &Path, max_tokens: usize) -> Result<TextTokenizer, String> {
-        let mut inner = Tokenizer::from_file(path)
-            .map_err(|e| format!("cannot load tokenizer {}: {e}", path.display()))?;
+    pub fn load(path: &Path, max_tokens: usize) -> Result<TextTokenizer, LoadError> {
+        let failed = |source| LoadError::Tokenizer {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut inner = Tokenizer::from_file(path).map_err(failed)?;
         // tokenizer.json ships truncation at 128 and fixed padding to 128;
         // sentence-transformers truncates at 256 and pads to the batch's longest.
         inner
@@ -42,7 +47,7 @@ impl TextTokenizer {
                 stride: 0,
                 direction: TruncationDirection::Right,
             }))
-            .map_err(|e| format!("cannot set truncation: {e}"))?;
+            .map_err(failed)?;
         inner.with_padding(None);
         Ok(TextTokenizer { inner, max_tokens })
     }

@@ -19,10 +19,6 @@ pub struct OutputStore {
     pub inline_max_bytes: u64,
 }
 
-fn storage(e: impl std::fmt::Display) -> JobError {
-    JobError::new(ErrorCode::StorageUnavailable, e.to_string())
-}
-
 impl OutputStore {
     /// The S3 key of a job's output in `format` (`npy`, `jsonl`).
     pub fn output_key(&self, job_id: &str, format: &str) -> String {
@@ -109,11 +105,12 @@ impl OutputStore {
             .send()
             .await
             .map_err(|e| {
-                storage(format!(
+                let message = format!(
                     "writing s3://{}/{key}: {}",
                     self.bucket,
-                    aws_sdk_s3::error::DisplayErrorContext(e)
-                ))
+                    aws_sdk_s3::error::DisplayErrorContext(&e)
+                );
+                JobError::caused_by(ErrorCode::StorageUnavailable, message, e)
             })?;
         let url = match presign_get_secs {
             Some(secs) => Some(self.presign_get(&key, secs).await?),
@@ -145,7 +142,10 @@ impl OutputStore {
             .key(key)
             .presigned(config)
             .await
-            .map_err(|e| storage(format!("presigning s3://{}/{key}: {e}", self.bucket)))?;
+            .map_err(|e| {
+                let message = format!("presigning s3://{}/{key}: {e}", self.bucket);
+                JobError::caused_by(ErrorCode::StorageUnavailable, message, e)
+            })?;
         Ok(req.uri().to_string())
     }
 }

@@ -101,6 +101,7 @@ fn run_batch(
                             format!("the device ran out of memory in batch {}: {m}", batch.id)
                         }
                         ModelError::Failed(m) => m.clone(),
+                        ModelError::Input(input) => input.to_string(),
                     };
                     // The code comes from the one mapping (`crate::error`).
                     JobError {

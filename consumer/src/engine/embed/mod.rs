@@ -54,10 +54,8 @@ pub fn load_embedding_model(config: &ModelConfig) -> anyhow::Result<LoadedModel>
             dir.display()
         );
     }
-    let tokenizer = TextTokenizer::load(&dir.join("tokenizer.json"), config.max_tokens_per_item)
-        .map_err(anyhow::Error::msg)?;
-    let model = MiniLm::load(dir, device.clone(), config.max_tokens_per_item)
-        .map_err(anyhow::Error::msg)?;
+    let tokenizer = TextTokenizer::load(&dir.join("tokenizer.json"), config.max_tokens_per_item)?;
+    let model = MiniLm::load(dir, device.clone(), config.max_tokens_per_item)?;
     Ok(LoadedModel {
         model: Box::new(model),
         tokenizer: Arc::new(tokenizer),

@@ -82,7 +82,7 @@ pub fn load(
     device: &Device,
 ) -> anyhow::Result<(Llama, GgufTokenizer)> {
     let path = find_gguf(dir)?;
-    Llama::load(&path, weights, device).map_err(|e| anyhow::anyhow!("{e}"))
+    Ok(Llama::load(&path, weights, device)?)
 }
 
 /// generate: load the GGUF, check the limits against the model and the
