@@ -48,7 +48,7 @@ async fn main() -> Result<()> {
     let result = tokio::time::timeout(Duration::from_secs(120), async {
         loop {
             let r = results.next_result().await?;
-            if r.job_id == id {
+            if r.job_id.as_deref() == Some(id.as_str()) {
                 return anyhow::Ok(r);
             }
         }

@@ -12,7 +12,7 @@
 //!     .await?;
 //! producer.submit(&job).await?;
 //! let result = results.next_result().await?;
-//! println!("{}: {:?}", result.job_id, result.outcome);
+//! println!("{:?}: {:?}", result.job_id, result.outcome);
 //! # Ok(()) }
 //! ```
 

@@ -696,7 +696,10 @@ async fn wait_for(
         let Some(answer) = answer else { continue };
         let id = match &answer {
             Answer::Result(r) => r.job_id.clone(),
-            Answer::Status(s) => s.job_id.clone(),
+            Answer::Status(s) => Some(s.job_id.clone()),
+        };
+        let Some(id) = id else {
+            continue; // a message that carried no id (it names none of ours)
         };
         let Some(at) = pending.iter().position(|p| *p == id) else {
             continue; // someone else's job, or answered twice
@@ -816,12 +819,13 @@ fn report_result(json: bool, r: &JobResult) {
         return;
     }
     let total = r.timings_ms.total.unwrap_or(0.0);
+    let id = r.job_id.as_deref().unwrap_or("(no job id)");
     match &r.outcome {
         Outcome::Ok {
             output: Output::S3(o),
         } => println!(
             "{}: ok, {} items, {} tokens, {:.0} ms -> s3://{}/{} ({} bytes, shape {:?})",
-            r.job_id, r.usage.items, r.usage.tokens, total, o.bucket, o.key, o.bytes, o.shape
+            id, r.usage.items, r.usage.tokens, total, o.bucket, o.key, o.bytes, o.shape
         ),
         Outcome::Ok {
             output:
@@ -831,7 +835,7 @@ fn report_result(json: bool, r: &JobResult) {
                 },
         } if generations.is_empty() => println!(
             "{}: ok, {} items, {} tokens, {:.0} ms -> inline, {} vectors of {}",
-            r.job_id,
+            id,
             r.usage.items,
             r.usage.tokens,
             total,
@@ -843,7 +847,7 @@ fn report_result(json: bool, r: &JobResult) {
         } => {
             println!(
                 "{}: ok, {} prompts, {} prompt + {} generated tokens, {:.0} ms -> inline",
-                r.job_id, r.usage.items, r.usage.tokens, r.usage.completion_tokens, total
+                id, r.usage.items, r.usage.tokens, r.usage.completion_tokens, total
             );
             for (i, g) in generations.iter().enumerate() {
                 println!("  [{i}] ({}) {}", g.finish_reason.as_str(), g.text);
@@ -851,7 +855,7 @@ fn report_result(json: bool, r: &JobResult) {
         }
         Outcome::Error { error } => println!(
             "{}: error {} ({}): {}",
-            r.job_id,
+            id,
             error.code,
             if error.retryable {
                 "retryable"

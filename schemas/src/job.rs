@@ -283,9 +283,22 @@ pub struct OutputOptions {
     pub presign_get_secs: Option<u32>,
 }
 
+/// The longest a presigned URL may live: S3's (SigV4's) limit, 7 days.
+pub const MAX_PRESIGN_SECS: u32 = 604_800;
+
 impl OutputOptions {
     pub fn is_default(&self) -> bool {
         *self == OutputOptions::default()
+    }
+
+    /// Refuses a presign lifetime outside 1..=7 days (the schema's range).
+    pub fn check(&self) -> Result<(), String> {
+        match self.presign_get_secs {
+            Some(secs) if !(1..=MAX_PRESIGN_SECS).contains(&secs) => Err(format!(
+                "output.presign_get_secs must be 1 to {MAX_PRESIGN_SECS} (7 days, S3's limit), not {secs}"
+            )),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -487,6 +500,15 @@ impl Job {
     /// breaks the schema (`schema_violation`) or bad parameters
     /// (`invalid_parameters`). The message names the field.
     pub fn decode(payload: &[u8]) -> Result<ValidJob, ErrorInfo> {
+        if let Err(e) = std::str::from_utf8(payload) {
+            return Err(ErrorInfo::new(
+                ErrorCode::MalformedMessage,
+                format!(
+                    "the job message is not valid UTF-8 (first bad byte at offset {}): a job is JSON text",
+                    e.valid_up_to()
+                ),
+            ));
+        }
         let value: Value = serde_json::from_slice(payload).map_err(|e| {
             ErrorInfo::new(
                 ErrorCode::MalformedMessage,
@@ -604,6 +626,9 @@ impl Job {
                 ),
             ));
         }
+        self.output
+            .check()
+            .map_err(|m| ErrorInfo::new(ErrorCode::InvalidParameters, m))?;
         self.parameters
             .generate()
             .check()

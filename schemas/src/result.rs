@@ -13,7 +13,11 @@ use crate::error_code::ErrorInfo;
 pub struct JobResult {
     /// Always [`crate::VERSION`].
     pub version: u32,
-    pub job_id: String,
+    /// The job's id: the body's `id` when it can be read, else the
+    /// message's `Nats-Msg-Id` header when that is a valid id, else `null`
+    /// (a message with neither, answered only because it named a
+    /// `Sluice-Reply-To` subject; such a result is always an error).
+    pub job_id: Option<String>,
     /// `"status": "ok"` with `output`, or `"status": "error"` with `error`.
     #[serde(flatten)]
     pub outcome: Outcome,

@@ -143,7 +143,7 @@ fn every_rust_value_validates_and_round_trips() {
     let result = validator(json_schema::RESULT);
     let ok_s3 = JobResult {
         version: VERSION,
-        job_id: "job-1".into(),
+        job_id: Some("job-1".into()),
         outcome: Outcome::Ok {
             output: Output::S3(s3_output()),
         },
@@ -250,6 +250,20 @@ fn every_rust_value_validates_and_round_trips() {
         };
         round_trip(&result, &failed);
     }
+    // A message answered without an id (neither the body nor Nats-Msg-Id held one).
+    let anonymous = JobResult {
+        job_id: None,
+        outcome: Outcome::Error {
+            error: ErrorInfo::new(ErrorCode::MalformedMessage, "not JSON"),
+        },
+        usage: Usage::default(),
+        ..ok_s3.clone()
+    };
+    round_trip(&result, &anonymous);
+    assert_eq!(
+        serde_json::to_value(&anonymous).unwrap()["job_id"],
+        Value::Null
+    );
 
     let status = validator(json_schema::STATUS);
     let record = StatusRecord {
@@ -458,17 +472,17 @@ fn invalid_jobs_are_refused_by_schema_and_decoder() {
         assert!(!err.retryable, "{name}: a bad message is never retryable");
     }
 
-    for (name, payload) in [
-        ("not JSON", &b"{\"version\": 1,"[..]),
-        ("not UTF-8", &b"\xff\xfe{}"[..]),
+    for (name, payload, needle) in [
+        ("not JSON", &b"{\"version\": 1,"[..], "not valid JSON"),
+        (
+            "not UTF-8",
+            &b"{\"id\": \"\xff\xfe\"}"[..],
+            "not valid UTF-8 (first bad byte at offset 8)",
+        ),
     ] {
         let err = Job::decode(payload).unwrap_err();
         assert_eq!(err.code, ErrorCode::MalformedMessage, "{name}");
-        assert!(
-            err.message.contains("not valid JSON"),
-            "{name}: {}",
-            err.message
-        );
+        assert!(err.message.contains(needle), "{name}: {}", err.message);
     }
     let err = Job::decode(b"[1, 2]").unwrap_err();
     assert_eq!(err.code, ErrorCode::SchemaViolation);
@@ -576,6 +590,35 @@ fn generate_parameters_are_checked() {
         "{}",
         err.message
     );
+}
+
+/// The schema's range for `output.presign_get_secs` (1 s to 7 days, S3's
+/// limit) is the decoder's: both refuse 0 and 604801, both take the ends.
+#[test]
+fn presign_lifetime_is_the_schemas_range() {
+    let v = validator(json_schema::JOB);
+    let job = |secs: u64| {
+        json!({
+            "version": 1, "id": "p-1", "task": "embed", "model": "m",
+            "inputs": [{"type": "inline", "items": ["hi"]}],
+            "output": {"presign_get_secs": secs},
+        })
+    };
+    for secs in [0, 604_801, 4_294_967_295] {
+        assert!(!v.is_valid(&job(secs)), "the schema accepted {secs}");
+        let err = Job::decode(&serde_json::to_vec(&job(secs)).unwrap()).unwrap_err();
+        assert_eq!(err.code, ErrorCode::InvalidParameters, "{}", err.message);
+        assert!(
+            err.message
+                .contains("output.presign_get_secs must be 1 to 604800"),
+            "{}",
+            err.message
+        );
+    }
+    for secs in [1, 3600, 604_800] {
+        assert_valid(&v, &job(secs));
+        Job::decode(&serde_json::to_vec(&job(secs)).unwrap()).unwrap();
+    }
 }
 
 #[test]

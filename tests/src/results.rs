@@ -34,6 +34,6 @@ pub async fn next_error(
             let error = error.clone();
             (r, error)
         }
-        other => panic!("{}: expected an error, got {other:?}", r.job_id),
+        other => panic!("{:?}: expected an error, got {other:?}", r.job_id),
     }
 }

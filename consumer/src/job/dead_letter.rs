@@ -19,7 +19,7 @@ use sluice_schemas::{
 };
 use time::OffsetDateTime;
 
-use super::delivery::{Delivery, status};
+use super::delivery::{Delivery, job_id_of, status};
 use crate::error::JobError;
 use crate::shared::Shared;
 
@@ -95,8 +95,12 @@ pub async fn give_up(
         && dead_letter
         && let Ok(Some(record)) = shared.status.get(id).await
         && record.state.is_final()
+        && record.stream_sequence == Some(d.stream_sequence)
     {
-        // Another delivery already answered this job: this failure is stale.
+        // Another delivery of this same message already answered it: this
+        // failure is stale. (A different message under a final job's id,
+        // e.g. an unreadable one whose Nats-Msg-Id reuses the id, is still
+        // dead-lettered and answered below; its status stays as it is.)
         tracing::info!(job = %id, state = ?record.state, "job already answered; dropping a stale failure");
         return Ok(());
     }
@@ -137,7 +141,10 @@ pub async fn give_up(
         record.error = Some(error.info());
         match shared.status.finish(&record).await {
             Ok(true) => {}
-            Ok(false) => return Ok(()),
+            // Another delivery of this message finished it first: that one
+            // answers. A different message under the same id is answered.
+            Ok(false) if answered_by_this_message(shared, job_id, d).await => return Ok(()),
+            Ok(false) => {}
             Err(e) => {
                 let e = JobError::from(e);
                 tracing::warn!(job = %job_id, error = %e, "cannot record the failure (it is in the dead-letter stream)")
@@ -149,7 +156,15 @@ pub async fn give_up(
     if dead_letter {
         shared.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
     }
-    if let Some(job_id) = &job_id {
+    // Every message that names a reply subject is answered, with or without
+    // an id; without either there is nowhere to answer (the dead letter
+    // holds it).
+    let reply_to = d.reply_to.clone().or_else(|| {
+        job_id
+            .as_deref()
+            .map(|id| shared.topology.result_subject(id))
+    });
+    if let Some(reply_to) = reply_to {
         let result = JobResult {
             version: VERSION,
             job_id: job_id.clone(),
@@ -161,16 +176,12 @@ pub async fn give_up(
             attempt: d.attempt,
             finished_at,
         };
-        let reply_to = d
-            .reply_to
-            .clone()
-            .unwrap_or_else(|| shared.topology.result_subject(job_id));
         if let Err(e) = shared
             .results
             .publish(&reply_to, &result, d.traceparent.as_deref())
             .await
         {
-            tracing::warn!(job = %job_id, error = %e, "cannot publish the error result (it is in the dead-letter stream)");
+            tracing::warn!(job = job_id.as_deref().unwrap_or("?"), error = %e, "cannot publish the error result (it is in the dead-letter stream)");
         }
     }
     tracing::info!(
@@ -185,6 +196,16 @@ pub async fn give_up(
         "job failed"
     );
     Ok(())
+}
+
+/// Whether the job's final status was written by a delivery of this same
+/// stream message (so that delivery answered it). Unknown counts as yes:
+/// a second answer is worse than a status read that failed.
+async fn answered_by_this_message(shared: &Shared, job_id: &str, d: &Delivery) -> bool {
+    match shared.status.get(job_id).await {
+        Ok(Some(record)) => record.stream_sequence == Some(d.stream_sequence),
+        Ok(None) | Err(_) => true,
+    }
 }
 
 /// The backstop for jobs that ran out of deliveries without the consumer
@@ -214,7 +235,7 @@ pub async fn dead_letter_exhausted(
         subject: msg.subject.to_string(),
         traceparent: get(headers::TRACEPARENT),
         reply_to: get(headers::REPLY_TO),
-        job_id: decoded.as_ref().map(|v| v.job.id.clone()),
+        job_id: job_id_of(&msg.payload, get(headers::MSG_ID).as_deref()),
         task: decoded.as_ref().map(|v| v.task),
         replays: 0,
         trace_id: "-".into(),

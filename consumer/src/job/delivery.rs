@@ -41,11 +41,16 @@ pub fn status(job_id: &str, state: JobState, d: &Delivery) -> StatusRecord {
     }
 }
 
-/// The `id` of a job message that may be invalid otherwise, if it is a valid id.
-pub fn peek_job_id(payload: &[u8]) -> Option<String> {
-    let value: serde_json::Value = serde_json::from_slice(payload).ok()?;
-    let id = value.get("id")?.as_str()?;
-    sluice_schemas::names::is_valid_job_id(id).then(|| id.to_string())
+/// The id a job message is answered under, even when the message is not a
+/// valid job: the body's `id` when the body is JSON with a valid id, else the
+/// `Nats-Msg-Id` header when that is a valid id (the contract makes it the
+/// job id), else none.
+pub fn job_id_of(payload: &[u8], nats_msg_id: Option<&str>) -> Option<String> {
+    let valid = |id: &str| sluice_schemas::names::is_valid_job_id(id).then(|| id.to_string());
+    serde_json::from_slice::<serde_json::Value>(payload)
+        .ok()
+        .and_then(|body| body.get("id")?.as_str().and_then(valid))
+        .or_else(|| nats_msg_id.and_then(valid))
 }
 
 /// Resolves once `abort` turns true; never if its sender goes away.
@@ -120,5 +125,37 @@ pub async fn nak_now(msg: &jetstream::Message) {
 pub async fn nak(msg: &jetstream::Message, delay: Duration) {
     if let Err(e) = msg.ack_with(AckKind::Nak(Some(delay))).await {
         tracing::warn!(error = %e, "nak failed; the job will be redelivered after ack_wait");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::job_id_of;
+
+    #[test]
+    fn the_body_id_wins_then_the_message_id_then_none() {
+        let id = |body: &[u8], header: Option<&str>| job_id_of(body, header);
+        assert_eq!(
+            id(br#"{"id":"job-1"}"#, Some("other")),
+            Some("job-1".into())
+        );
+        // Not a valid job otherwise: the id is still read.
+        assert_eq!(
+            id(br#"{"id":"job-1","task":7}"#, None),
+            Some("job-1".into())
+        );
+        // Not JSON, not UTF-8, an array, an id the schema refuses: the header.
+        for body in [
+            &b"not json"[..],
+            b"\xff\xfe{",
+            b"[1,2]",
+            br#"{"id":"a b/c"}"#,
+        ] {
+            assert_eq!(id(body, Some("job-2")), Some("job-2".into()), "{body:?}");
+            assert_eq!(id(body, None), None, "{body:?}");
+        }
+        // A header the schema would refuse as an id is not used either.
+        assert_eq!(id(b"not json", Some("has space")), None);
+        assert_eq!(id(b"not json", Some("")), None);
     }
 }

@@ -15,7 +15,7 @@ use time::OffsetDateTime;
 use tokio::sync::watch;
 
 use super::delivery::{
-    Delivery, KeepAlive, aborted, header, ms_between, nak_now, peek_job_id, status,
+    Delivery, KeepAlive, aborted, header, job_id_of, ms_between, nak_now, status,
 };
 use super::settle::{Done, Finished, settle};
 use crate::budget::Reservation;
@@ -109,6 +109,9 @@ async fn process(
     trace: &JobTrace,
 ) -> Result<Finished, JobError> {
     let limits = &shared.limits;
+    // Even a job that fails to decode (or is too large) is answered under an
+    // id when the body or the Nats-Msg-Id header holds one.
+    delivery.job_id = job_id_of(&msg.payload, header(msg, headers::MSG_ID).as_deref());
     if msg.payload.len() as u64 > limits.max_input_bytes {
         return Err(JobError::new(
             ErrorCode::InputTooLarge,
@@ -119,8 +122,6 @@ async fn process(
             ),
         ));
     }
-    // Even a job that fails to decode is answered on its id if one can be read.
-    delivery.job_id = peek_job_id(&msg.payload);
     let ValidJob { task, job } = sluice_schemas::Job::decode(&msg.payload)?;
     delivery.job_id = Some(job.id.clone());
     delivery.task = Some(task);

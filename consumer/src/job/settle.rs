@@ -80,7 +80,7 @@ pub async fn settle(
             };
             let result = JobResult {
                 version: VERSION,
-                job_id: job_id.clone(),
+                job_id: Some(job_id.clone()),
                 outcome: Outcome::Ok {
                     output: done.output.clone(),
                 },

@@ -28,7 +28,9 @@ impl ResultPublisher {
         traceparent: Option<&str>,
     ) -> Result<(), JobError> {
         let mut h = HeaderMap::new();
-        h.insert(headers::JOB_ID, result.job_id.as_str());
+        if let Some(id) = &result.job_id {
+            h.insert(headers::JOB_ID, id.as_str());
+        }
         let outcome = match &result.outcome {
             Outcome::Ok { .. } => "ok",
             Outcome::Error { error } => error.code.as_str(),

@@ -554,9 +554,11 @@ pub const SCALARS: &[Scalar] = &[
         "Real tokens of tokenized jobs not yet settled.",
         |s, _| load(&s.tokens_in_flight),
     ),
-    bytes_gauge("sluice_budget_bytes", "Memory budget for jobs.", |_, r| {
-        r.budget.limit_bytes as f64
-    }),
+    bytes_gauge(
+        "sluice_budget_bytes",
+        "Memory budget for jobs: --memory-budget (or the free-memory fraction) minus one batch's activations set aside at start-up; shrinks after a device out-of-memory.",
+        |_, r| r.budget.limit_bytes as f64,
+    ),
     bytes_gauge(
         "sluice_budget_reserved_bytes",
         "Bytes reserved by in-flight jobs.",

@@ -73,7 +73,7 @@ async fn main() -> Result<()> {
                 tokio::time::timeout(Duration::from_secs(1800), results.next_result()).await??;
             anyhow::ensure!(
                 matches!(r.outcome, Outcome::Ok { .. }),
-                "{} failed: {:?}",
+                "{:?} failed: {:?}",
                 r.job_id,
                 r.outcome
             );

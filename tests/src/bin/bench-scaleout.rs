@@ -118,11 +118,13 @@ async fn one_run(n: usize, bodies: &[String]) -> Result<Run> {
             .context("no result within 30 min")??;
         anyhow::ensure!(
             matches!(r.outcome, Outcome::Ok { .. }),
-            "{} failed: {:?}",
+            "{:?} failed: {:?}",
             r.job_id,
             r.outcome
         );
-        let count = seen.entry(r.job_id.clone()).or_default();
+        let count = seen
+            .entry(r.job_id.clone().unwrap_or_default())
+            .or_default();
         if *count == 0 {
             tokens += r.usage.tokens;
         }
@@ -133,7 +135,9 @@ async fn one_run(n: usize, bodies: &[String]) -> Result<Run> {
     while let Ok(Ok(r)) =
         tokio::time::timeout(Duration::from_millis(500), results.next_result()).await
     {
-        *seen.entry(r.job_id.clone()).or_default() += 1;
+        *seen
+            .entry(r.job_id.clone().unwrap_or_default())
+            .or_default() += 1;
     }
     let mut shares = Vec::new();
     for c in &consumers {

@@ -37,7 +37,10 @@ async fn embed_job_via_presigned_url_matches_reference_and_small_job_comes_inlin
     d.producer.submit(&small).await.unwrap();
 
     let got = wait_results(&mut results, 2, Duration::from_secs(120)).await;
-    let by_id: HashMap<_, _> = got.into_iter().map(|r| (r.job_id.clone(), r)).collect();
+    let by_id: HashMap<_, _> = got
+        .into_iter()
+        .map(|r| (r.job_id.clone().unwrap_or_default(), r))
+        .collect();
 
     // The big job: an .npy in S3 at a key derived from the job id.
     let r = &by_id["ref-all"];
@@ -171,12 +174,15 @@ async fn a_job_of_thousands_of_texts_spans_batches_and_mixed_jobs_share_them() {
     for r in &got {
         assert!(
             matches!(r.outcome, Outcome::Ok { .. }),
-            "{} failed: {:?}",
+            "{:?} failed: {:?}",
             r.job_id,
             r.outcome
         );
     }
-    let many_result = got.iter().find(|r| r.job_id == "many").unwrap();
+    let many_result = got
+        .iter()
+        .find(|r| r.job_id.as_deref() == Some("many"))
+        .unwrap();
     assert_eq!(many_result.usage.items, 2000);
 
     let stats = &consumer.stats;

@@ -114,17 +114,17 @@ fn count_results(
             };
             assert!(
                 matches!(r.outcome, Outcome::Ok { .. }),
-                "{}: {:?}",
+                "{:?}: {:?}",
                 r.job_id,
                 r.outcome
             );
             if std::env::var_os("SLUICE_DEBUG_DUPES").is_some() {
                 eprintln!(
-                    "result {} attempt {} at {} total {:?}",
+                    "result {:?} attempt {} at {} total {:?}",
                     r.job_id, r.attempt, r.finished_at, r.timings_ms.total
                 );
             }
-            *counts.entry(r.job_id).or_insert(0) += 1;
+            *counts.entry(r.job_id.unwrap_or_default()).or_insert(0) += 1;
         }
         counts
     });

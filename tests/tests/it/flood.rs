@@ -44,11 +44,13 @@ fn exactly_once(results: &[sluice_schemas::JobResult], prefix: &str, n: usize) {
     for r in results {
         assert!(
             matches!(r.outcome, Outcome::Ok { .. }),
-            "{}: {:?}",
+            "{:?}: {:?}",
             r.job_id,
             r.outcome
         );
-        *counts.entry(r.job_id.as_str()).or_default() += 1;
+        *counts
+            .entry(r.job_id.as_deref().unwrap_or_default())
+            .or_default() += 1;
     }
     for i in 0..n {
         let id = format!("{prefix}-{i}");

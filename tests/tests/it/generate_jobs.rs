@@ -89,7 +89,10 @@ async fn generate_and_embed_consumers_each_take_their_own_jobs() {
     .unwrap();
 
     let got = wait_results(&mut results, 3, Duration::from_secs(300)).await;
-    let by_id: HashMap<_, _> = got.into_iter().map(|r| (r.job_id.clone(), r)).collect();
+    let by_id: HashMap<_, _> = got
+        .into_iter()
+        .map(|r| (r.job_id.clone().unwrap_or_default(), r))
+        .collect();
 
     let chat = &by_id["chat-1"];
     let answer = &generations(&chat.outcome)[0];
@@ -275,7 +278,10 @@ async fn bad_prompts_and_parameters_get_clear_codes_and_dead_letters() {
         .unwrap();
 
     let got = wait_results(&mut results, cases.len() + 1, Duration::from_secs(120)).await;
-    let by_id: HashMap<_, _> = got.into_iter().map(|r| (r.job_id.clone(), r)).collect();
+    let by_id: HashMap<_, _> = got
+        .into_iter()
+        .map(|r| (r.job_id.clone().unwrap_or_default(), r))
+        .collect();
     let fine = &generations(&by_id["fine"].outcome)[0];
     assert!(fine.completion_tokens <= 8, "{fine:?}");
     let letters: HashMap<String, ErrorCode> = p
@@ -373,12 +379,15 @@ async fn generate_flood_stays_inside_the_kv_budget() {
     stop.store(true, Ordering::Relaxed);
     sampler.await.unwrap();
 
-    let mut ids: Vec<&str> = got.iter().map(|r| r.job_id.as_str()).collect();
+    let mut ids: Vec<&str> = got
+        .iter()
+        .map(|r| r.job_id.as_deref().unwrap_or_default())
+        .collect();
     ids.sort_unstable();
     ids.dedup();
     assert_eq!(ids.len(), JOBS, "every job answered once");
     for r in &got {
-        assert_eq!(generations(&r.outcome).len(), 2, "{}", r.job_id);
+        assert_eq!(generations(&r.outcome).len(), 2, "{:?}", r.job_id);
     }
     let stats = &consumer.stats;
     let kv_peak = stats.kv_peak_bytes.load(Ordering::Relaxed);
@@ -400,4 +409,44 @@ async fn generate_flood_stays_inside_the_kv_budget() {
     assert_eq!(stats.jobs_ok.load(Ordering::Relaxed), JOBS as u64);
     assert_eq!(d.jobs_in_stream_settled(0).await, 0);
     consumer.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+/// One example of a schema's `examples`, by its id field.
+fn schema_example(schema: &str, field: &str, id: &str) -> serde_json::Value {
+    let schema: serde_json::Value = serde_json::from_str(schema).unwrap();
+    schema["examples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e[field] == id)
+        .unwrap_or_else(|| panic!("no example with {field} {id}"))
+        .clone()
+}
+
+/// The schemas' chat example is what the model answers (issue #16): the
+/// `chat-1` job of job.schema.json, run by a real generate consumer, gives
+/// the `chat-1` result of result.schema.json: the same texts, finish
+/// reasons and token counts (its timings and `finished_at` are from the run
+/// that made it, and vary). The first prompt shows SmolLM2's default system
+/// prompt at work, the second a publisher's own system message replacing
+/// it, the third a seeded sampled prompt.
+#[tokio::test]
+async fn the_schemas_chat_example_is_what_the_model_answers() {
+    let job = schema_example(sluice_schemas::json_schema::JOB, "id", "chat-1");
+    let expected = schema_example(sluice_schemas::json_schema::RESULT, "job_id", "chat-1");
+    let d = Deployment::start().await.unwrap();
+    let generator = d
+        .start_consumer(&["--task=generate", "--max-items-per-job=8"])
+        .await
+        .unwrap();
+    let mut results = d.producer.subscribe_results().await.unwrap();
+    let job: Job = serde_json::from_value(job).unwrap();
+    d.producer.submit(&job).await.unwrap();
+    let got = wait_results(&mut results, 1, Duration::from_secs(300)).await;
+    let got = serde_json::to_value(&got[0]).unwrap();
+    let hint = "if the model or its kernels changed on purpose, put this run's result in result.schema.json";
+    assert_eq!(got["output"], expected["output"], "{hint}:\n{got}");
+    assert_eq!(got["usage"], expected["usage"], "{hint}:\n{got}");
+    assert_eq!(got["status"], "ok");
+    generator.shutdown(Duration::from_secs(10)).await.unwrap();
 }

@@ -265,7 +265,8 @@ async fn metrics_match_what_happened_and_readyz_goes_unready_while_draining() {
     drain.await.unwrap().unwrap();
     let r = wait_results(&mut results, 1, Duration::from_secs(60)).await;
     assert_eq!(
-        r[0].job_id, "big",
+        r[0].job_id.as_deref(),
+        Some("big"),
         "the in-flight job finished during the drain"
     );
 }

@@ -5,6 +5,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::Value;
+use sluice_schemas::JobState;
 use sluice_tests::deploy::Deployment;
 use sluice_tests::repo_root;
 
@@ -114,4 +115,103 @@ async fn rust_producer_example_submits_and_reads_results() {
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Every message that names a reply subject is answered there, readable or
+/// not (issue #16): a Python publisher written from the contract sends each
+/// kind of bad message with its own inbox and waits for one answer each.
+/// Each is answered under the body's id, else its Nats-Msg-Id, else `null`;
+/// each with an id has a failed status; each has a dead letter; a valid job
+/// without Nats-Msg-Id runs; nothing stays in the stream.
+#[tokio::test]
+async fn python_bad_messages_are_each_answered_on_their_reply_subject() {
+    let d = Deployment::start().await.unwrap();
+    let consumer = d
+        .start_consumer(&["--max-input-bytes=100000"])
+        .await
+        .unwrap();
+    let python = repo_root().join(".sluice/pyenv/bin/python");
+    let args = [
+        "examples/python/bad_messages.py".to_string(),
+        "200000".to_string(),
+    ];
+    let got = run_example(&d, python.to_str().unwrap(), &args).await;
+    let answers = got["answers"].as_array().unwrap();
+    let by_kind = |kind: &str| {
+        answers
+            .iter()
+            .find(|a| a["kind"] == kind)
+            .unwrap_or_else(|| panic!("no {kind} in {got}"))
+    };
+    // (kind, code, whether the answer carries the sent Nats-Msg-Id as its id)
+    let bad = [
+        ("not_json", "malformed_message", true),
+        ("not_utf8", "malformed_message", true),
+        ("json_array", "schema_violation", true),
+        ("id_refused_by_schema", "schema_violation", true),
+        ("inline_over_size_cap", "input_too_large", true),
+        ("no_id_anywhere", "malformed_message", false),
+        ("inline_item_not_text", "input_invalid", true),
+        ("presign_out_of_range", "invalid_parameters", true),
+    ];
+    let mut ids = Vec::new();
+    for (kind, code, has_id) in bad {
+        let a = by_kind(kind);
+        eprintln!("{kind}: {} {}", a["code"], a["message"]);
+        assert_eq!(a["status"], "error", "{kind}: {a}");
+        assert_eq!(a["code"], code, "{kind}: {a}");
+        assert_eq!(a["header_outcome"], code, "{kind}: {a}");
+        assert!(
+            !a["message"].as_str().unwrap().is_empty(),
+            "{kind}: no message"
+        );
+        if kind == "not_utf8" {
+            let message = a["message"].as_str().unwrap();
+            assert!(message.contains("not valid UTF-8"), "{message}");
+        }
+        if has_id {
+            let id = a["sent_id"].as_str().unwrap();
+            assert_eq!(a["job_id"], id, "{kind}: {a}");
+            assert_eq!(a["header_job_id"], id, "{kind}: {a}");
+            let status = d.producer.status(id).await.unwrap();
+            let status = status.unwrap_or_else(|| panic!("{kind}: no status for {id}"));
+            assert_eq!(status.state, JobState::Failed, "{kind}: {status:?}");
+            assert_eq!(
+                status.error.map(|e| e.code.as_str().to_string()),
+                Some(code.to_string()),
+                "{kind}"
+            );
+            ids.push(id.to_string());
+        } else {
+            assert_eq!(a["job_id"], Value::Null, "{kind}: {a}");
+            assert_eq!(a["header_job_id"], Value::Null, "{kind}: {a}");
+        }
+    }
+    let fine = by_kind("valid_without_msg_id");
+    assert_eq!(fine["status"], "ok", "{fine}");
+    let fine_id = fine["job_id"].as_str().unwrap();
+    assert!(fine_id.ends_with("-no-msg-id"), "{fine}");
+    let status = d.producer.status(fine_id).await.unwrap().unwrap();
+    assert_eq!(status.state, JobState::Done);
+
+    // One dead letter per bad message, with the original body and headers.
+    let letters = d
+        .producer
+        .dead_letters(&sluice_producer::dlq::Filter::default())
+        .await
+        .unwrap();
+    assert_eq!(letters.len(), bad.len(), "{letters:?}");
+    for id in &ids {
+        assert!(
+            letters.iter().any(|(_, l)| l.job_id.as_deref() == Some(id)),
+            "no dead letter for {id}"
+        );
+    }
+    assert_eq!(
+        letters.iter().filter(|(_, l)| l.job_id.is_none()).count(),
+        1,
+        "the message without any id"
+    );
+    assert_eq!(d.jobs_in_stream_settled(0).await, 0, "nothing left behind");
+    consumer.shutdown(Duration::from_secs(10)).await.unwrap();
 }
