@@ -10,8 +10,8 @@
 
 use std::sync::OnceLock;
 
-/// The variable that forces a level: `auto` (the default), `avx2` or
-/// `portable`.
+/// The variable that forces a level: `auto` (the default), `avx512`, `avx2`
+/// or `portable`.
 pub const KERNELS_ENV: &str = "SLUICE_CPU_KERNELS";
 
 /// The SIMD levels the kernels are written for, lowest first.
@@ -21,6 +21,9 @@ pub enum KernelLevel {
     Portable,
     /// x86-64 with AVX2 and FMA.
     Avx2,
+    /// x86-64 with AVX-512F besides AVX2 and FMA: the f32 kernels on 16
+    /// lanes (the quantized ones stay at AVX2).
+    Avx512,
 }
 
 impl KernelLevel {
@@ -28,6 +31,7 @@ impl KernelLevel {
         match self {
             KernelLevel::Portable => "portable",
             KernelLevel::Avx2 => "avx2",
+            KernelLevel::Avx512 => "avx512",
         }
     }
 
@@ -35,7 +39,12 @@ impl KernelLevel {
     pub fn detected() -> KernelLevel {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            let avx2 =
+                std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma");
+            if avx2 && std::is_x86_feature_detected!("avx512f") {
+                return KernelLevel::Avx512;
+            }
+            if avx2 {
                 return KernelLevel::Avx2;
             }
         }
@@ -58,12 +67,13 @@ pub fn resolve(requested: Option<&str>, detected: KernelLevel) -> Choice {
         None | Some("") | Some("auto") => None,
         Some("portable") => Some(KernelLevel::Portable),
         Some("avx2") => Some(KernelLevel::Avx2),
+        Some("avx512") => Some(KernelLevel::Avx512),
         Some(other) => {
             return Choice {
                 level: detected,
                 detected,
                 note: Some(format!(
-                    "{KERNELS_ENV}={other:?} is not a level (auto, avx2, portable); using {}",
+                    "{KERNELS_ENV}={other:?} is not a level (auto, avx512, avx2, portable); using {}",
                     detected.name()
                 )),
             };
@@ -106,6 +116,19 @@ pub fn level() -> KernelLevel {
     choice().level
 }
 
+/// Every level this process may run, lowest first: up to the chosen one
+/// (the tests hold each to the plain-Rust references).
+pub fn levels() -> Vec<KernelLevel> {
+    [
+        KernelLevel::Portable,
+        KernelLevel::Avx2,
+        KernelLevel::Avx512,
+    ]
+    .into_iter()
+    .filter(|l| *l <= level())
+    .collect()
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -121,6 +144,10 @@ mod tests {
         let capped = resolve(Some("avx2"), Portable);
         assert_eq!(capped.level, Portable);
         assert!(capped.note.unwrap().contains("at most portable"));
+        assert_eq!(resolve(Some("avx2"), Avx512).level, Avx2);
+        let capped = resolve(Some("avx512"), Avx2);
+        assert_eq!(capped.level, Avx2);
+        assert!(capped.note.unwrap().contains("at most avx2"));
         let unknown = resolve(Some("avx9000"), Avx2);
         assert_eq!(unknown.level, Avx2);
         assert!(unknown.note.unwrap().contains("is not a level"));

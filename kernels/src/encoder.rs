@@ -1,9 +1,10 @@
 //! f32 kernels for the CPU encoder (the consumer's `model/bert.rs`) on
-//! x86-64 with AVX2 + FMA:
+//! x86-64 with AVX2 + FMA or AVX-512:
 //!
-//! - [`PackedLinear`]: `y = x W^T + b`, a blocked matrix product (6 x 16
-//!   register tiles, the weights packed at load into 16-column panels, the
-//!   activations packed per 72 x 256 block so both stay in cache), rows split
+//! - [`PackedLinear`]: `y = x W^T + b`, a blocked matrix product (6 x 2
+//!   vector register tiles: 6 x 16 with AVX2, 6 x 32 with AVX-512; the
+//!   weights packed at load into panels two vectors wide, the activations
+//!   packed per 72 x 256 block so both stay in cache), rows split
 //!   across the rayon pool. candle's f32 matmul reached 55-63 GFLOP/s on these
 //!   cores for the encoder's shapes, MKL about 125-157; this is what closes
 //!   that gap.
@@ -12,57 +13,140 @@
 //!   no `[heads, len, len]` score tensor is ever materialized.
 //! - [`gelu`]: the erf GELU of BERT, vectorized.
 //!
-//! The SIMD code is in `x86_avx2.rs` (the only file with unsafe code);
-//! here are the packing, the dispatch and each kernel's plain-Rust reference
-//! of the same arithmetic, which runs on other CPUs and which the tests hold
-//! the SIMD code to.
+//! The kernels' bodies are written once (`f32_kernels.rs`, over the vector
+//! operations of `simd.rs`) and compiled per level in `x86_avx2.rs` and
+//! `x86_avx512.rs` (the only files with unsafe code); here are the packing,
+//! the dispatch and each kernel's plain-Rust reference of the same
+//! arithmetic, which runs on other CPUs and which the tests hold every level
+//! to.
 
 use rayon::prelude::*;
 
 use crate::x86_avx2::Avx2;
+use crate::x86_avx512::Avx512;
 
 /// Rows of a register tile.
 pub(crate) const MR: usize = 6;
-/// Columns of a register tile (two AVX vectors).
-pub(crate) const NR: usize = 16;
 /// Depth of a packed block: an `MR x KC` slice of activations and a
-/// `KC x NR` slice of weights together fit the 32 KiB L1 cache.
+/// `KC x 2 vectors` slice of weights together fit the 32 KiB L1 cache.
 pub(crate) const KC: usize = 256;
 /// Rows of a packed activation block (kept in L2 across all weight panels).
 pub(crate) const MC: usize = 72;
 
+/// Which f32 kernels run: one of the SIMD levels (its token the proof that
+/// the CPU has it), or the plain-Rust references.
+#[derive(Clone, Copy, Debug)]
+pub enum F32Kernels {
+    Reference,
+    Avx2(Avx2),
+    Avx512(Avx512),
+}
+
+impl F32Kernels {
+    /// The highest level this process runs (see [`crate::cpu`]).
+    pub fn current() -> F32Kernels {
+        if let Some(t) = Avx512::get() {
+            return F32Kernels::Avx512(t);
+        }
+        if let Some(t) = Avx2::get() {
+            return F32Kernels::Avx2(t);
+        }
+        F32Kernels::Reference
+    }
+
+    /// Every level this process may run, the references first (for tests
+    /// that hold each to the references).
+    pub fn all() -> Vec<F32Kernels> {
+        let mut all = vec![F32Kernels::Reference];
+        all.extend(Avx2::get().map(F32Kernels::Avx2));
+        all.extend(Avx512::get().map(F32Kernels::Avx512));
+        all
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            F32Kernels::Reference => "reference",
+            F32Kernels::Avx2(_) => "avx2",
+            F32Kernels::Avx512(_) => "avx512",
+        }
+    }
+
+    /// f32 lanes of the level's vectors (1 for the references).
+    pub fn lanes(self) -> usize {
+        match self {
+            F32Kernels::Reference => 1,
+            F32Kernels::Avx2(_) => 8,
+            F32Kernels::Avx512(_) => 16,
+        }
+    }
+
+    /// The FMA peak loop at this level (`iters * 12 * lanes * 2` FLOPs);
+    /// None for the references.
+    pub fn fma_peak(self, iters: usize) -> Option<f32> {
+        match self {
+            F32Kernels::Reference => None,
+            F32Kernels::Avx2(t) => Some(t.fma_peak(iters)),
+            F32Kernels::Avx512(t) => Some(t.fma_peak(iters)),
+        }
+    }
+
+    /// Columns of a weight panel: two of the level's vectors.
+    fn panel_width(self) -> usize {
+        match self {
+            F32Kernels::Reference | F32Kernels::Avx2(_) => 16,
+            F32Kernels::Avx512(_) => 32,
+        }
+    }
+}
+
 /// Whether the SIMD kernels run in this process (see [`crate::cpu`]).
 pub fn available() -> bool {
-    Avx2::get().is_some()
+    !matches!(F32Kernels::current(), F32Kernels::Reference)
 }
 
 /// A linear layer's weights `[outputs, inputs]` (PyTorch's layout) and bias,
-/// packed for [`PackedLinear::forward`]: panels of 16 outputs, each stored
-/// input-major (`inputs x 16`), the last panel padded with zeros.
+/// packed for [`PackedLinear::forward`] at one kernel level: panels of `nr`
+/// outputs (two of the level's vectors), each stored input-major (`inputs x
+/// nr`), the last panel padded with zeros.
 pub struct PackedLinear {
     pub(crate) inputs: usize,
     pub(crate) outputs: usize,
+    pub(crate) nr: usize,
     pub(crate) panels: Vec<f32>,
     pub(crate) bias: Vec<f32>,
+    kernels: F32Kernels,
 }
 
 impl PackedLinear {
+    /// Packed for this process's kernel level.
     pub fn new(
         weight: &[f32],
         outputs: usize,
         inputs: usize,
         bias: Option<&[f32]>,
     ) -> PackedLinear {
+        PackedLinear::new_for(F32Kernels::current(), weight, outputs, inputs, bias)
+    }
+
+    /// Packed for `kernels`.
+    pub fn new_for(
+        kernels: F32Kernels,
+        weight: &[f32],
+        outputs: usize,
+        inputs: usize,
+        bias: Option<&[f32]>,
+    ) -> PackedLinear {
         assert_eq!(weight.len(), outputs * inputs, "weight shape");
-        let count = outputs.div_ceil(NR);
-        let mut panels = vec![0f32; count * inputs * NR];
+        let nr = kernels.panel_width();
+        let count = outputs.div_ceil(nr);
+        let mut panels = vec![0f32; count * inputs * nr];
         for (o, row) in weight.chunks_exact(inputs).enumerate() {
-            let (panel, lane) = (o / NR, o % NR);
+            let (panel, lane) = (o / nr, o % nr);
             for (k, w) in row.iter().enumerate() {
-                panels[(panel * inputs + k) * NR + lane] = *w;
+                panels[(panel * inputs + k) * nr + lane] = *w;
             }
         }
-        let mut padded_bias = vec![0f32; count * NR];
+        let mut padded_bias = vec![0f32; count * nr];
         if let Some(bias) = bias {
             assert_eq!(bias.len(), outputs, "bias shape");
             padded_bias[..outputs].copy_from_slice(bias);
@@ -70,8 +154,10 @@ impl PackedLinear {
         PackedLinear {
             inputs,
             outputs,
+            nr,
             panels,
             bias: padded_bias,
+            kernels,
         }
     }
 
@@ -84,7 +170,8 @@ impl PackedLinear {
     }
 
     fn weight(&self, output: usize, input: usize) -> f32 {
-        self.panels[((output / NR) * self.inputs + input) * NR + output % NR]
+        let nr = self.nr;
+        self.panels[((output / nr) * self.inputs + input) * nr + output % nr]
     }
 
     /// `x` is `[rows, inputs]` row-major; returns `[rows, outputs]`.
@@ -94,14 +181,14 @@ impl PackedLinear {
         if rows == 0 {
             return out;
         }
-        let simd = Avx2::get();
         let threads = rayon::current_num_threads().max(1);
         let per_task = rows.div_ceil(threads).next_multiple_of(MR);
         out.par_chunks_mut(per_task * self.outputs)
             .zip(x.par_chunks(per_task * self.inputs))
-            .for_each(|(out, x)| match simd {
-                Some(avx2) => avx2.linear(self, x, out),
-                None => self.reference_rows(x, out),
+            .for_each(|(out, x)| match self.kernels {
+                F32Kernels::Avx512(t) => t.linear(self, x, out),
+                F32Kernels::Avx2(t) => t.linear(self, x, out),
+                F32Kernels::Reference => self.reference_rows(x, out),
             });
         out
     }
@@ -156,11 +243,21 @@ impl Heads {
 /// returns the context `[tokens, hidden]`. Spans must not overlap and must
 /// cover the tokens in order.
 pub fn attention(qkv: &[f32], spans: &[Span], shape: Heads) -> Vec<f32> {
+    attention_with(F32Kernels::current(), qkv, spans, shape)
+}
+
+/// [`attention`] at the level `kernels` (the references when `head_dim` is
+/// not a multiple of 32).
+pub fn attention_with(kernels: F32Kernels, qkv: &[f32], spans: &[Span], shape: Heads) -> Vec<f32> {
     let hidden = shape.hidden();
     let tokens: usize = spans.iter().map(|s| s.len).sum();
     assert_eq!(qkv.len(), tokens * 3 * hidden, "qkv shape");
     let mut out = vec![0f32; tokens * hidden];
-    let simd = Avx2::get().filter(|_| shape.head_dim.is_multiple_of(32));
+    let kernels = if shape.head_dim.is_multiple_of(32) {
+        kernels
+    } else {
+        F32Kernels::Reference
+    };
     // One task per sequence: its rows of the output are contiguous.
     let mut tasks = Vec::with_capacity(spans.len());
     let mut rest = out.as_mut_slice();
@@ -174,9 +271,10 @@ pub fn attention(qkv: &[f32], spans: &[Span], shape: Heads) -> Vec<f32> {
     }
     tasks.into_par_iter().for_each(|(span, out)| {
         let rows = &qkv[span.start * 3 * hidden..(span.start + span.len) * 3 * hidden];
-        match simd {
-            Some(avx2) => avx2.attend(rows, span.len, shape, out),
-            None => reference_attend(rows, span.len, shape, out),
+        match kernels {
+            F32Kernels::Avx512(t) => t.attend(rows, span.len, shape, out),
+            F32Kernels::Avx2(t) => t.attend(rows, span.len, shape, out),
+            F32Kernels::Reference => reference_attend(rows, span.len, shape, out),
         }
     });
     out
@@ -216,10 +314,15 @@ fn reference_attend(qkv: &[f32], len: usize, shape: Heads, out: &mut [f32]) {
 
 /// `x * Phi(x)` (BERT's "gelu"), in place.
 pub fn gelu(x: &mut [f32]) {
-    let simd = Avx2::get();
-    x.par_chunks_mut(16 * 1024).for_each(|chunk| match simd {
-        Some(avx2) => avx2.gelu(chunk),
-        None => chunk.iter_mut().for_each(|v| *v = gelu_scalar(*v)),
+    gelu_with(F32Kernels::current(), x)
+}
+
+/// [`gelu`] at the level `kernels`.
+pub fn gelu_with(kernels: F32Kernels, x: &mut [f32]) {
+    x.par_chunks_mut(16 * 1024).for_each(|chunk| match kernels {
+        F32Kernels::Avx512(t) => t.gelu(chunk),
+        F32Kernels::Avx2(t) => t.gelu(chunk),
+        F32Kernels::Reference => chunk.iter_mut().for_each(|v| *v = gelu_scalar(*v)),
     });
 }
 
@@ -284,7 +387,6 @@ mod tests {
             let b = values(outputs, 2);
             let x = values(rows * inputs, 3);
             let linear = PackedLinear::new(&w, outputs, inputs, Some(&b));
-            let fast = linear.forward(&x, rows);
             let plain = linear.reference(&x, rows);
             // Independent check of the packing: the product from the
             // unpacked weights, in f64.
@@ -298,14 +400,15 @@ mod tests {
                     exact[r * outputs + o] = acc as f32;
                 }
             }
-            let (e1, e2) = (
-                relative_error(&fast, &exact),
-                relative_error(&plain, &exact),
-            );
-            assert!(
-                e1 < 1e-5 && e2 < 1e-5,
-                "{rows}x{outputs}x{inputs}: simd {e1:e}, plain {e2:e}"
-            );
+            let e = relative_error(&plain, &exact);
+            assert!(e < 1e-5, "{rows}x{outputs}x{inputs}: plain {e:e}");
+            // Every level this machine runs, each packed its own way.
+            for kernels in F32Kernels::all() {
+                let linear = PackedLinear::new_for(kernels, &w, outputs, inputs, Some(&b));
+                let e = relative_error(&linear.forward(&x, rows), &exact);
+                let name = kernels.name();
+                assert!(e < 1e-5, "{rows}x{outputs}x{inputs}: {name} {e:e}");
+            }
         }
     }
 
@@ -323,7 +426,6 @@ mod tests {
             start += len;
         }
         let qkv: Vec<f32> = values(start * 3 * 96, 4).iter().map(|v| v * 3.0).collect();
-        let fast = attention(&qkv, &spans, shape);
         let mut plain = vec![0f32; start * 96];
         for span in &spans {
             reference_attend(
@@ -333,11 +435,14 @@ mod tests {
                 &mut plain[span.start * 96..(span.start + span.len) * 96],
             );
         }
-        let e = relative_error(&fast, &plain);
-        assert!(e < 1e-5, "attention differs by {e:e}");
-        // A sequence of one token attends only to itself: its context is its
-        // own values.
-        assert_eq!(&fast[..96], &qkv[192..288]);
+        for kernels in F32Kernels::all() {
+            let fast = attention_with(kernels, &qkv, &spans, shape);
+            let e = relative_error(&fast, &plain);
+            assert!(e < 1e-5, "{}: attention differs by {e:e}", kernels.name());
+            // A sequence of one token attends only to itself: its context is
+            // its own values.
+            assert_eq!(&fast[..96], &qkv[192..288], "{}", kernels.name());
+        }
     }
 
     #[test]
@@ -352,13 +457,18 @@ mod tests {
                 t.gelu_erf().unwrap().to_vec1::<f32>().unwrap()[0]
             })
             .collect();
-        let mut fast = x.clone();
-        gelu(&mut fast);
-        for ((x, f), e) in x.iter().zip(&fast).zip(&expected) {
-            assert!(
-                (f - e).abs() <= 1e-6 * (1.0 + e.abs()),
-                "gelu({x}) = {f}, expected {e}"
-            );
+        for kernels in F32Kernels::all() {
+            let mut fast = x.clone();
+            gelu_with(kernels, &mut fast);
+            for ((x, f), e) in x.iter().zip(&fast).zip(&expected) {
+                assert!(
+                    (f - e).abs() <= 1e-6 * (1.0 + e.abs()),
+                    "{}: gelu({x}) = {f}, expected {e}",
+                    kernels.name()
+                );
+            }
+        }
+        for (x, e) in x.iter().zip(&expected) {
             assert!(
                 (gelu_scalar(*x) - e).abs() <= 1e-6 * (1.0 + e.abs()),
                 "scalar gelu({x})"

@@ -7,20 +7,30 @@
 //!   BERT encoder, with their plain-Rust references.
 //! - `quantized`: batched matrix products over Q4_1 / Q8_0 blocks, with
 //!   their plain-Rust reference.
-//! - `x86_avx2`: the AVX2 + FMA code for both, the crate's only unsafe
-//!   code, reached through a token that proves the level was detected. On
-//!   other architectures `no_avx2.rs` stands in: its token can never exist.
+//! - `simd` and `f32_kernels`: the vector operations the f32 kernels are
+//!   written over, and the kernels' bodies, written once for every level.
+//! - `x86_avx2` and `x86_avx512`: each level's vector operations (and the
+//!   quantized AVX2 code), the crate's only unsafe code, reached through a
+//!   token that proves the level was detected. On other architectures
+//!   `no_avx2.rs` and `no_avx512.rs` stand in: their tokens never exist.
 //!
 //! Every kernel is tested against its reference at each level the machine
 //! offers (`scripts/test` reruns the model tests at `portable`).
 
 pub mod cpu;
 pub mod encoder;
+mod f32_kernels;
 pub mod quantized;
+mod simd;
 
 #[cfg(target_arch = "x86_64")]
 pub mod x86_avx2;
+#[cfg(target_arch = "x86_64")]
+pub mod x86_avx512;
 
 #[cfg(not(target_arch = "x86_64"))]
 #[path = "no_avx2.rs"]
 pub mod x86_avx2;
+#[cfg(not(target_arch = "x86_64"))]
+#[path = "no_avx512.rs"]
+pub mod x86_avx512;

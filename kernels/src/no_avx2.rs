@@ -25,6 +25,10 @@ impl Avx2 {
         match self {}
     }
 
+    pub fn fma_peak(self, _: usize) -> f32 {
+        match self {}
+    }
+
     pub fn quantized_rows(
         self,
         _: &PackedMatrix,

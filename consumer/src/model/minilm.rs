@@ -152,13 +152,17 @@ impl MiniLm {
 }
 
 impl EmbeddingModel for MiniLm {
-    /// `"sluice-avx2"` (`bert.rs` on the AVX2 kernels), `"sluice-portable"`
-    /// (`bert.rs` on the kernels' plain-Rust references) or `"candle"`
-    /// (candle-transformers).
+    /// `"sluice-avx512"` / `"sluice-avx2"` (`bert.rs` on that level's
+    /// kernels), `"sluice-portable"` (`bert.rs` on the kernels' plain-Rust
+    /// references) or `"candle"` (candle-transformers).
     fn forward_name(&self) -> &'static str {
+        use encoder_kernels::F32Kernels;
         match self.forward {
-            Forward::Packed(_) if encoder_kernels::available() => "sluice-avx2",
-            Forward::Packed(_) => "sluice-portable",
+            Forward::Packed(_) => match F32Kernels::current() {
+                F32Kernels::Avx512(_) => "sluice-avx512",
+                F32Kernels::Avx2(_) => "sluice-avx2",
+                F32Kernels::Reference => "sluice-portable",
+            },
             Forward::Candle(_) => "candle",
         }
     }

@@ -19,7 +19,7 @@ pub use tokenizer::{TextTokenizer, TokenizeError, TokenizedItem};
 
 /// An embedding model: token ids in, one mean-pooled vector per item out.
 pub trait EmbeddingModel: Send {
-    /// Which forward runs (for logs and reports), e.g. `"sluice-avx2"`.
+    /// Which forward runs (for logs and reports), e.g. `"sluice-avx512"`.
     fn forward_name(&self) -> &'static str;
     /// Length of the vectors.
     fn dim(&self) -> usize;

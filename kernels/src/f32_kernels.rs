@@ -1,0 +1,355 @@
+//! The encoder's f32 kernels, written once over [`Simd`] and instantiated per
+//! instruction set by the per-architecture files (`x86_avx2.rs`,
+//! `x86_avx512.rs`) inside their `#[target_feature]` functions. Every
+//! function here is `#[inline(always)]` so that it compiles inside that
+//! caller, to that instruction set; none is called on its own.
+//!
+//! The shapes scale with the vector width: a register tile is `MR` rows by
+//! two vectors (6 x 16 with AVX2, 6 x 32 with AVX-512), keys are scored in
+//! blocks of two vectors, and values are summed 32 head dimensions at a time.
+
+use crate::encoder::{ERF_A, ERF_P, Heads, KC, MC, MR, PackedLinear};
+use crate::simd::Simd;
+
+/// The most columns a register tile has at any level (two AVX-512 vectors).
+const MAX_NR: usize = 32;
+
+/// `out = x W^T + b` for the rows of `x` (`[rows, inputs]`); `w` must be
+/// packed in panels of two of `s`'s vectors.
+#[inline(always)]
+pub(crate) fn linear<S: Simd>(s: S, w: &PackedLinear, x: &[f32], out: &mut [f32]) {
+    let nr = 2 * S::LANES;
+    assert_eq!(w.nr, nr, "weights packed for another vector width");
+    assert!(nr <= MAX_NR);
+    let (inputs, outputs) = (w.inputs, w.outputs);
+    let rows = x.len() / inputs;
+    assert_eq!(x.len(), rows * inputs);
+    assert_eq!(out.len(), rows * outputs);
+    let panels = outputs.div_ceil(nr);
+    let mut packed = vec![0f32; MC * KC];
+    let mut k0 = 0;
+    while k0 < inputs {
+        let kc = KC.min(inputs - k0);
+        let first = k0 == 0;
+        let mut i0 = 0;
+        while i0 < rows {
+            let mc = MC.min(rows - i0);
+            let row_panels = mc.div_ceil(MR);
+            pack_rows(x, inputs, i0, rows, k0, kc, row_panels, &mut packed);
+            for panel in 0..panels {
+                let b = &w.panels[(panel * inputs + k0) * nr..(panel * inputs + k0 + kc) * nr];
+                let bias = &w.bias[panel * nr..(panel + 1) * nr];
+                let cols = nr.min(outputs - panel * nr);
+                for p in 0..row_panels {
+                    let r0 = i0 + p * MR;
+                    let tile_rows = MR.min(rows - r0);
+                    let a = &packed[p * kc * MR..(p + 1) * kc * MR];
+                    let at = r0 * outputs + panel * nr;
+                    if tile_rows == MR && cols == nr {
+                        let c = &mut out[at..at + (MR - 1) * outputs + nr];
+                        tile(s, a, b, c, outputs, first, bias);
+                    } else {
+                        // An edge tile: run the full tile on a copy.
+                        let mut c = [0f32; MR * MAX_NR];
+                        for r in 0..tile_rows {
+                            let src = &out[at + r * outputs..at + r * outputs + cols];
+                            c[r * nr..r * nr + cols].copy_from_slice(src);
+                        }
+                        tile(s, a, b, &mut c[..MR * nr], nr, first, bias);
+                        for r in 0..tile_rows {
+                            let dst = &mut out[at + r * outputs..at + r * outputs + cols];
+                            dst.copy_from_slice(&c[r * nr..r * nr + cols]);
+                        }
+                    }
+                }
+            }
+            i0 += mc;
+        }
+        k0 += kc;
+    }
+}
+
+/// Packs rows `i0..` (up to `row_panels * MR`, zeros past `rows`) and
+/// columns `k0..k0 + kc` of `x` into `MR`-row panels, column-major within
+/// each panel.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn pack_rows(
+    x: &[f32],
+    inputs: usize,
+    i0: usize,
+    rows: usize,
+    k0: usize,
+    kc: usize,
+    row_panels: usize,
+    packed: &mut [f32],
+) {
+    for p in 0..row_panels {
+        let (panel, _) = packed[p * kc * MR..(p + 1) * kc * MR].as_chunks_mut::<MR>();
+        for r in 0..MR {
+            let row = i0 + p * MR + r;
+            if row < rows {
+                let src = &x[row * inputs + k0..row * inputs + k0 + kc];
+                for (step, v) in panel.iter_mut().zip(src) {
+                    step[r] = *v;
+                }
+            } else {
+                panel.iter_mut().for_each(|step| step[r] = 0.0);
+            }
+        }
+    }
+}
+
+/// One `MR x 2 vectors` tile: `c (+)= a b`, starting from the bias when
+/// `first`. `a` is `kc x MR`, `b` is `kc x 2 vectors`, `c` has rows `ldc`
+/// apart.
+#[inline(always)]
+fn tile<S: Simd>(s: S, a: &[f32], b: &[f32], c: &mut [f32], ldc: usize, first: bool, bias: &[f32]) {
+    let lanes = S::LANES;
+    let (a_steps, _) = a.as_chunks::<MR>();
+    let b_steps = b.chunks_exact(2 * lanes);
+    assert_eq!(a_steps.len(), b_steps.len());
+    // MR x 2 accumulators, each kept in a register (the array is unrolled).
+    let z = s.zero();
+    let mut acc = [[z; 2]; MR];
+    for (ak, bk) in a_steps.iter().zip(b_steps) {
+        let (b0, b1) = (s.load(bk), s.load(&bk[lanes..]));
+        for r in 0..MR {
+            let v = s.splat(ak[r]);
+            acc[r][0] = s.mul_add(v, b0, acc[r][0]);
+            acc[r][1] = s.mul_add(v, b1, acc[r][1]);
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        let row = &mut c[r * ldc..r * ldc + 2 * lanes];
+        let start = if first { bias } else { &*row };
+        let (lo, hi) = (s.load(start), s.load(&start[lanes..]));
+        let (lo, hi) = (s.add(lo, acc[0]), s.add(hi, acc[1]));
+        s.store(row, lo);
+        s.store(&mut row[lanes..], hi);
+    }
+}
+
+/// One sequence's attention over its `len` rows of `qkv`, into `out`
+/// (`[len, hidden]`). `head_dim` must be a multiple of 32.
+#[inline(always)]
+pub(crate) fn attend<S: Simd>(s: S, qkv: &[f32], len: usize, shape: Heads, out: &mut [f32]) {
+    let (hidden, hd) = (shape.hidden(), shape.head_dim);
+    let kb = 2 * S::LANES;
+    assert!(hd.is_multiple_of(32));
+    assert_eq!(qkv.len(), len * 3 * hidden);
+    assert_eq!(out.len(), len * hidden);
+    // Per head: queries in blocks of 4, stored dimension-major per block
+    // (`[block][d][4]`, zeros past the end); keys in blocks of two vectors
+    // (`kb`), also dimension-major (`[block][d][kb]`, zeros past the end,
+    // masked out of the softmax); values row-major. All heads are gathered
+    // in one pass over `qkv` (which can outgrow L2), then each head's share
+    // is contiguous.
+    let (lq, lk) = (len.next_multiple_of(4), len.next_multiple_of(kb));
+    let scale = 1.0 / (hd as f32).sqrt();
+    let mut q_heads = vec![0f32; shape.heads * lq * hd];
+    let mut k_heads = vec![0f32; shape.heads * lk * hd];
+    let mut v_heads = vec![0f32; shape.heads * len * hd];
+    let mut scores = vec![0f32; 4 * lk];
+    for (t, row) in qkv.chunks_exact(3 * hidden).enumerate() {
+        let (q_row, rest) = row.split_at(hidden);
+        let (k_row, v_row) = rest.split_at(hidden);
+        for h in 0..shape.heads {
+            let at = h * lq * hd + (t / 4) * 4 * hd + t % 4;
+            for (d, src) in q_row[h * hd..(h + 1) * hd].iter().enumerate() {
+                q_heads[at + d * 4] = src * scale;
+            }
+            let at = h * lk * hd + (t / kb) * kb * hd + t % kb;
+            for (d, src) in k_row[h * hd..(h + 1) * hd].iter().enumerate() {
+                k_heads[at + d * kb] = *src;
+            }
+            let at = (h * len + t) * hd;
+            v_heads[at..at + hd].copy_from_slice(&v_row[h * hd..(h + 1) * hd]);
+        }
+    }
+    for h in 0..shape.heads {
+        let q = &q_heads[h * lq * hd..(h + 1) * lq * hd];
+        let k = &k_heads[h * lk * hd..(h + 1) * lk * hd];
+        let v = &v_heads[h * len * hd..(h + 1) * len * hd];
+        for (block, q_block) in q.chunks_exact(4 * hd).enumerate() {
+            let i0 = block * 4;
+            query_scores(s, q_block, k, lk, &mut scores);
+            let mut inv_sums = [0f32; 4];
+            for (r, row) in scores.chunks_exact_mut(lk).enumerate() {
+                inv_sums[r] = 1.0 / softmax_unnormalized(s, &mut row[..len]);
+            }
+            for pair in 0..2 {
+                let r = 2 * pair;
+                let rows_left = len.saturating_sub(i0 + r).min(2);
+                if rows_left == 0 {
+                    break;
+                }
+                let probs = (
+                    &scores[r * lk..r * lk + len],
+                    &scores[(r + 1) * lk..(r + 1) * lk + len],
+                );
+                let at = (i0 + r) * hidden + h * hd;
+                let dst = &mut out[at..at + (rows_left - 1) * hidden + hd];
+                weighted_values(
+                    s,
+                    probs,
+                    v,
+                    hd,
+                    [inv_sums[r], inv_sums[r + 1]],
+                    dst,
+                    hidden,
+                    rows_left,
+                );
+            }
+        }
+    }
+}
+
+/// Scores of one block of 4 queries (`q`, `[d][4]`, already scaled)
+/// against every key (`k`, `[block][d][2 vectors]`), into `scores` (`4 x lk`).
+#[inline(always)]
+fn query_scores<S: Simd>(s: S, q: &[f32], k: &[f32], lk: usize, scores: &mut [f32]) {
+    let lanes = S::LANES;
+    let (q_steps, _) = q.as_chunks::<4>();
+    let hd = q_steps.len();
+    for (block, k_block) in k.chunks_exact(hd * 2 * lanes).enumerate() {
+        let z = s.zero();
+        let mut acc = [[z; 2]; 4];
+        for (qd, kd) in q_steps.iter().zip(k_block.chunks_exact(2 * lanes)) {
+            let (k0, k1) = (s.load(kd), s.load(&kd[lanes..]));
+            for r in 0..4 {
+                let v = s.splat(qd[r]);
+                acc[r][0] = s.mul_add(v, k0, acc[r][0]);
+                acc[r][1] = s.mul_add(v, k1, acc[r][1]);
+            }
+        }
+        let j = block * 2 * lanes;
+        for (r, [lo, hi]) in acc.into_iter().enumerate() {
+            s.store(&mut scores[r * lk + j..], lo);
+            s.store(&mut scores[r * lk + j + lanes..], hi);
+        }
+    }
+}
+
+/// `row[j] = exp(row[j] - max)`; returns the sum.
+#[inline(always)]
+fn softmax_unnormalized<S: Simd>(s: S, row: &mut [f32]) -> f32 {
+    let lanes = S::LANES;
+    let whole = row.len() / lanes * lanes;
+    let (chunks, tail) = row.split_at_mut(whole);
+    let mut max_v = s.splat(f32::NEG_INFINITY);
+    for chunk in chunks.chunks_exact(lanes) {
+        max_v = s.max(max_v, s.load(chunk));
+    }
+    let max = tail.iter().fold(s.max_lane(max_v), |m, v| m.max(*v));
+    let max_v = s.splat(max);
+    let mut sum_v = s.zero();
+    for chunk in chunks.chunks_exact_mut(lanes) {
+        let e = exp(s, s.sub(s.load(chunk), max_v));
+        s.store(chunk, e);
+        sum_v = s.add(sum_v, e);
+    }
+    let mut sum = s.sum(sum_v);
+    for v in tail {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    sum
+}
+
+/// `rows` (1 or 2) context rows: `dst[r] = inv_sum[r] * sum_j probs[r][j] v[j]`,
+/// head_dim in chunks of 32 (`32 / LANES` vectors); `dst` rows are `ld` apart.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn weighted_values<S: Simd>(
+    s: S,
+    probs: (&[f32], &[f32]),
+    v: &[f32],
+    hd: usize,
+    inv_sum: [f32; 2],
+    dst: &mut [f32],
+    ld: usize,
+    rows: usize,
+) {
+    let lanes = S::LANES;
+    let n = 32 / lanes;
+    assert!((1..=2).contains(&rows));
+    assert!(n <= 4 && n * lanes == 32);
+    for c in (0..hd).step_by(32) {
+        let z = s.zero();
+        let (mut a, mut b) = ([z; 4], [z; 4]);
+        for ((p, q), row) in probs.0.iter().zip(probs.1).zip(v.chunks_exact(hd)) {
+            let values = &row[c..c + 32];
+            let (pa, pb) = (s.splat(*p), s.splat(*q));
+            for t in 0..n {
+                let x = s.load(&values[t * lanes..]);
+                a[t] = s.mul_add(pa, x, a[t]);
+                b[t] = s.mul_add(pb, x, b[t]);
+            }
+        }
+        for (r, acc) in [a, b].iter().take(rows).enumerate() {
+            let scale = s.splat(inv_sum[r]);
+            for (t, acc) in acc.iter().take(n).enumerate() {
+                s.store(&mut dst[r * ld + c + t * lanes..], s.mul(scale, *acc));
+            }
+        }
+    }
+}
+
+/// erf GELU in place, a vector at a time (`gelu_scalar` for the tail).
+#[inline(always)]
+pub(crate) fn gelu<S: Simd>(s: S, x: &mut [f32]) {
+    let lanes = S::LANES;
+    let (half, one) = (s.splat(0.5), s.splat(1.0));
+    let whole = x.len() / lanes * lanes;
+    let (chunks, tail) = x.split_at_mut(whole);
+    for chunk in chunks.chunks_exact_mut(lanes) {
+        let v = s.load(chunk);
+        let az = s.abs(s.mul(v, s.splat(std::f32::consts::FRAC_1_SQRT_2)));
+        let t = s.div(one, s.mul_add(s.splat(ERF_P), az, one));
+        let mut poly = s.splat(ERF_A[4]);
+        for a in ERF_A[..4].iter().rev() {
+            poly = s.mul_add(poly, t, s.splat(*a));
+        }
+        poly = s.mul(poly, t);
+        let e = exp(s, s.neg(s.mul(az, az)));
+        let erf = s.with_sign_of(s.neg_mul_add(poly, e, one), v);
+        s.store(chunk, s.mul(s.mul(half, v), s.add(one, erf)));
+    }
+    for v in tail {
+        *v = crate::encoder::gelu_scalar(*v);
+    }
+}
+
+/// `e^x` to about 2 ulp over the f32 range (`0` below -87.3): `x = n ln2 +
+/// r`, a degree-6 polynomial in `r`, scaled by `2^n` in the exponent.
+#[inline(always)]
+fn exp<S: Simd>(s: S, x: S::F) -> S::F {
+    let x = s.min(x, s.splat(88.37));
+    let n = s.round(s.mul(x, s.splat(std::f32::consts::LOG2_E)));
+    let r = s.neg_mul_add(n, s.splat(0.693_145_75), x);
+    let r = s.neg_mul_add(n, s.splat(1.428_606_8e-6), r);
+    let mut p = s.splat(1.0 / 720.0);
+    for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        p = s.mul_add(p, r, s.splat(c));
+    }
+    // Below -87.33, n would leave the exponent's range: the result is 0.
+    let n = s.max(n, s.splat(-126.0));
+    s.zero_where_below(x, s.splat(-87.33), s.mul(p, s.pow2(n)))
+}
+
+/// The peak loop: `iters` rounds of 12 independent vector FMAs (enough
+/// chains to cover the FMA latency on two ports). Returns a value that
+/// depends on every lane, so nothing is optimized away. FLOPs: `iters * 12 *
+/// LANES * 2`.
+#[inline(always)]
+pub(crate) fn fma_peak<S: Simd>(s: S, iters: usize) -> f32 {
+    let mut acc = [s.splat(1.0); 12];
+    let (a, b) = (s.splat(0.999_999), s.splat(1e-7));
+    for _ in 0..iters {
+        for x in &mut acc {
+            *x = s.mul_add(*x, a, b);
+        }
+    }
+    acc.iter().map(|v| s.sum(*v)).sum()
+}
