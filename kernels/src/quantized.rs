@@ -10,9 +10,9 @@
 //! each block's integer dot product is scaled into an f32 accumulator. Weight
 //! scales are converted from f16 to f32 once, at load.
 //!
-//! The SIMD code is in `x86_avx2.rs` (the only file with unsafe code).
-//! [`reference_matmul`] is the same arithmetic in plain Rust; the tests hold
-//! the two together.
+//! The SIMD code is in `x86_avx2.rs` (AVX2 only so far; it also runs at the
+//! `avx512` level). [`reference_matmul`] is the same arithmetic in plain
+//! Rust; the tests hold the two together.
 
 use rayon::prelude::*;
 
