@@ -201,7 +201,9 @@ impl Simd for Avx2 {
 mod quantized {
     use std::arch::x86_64::*;
 
+    use super::Avx2;
     use crate::quantized::{Packed, PackedMatrix, QuantizedRows};
+    use crate::simd::Simd;
 
     /// Rows `first..first + rows` of `W x` into `out` (`[rows, tokens]`):
     /// tiles of 2 rows x 4 tokens (each weight block unpacked once for 4
@@ -374,13 +376,12 @@ mod quantized {
         acc
     }
 
+    /// The lanes' sum: the `Simd` one (this module's callers are AVX2 code,
+    /// which is what an `Avx2` proves).
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     fn hsum(v: __m256) -> f32 {
-        let sum4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let sum2 = _mm_add_ps(sum4, _mm_movehl_ps(sum4, sum4));
-        let sum1 = _mm_add_ss(sum2, _mm_movehdup_ps(sum2));
-        _mm_cvtss_f32(sum1)
+        Avx2(()).sum(v)
     }
 
     #[target_feature(enable = "avx2,fma")]

@@ -109,10 +109,12 @@ async fn process(
     trace: &JobTrace,
 ) -> Result<Finished, JobError> {
     let limits = &shared.limits;
-    // Even a job that fails to decode (or is too large) is answered under an
-    // id when the body or the Nats-Msg-Id header holds one.
-    delivery.job_id = job_id_of(&msg.payload, header(msg, headers::MSG_ID).as_deref());
+    // A message that is too large or fails to decode is still answered
+    // under an id when the body or its Nats-Msg-Id holds one. Read only on
+    // those paths: a valid job's id comes from its decode (one JSON parse).
+    let bad_message_id = || job_id_of(&msg.payload, header(msg, headers::MSG_ID).as_deref());
     if msg.payload.len() as u64 > limits.max_input_bytes {
+        delivery.job_id = bad_message_id();
         return Err(JobError::new(
             ErrorCode::InputTooLarge,
             format!(
@@ -122,7 +124,13 @@ async fn process(
             ),
         ));
     }
-    let ValidJob { task, job } = sluice_schemas::Job::decode(&msg.payload)?;
+    let ValidJob { task, job } = match sluice_schemas::Job::decode(&msg.payload) {
+        Ok(valid) => valid,
+        Err(e) => {
+            delivery.job_id = bad_message_id();
+            return Err(e.into());
+        }
+    };
     delivery.job_id = Some(job.id.clone());
     delivery.task = Some(task);
     let serves = shared.engine.task();

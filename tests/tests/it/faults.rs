@@ -35,6 +35,26 @@ async fn publish(d: &Deployment, prefix: &str, n: usize) -> Vec<String> {
     ids
 }
 
+/// Jobs `consumers` have finished between them.
+fn jobs_ok(consumers: &[&sluice_consumer::Running]) -> u64 {
+    consumers
+        .iter()
+        .map(|c| c.stats.jobs_ok.load(std::sync::atomic::Ordering::Relaxed))
+        .sum()
+}
+
+/// Waits (up to 300 s) until `consumers` have finished `n` jobs between
+/// them: the fault then strikes mid-run.
+async fn wait_jobs_ok(consumers: &[&sluice_consumer::Running], n: u64) {
+    let ok = read_until(
+        Duration::from_secs(300),
+        || async { jobs_ok(consumers) },
+        |got| *got >= n,
+    )
+    .await;
+    assert!(ok >= n, "only {ok} jobs done within 300 s");
+}
+
 /// Waits until the job stream is empty and nothing is unacked.
 async fn wait_drained(d: &Deployment, timeout: Duration) {
     let until = Instant::now() + timeout;
@@ -170,18 +190,7 @@ async fn s3_down_for_10s_mid_run_loses_nothing() {
     let counter = count_results(d.producer.subscribe_results().await.unwrap());
     let ids = publish(&d, "s3o", 2000).await;
     let consumer = d.start_consumer(&FAULT_ARGS).await.unwrap();
-    let ok = read_until(
-        Duration::from_secs(300),
-        || async {
-            consumer
-                .stats
-                .jobs_ok
-                .load(std::sync::atomic::Ordering::Relaxed)
-        },
-        |n| *n >= 200,
-    )
-    .await;
-    assert!(ok >= 200, "only {ok} jobs done within 300 s");
+    wait_jobs_ok(&[&consumer], 200).await;
     d.servers.s3.stop();
     tokio::time::sleep(Duration::from_secs(10)).await;
     d.servers.s3.restart().await.unwrap();
@@ -209,18 +218,7 @@ async fn nats_restart_mid_run_loses_nothing() {
     let counter = count_results(d.producer.subscribe_results().await.unwrap());
     let ids = publish(&d, "natsr", 2000).await;
     let consumer = d.start_consumer(&FAULT_ARGS).await.unwrap();
-    let ok = read_until(
-        Duration::from_secs(300),
-        || async {
-            consumer
-                .stats
-                .jobs_ok
-                .load(std::sync::atomic::Ordering::Relaxed)
-        },
-        |n| *n >= 300,
-    )
-    .await;
-    assert!(ok >= 300, "only {ok} jobs done within 300 s");
+    wait_jobs_ok(&[&consumer], 300).await;
     d.servers.nats.restart().await.unwrap();
     wait_drained(&d, Duration::from_secs(600)).await;
     // Results published while the subscriber reconnected are gone (core
@@ -317,12 +315,8 @@ async fn stream_leader_killed_mid_run_on_a_three_node_cluster_loses_nothing() {
     let ids = publish(&d, "cluster", 2000).await;
     let a = d.start_consumer(&FAULT_ARGS).await.unwrap();
     let b = d.start_consumer(&FAULT_ARGS).await.unwrap();
-    let done = || {
-        a.stats.jobs_ok.load(std::sync::atomic::Ordering::Relaxed)
-            + b.stats.jobs_ok.load(std::sync::atomic::Ordering::Relaxed)
-    };
-    let ok = read_until(Duration::from_secs(300), || async { done() }, |n| *n >= 300).await;
-    assert!(ok >= 300, "only {ok} jobs done within 300 s");
+    let done = || jobs_ok(&[&a, &b]);
+    wait_jobs_ok(&[&a, &b], 300).await;
     // Kill the job stream's leader mid-run, then bring it back.
     let info = stream.info().await.unwrap().clone();
     let leader = info
