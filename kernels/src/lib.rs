@@ -5,6 +5,9 @@
 //!   (`SLUICE_CPU_KERNELS` may lower it, never raise it).
 //! - `encoder`: the packed f32 matrix product, attention and GELU of the
 //!   BERT encoder, with their plain-Rust references.
+//! - `decoder`: the f32 pieces of a llama step between its matrix products
+//!   (RMS norm, rotary embeddings, causal attention against KV caches,
+//!   SwiGLU), in plain Rust.
 //! - `quantized`: batched matrix products over Q4_1 / Q8_0 blocks, with
 //!   their plain-Rust reference.
 //! - `simd` and `f32_kernels`: the vector operations the f32 kernels are
@@ -18,10 +21,13 @@
 //! offers (`scripts/test` reruns the model tests at `portable`).
 
 pub mod cpu;
+pub mod decoder;
 pub mod encoder;
 mod f32_kernels;
 pub mod quantized;
 mod simd;
+#[cfg(test)]
+mod test_values;
 
 #[cfg(target_arch = "x86_64")]
 pub mod x86_avx2;

@@ -128,8 +128,64 @@ impl PackedMatrix {
         })
     }
 
+    /// The matrices' rows one after another, as one matrix (so that one
+    /// product, one quantization of the input and one parallel region serve
+    /// them all: Q, K and V; gate and up). `None` unless all have the same
+    /// inputs and block type.
+    pub fn stack(parts: &[&PackedMatrix]) -> Option<PackedMatrix> {
+        let first = parts.first()?;
+        let (cols, blocks) = (first.cols, first.blocks);
+        if parts.iter().any(|p| p.cols != cols) {
+            return None;
+        }
+        let weights = match &first.weights {
+            Packed::Q4_1 { .. } => {
+                let (mut d, mut m, mut qs) = (Vec::new(), Vec::new(), Vec::new());
+                for p in parts {
+                    let Packed::Q4_1 {
+                        d: pd,
+                        m: pm,
+                        qs: pq,
+                    } = &p.weights
+                    else {
+                        return None;
+                    };
+                    d.extend_from_slice(pd);
+                    m.extend_from_slice(pm);
+                    qs.extend_from_slice(pq);
+                }
+                Packed::Q4_1 { d, m, qs }
+            }
+            Packed::Q8_0 { .. } => {
+                let (mut d, mut qs) = (Vec::new(), Vec::new());
+                for p in parts {
+                    let Packed::Q8_0 { d: pd, qs: pq } = &p.weights else {
+                        return None;
+                    };
+                    d.extend_from_slice(pd);
+                    qs.extend_from_slice(pq);
+                }
+                Packed::Q8_0 { d, qs }
+            }
+        };
+        Some(PackedMatrix {
+            rows: parts.iter().map(|p| p.rows).sum(),
+            cols,
+            blocks,
+            weights,
+        })
+    }
+
     pub fn rows(&self) -> usize {
         self.rows
+    }
+
+    /// The block type the weights are held in.
+    pub fn block_type(&self) -> BlockType {
+        match self.weights {
+            Packed::Q4_1 { .. } => BlockType::Q4_1,
+            Packed::Q8_0 { .. } => BlockType::Q8_0,
+        }
     }
 
     pub fn cols(&self) -> usize {
@@ -258,6 +314,7 @@ mod tests {
     use candle_core::{Device, Tensor};
 
     use super::*;
+    use crate::test_values::values;
 
     fn pack(q: &QTensor) -> Option<PackedMatrix> {
         let (rows, cols) = q.shape().dims2().unwrap();
@@ -267,19 +324,6 @@ mod tests {
             _ => return None,
         };
         PackedMatrix::from_blocks(kind, rows, cols, &q.data().unwrap())
-    }
-
-    /// A deterministic pseudo-random matrix in [-1, 1).
-    fn values(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-            })
-            .collect()
     }
 
     /// The SIMD kernels equal the plain-Rust arithmetic, for both weight
@@ -374,6 +418,41 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A stacked matrix's product is its parts' products side by side,
+    /// exactly; parts of other types or widths are not stacked.
+    #[test]
+    fn a_stack_multiplies_as_its_parts() {
+        let cols = 64;
+        for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0] {
+            let part = |rows: usize, seed: u64| {
+                let t = Tensor::from_vec(values(rows * cols, seed), (rows, cols), &Device::Cpu)
+                    .unwrap();
+                pack(&QTensor::quantize(&t, dtype).unwrap()).unwrap()
+            };
+            let (a, b, c) = (part(12, 1), part(4, 2), part(8, 3));
+            let stacked = PackedMatrix::stack(&[&a, &b, &c]).unwrap();
+            assert_eq!((stacked.rows(), stacked.cols()), (24, cols));
+            let x = values(3 * cols, 9);
+            let all = stacked.matmul(&x, 3);
+            let parts = [a.matmul(&x, 3), b.matmul(&x, 3), c.matmul(&x, 3)];
+            for t in 0..3 {
+                let joined: Vec<f32> = parts
+                    .iter()
+                    .zip([12, 4, 8])
+                    .flat_map(|(p, rows)| p[t * rows..(t + 1) * rows].to_vec())
+                    .collect();
+                assert_eq!(&all[t * 24..(t + 1) * 24], &joined[..]);
+            }
+        }
+        let t = Tensor::from_vec(values(4 * cols, 1), (4, cols), &Device::Cpu).unwrap();
+        let q4 = pack(&QTensor::quantize(&t, GgmlDType::Q4_1).unwrap()).unwrap();
+        let q8 = pack(&QTensor::quantize(&t, GgmlDType::Q8_0).unwrap()).unwrap();
+        assert!(PackedMatrix::stack(&[&q4, &q8]).is_none());
+        let t2 = Tensor::from_vec(values(4 * 32, 1), (4, 32), &Device::Cpu).unwrap();
+        let narrow = pack(&QTensor::quantize(&t2, GgmlDType::Q4_1).unwrap()).unwrap();
+        assert!(PackedMatrix::stack(&[&q4, &narrow]).is_none());
     }
 
     #[test]

@@ -14,7 +14,7 @@ use anyhow::{Context, Result};
 use candle_core::Device;
 use sluice_consumer::model::generation::{GenerationParams, Generator};
 use sluice_consumer::model::gguf_tokenizer::ChatMessage;
-use sluice_consumer::model::llama::{Llama, WeightFormat};
+use sluice_consumer::model::llama::{Llama, StepChoice, WeightFormat};
 
 /// The prompts, cycled to the concurrency (the bench script uses the same).
 const PROMPTS: [&str; 4] = [
@@ -56,7 +56,25 @@ fn main() -> Result<()> {
         {
             continue;
         }
-        run(path, prompts_out, name, format, new_tokens, &levels)?;
+        // BENCH_STEPS=fastest,candle also runs the candle step (the step
+        // before the host step existed), to compare the two in one run.
+        let steps = std::env::var("BENCH_STEPS").unwrap_or_else(|_| "fastest".into());
+        for step in steps.split(',') {
+            let (label, choice) = match step {
+                "fastest" => (name.to_string(), StepChoice::Fastest),
+                "candle" => (format!("{name}, candle step"), StepChoice::Candle),
+                other => anyhow::bail!("BENCH_STEPS: unknown step {other:?} (fastest, candle)"),
+            };
+            run(
+                path,
+                prompts_out,
+                &label,
+                format,
+                choice,
+                new_tokens,
+                &levels,
+            )?;
+        }
     }
     Ok(())
 }
@@ -66,10 +84,13 @@ fn run(
     prompts_out: &str,
     name: &str,
     format: WeightFormat,
+    step: StepChoice,
     new_tokens: usize,
     levels: &[usize],
 ) -> Result<()> {
-    let (model, tokenizer) = Llama::load(std::path::Path::new(path), format, &Device::Cpu)?;
+    let (model, tokenizer) =
+        Llama::load_with(std::path::Path::new(path), format, &Device::Cpu, step)?;
+    eprintln!("bench-generate: {name}: the {} step", model.forward_name());
     let prompt = |i: usize| {
         tokenizer.encode(&tokenizer.chat_prompt(&[ChatMessage {
             role: "user".into(),

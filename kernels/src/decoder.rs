@@ -1,0 +1,298 @@
+//! The f32 pieces of a llama decoder step on plain buffers, between the
+//! quantized matrix products ([`crate::quantized`]): RMS norm, interleaved
+//! rotary embeddings, causal attention of a sequence's new tokens against
+//! its KV cache (grouped-query heads), and the SwiGLU product.
+//!
+//! They are plain Rust, built at `opt-level = 3` for every CPU (the compiler
+//! vectorizes the inner loops for the baseline instruction set); the step's
+//! time is in the matrix products, not here. Each token's result depends on
+//! its own row and its own sequence's cache only, so a token's logits do not
+//! depend on the other sequences of its step (batch invariance).
+
+use rayon::prelude::*;
+
+/// `out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * weight` for each row `t` of
+/// `x` (`[tokens, weight.len()]`).
+pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let dim = weight.len();
+    assert_eq!(x.len(), out.len());
+    for (row, dst) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
+        let scale = 1.0 / (sum_squares(row) / dim as f32 + eps).sqrt();
+        for ((d, v), w) in dst.iter_mut().zip(row).zip(weight) {
+            *d = v * scale * w;
+        }
+    }
+}
+
+/// Sum of squares in eight interleaved partial sums (vectorizable).
+fn sum_squares(x: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let chunks = x.chunks_exact(8);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (a, v) in acc.iter_mut().zip(c) {
+            *a += v * v;
+        }
+    }
+    acc.iter().sum::<f32>() + rest.iter().map(|v| v * v).sum::<f32>()
+}
+
+/// `a . b` in eight interleaved partial sums (vectorizable).
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let rest: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    acc.iter().sum::<f32>() + rest
+}
+
+/// Rotary position embedding in the interleaved (pairwise) layout, in place
+/// on one head's vector: pair `(x[2i], x[2i + 1])` turns by the angle whose
+/// cosine and sine are `cos[i]` and `sin[i]` (candle's `rope_i`).
+pub fn rope_interleaved(x: &mut [f32], cos: &[f32], sin: &[f32]) {
+    for ((pair, c), s) in x.chunks_exact_mut(2).zip(cos).zip(sin) {
+        let (a, b) = (pair[0], pair[1]);
+        pair[0] = a * c - b * s;
+        pair[1] = a * s + b * c;
+    }
+}
+
+/// `silu(gate) * up` per row of `gate_up` (`[tokens, 2 * ffn]`, each row the
+/// gate's `ffn` values then the up projection's), as `[tokens, ffn]`.
+pub fn swiglu(gate_up: &[f32], ffn: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(gate_up.len() / 2);
+    for row in gate_up.chunks_exact(2 * ffn) {
+        let (gate, up) = row.split_at(ffn);
+        out.extend(gate.iter().zip(up).map(|(g, u)| g / (1.0 + (-g).exp()) * u));
+    }
+    out
+}
+
+/// The shape of a decoder's attention.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecoderHeads {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// One sequence's part in a step's attention: its queries, its cache, and
+/// where its new tokens go.
+pub struct SequenceAttention<'a> {
+    /// Queries of the sequence's new tokens, `[tokens, heads * head_dim]`,
+    /// rotated already.
+    pub queries: &'a [f32],
+    /// The sequence's keys and values for this layer, each `[kv_heads,
+    /// capacity, head_dim]`, holding the new tokens already.
+    pub keys: &'a [f32],
+    pub values: &'a [f32],
+    pub capacity: usize,
+    /// Position of the first new token (the tokens cached before it).
+    pub start: usize,
+}
+
+/// Causal attention for every sequence of a step: token `i` of a sequence
+/// (at position `start + i`) attends to the sequence's positions up to its
+/// own. Returns the contexts, `[all new tokens, heads * head_dim]`, in the
+/// sequences' order. Work items (token, head) run on the rayon pool when a
+/// step has enough of them to pay for the hand-off.
+pub fn causal_attention(shape: DecoderHeads, sequences: &[SequenceAttention<'_>]) -> Vec<f32> {
+    let DecoderHeads {
+        heads,
+        kv_heads,
+        head_dim,
+    } = shape;
+    assert!(kv_heads > 0 && heads.is_multiple_of(kv_heads));
+    let width = heads * head_dim;
+    // (sequence, token) pairs in output order.
+    let mut rows = Vec::new();
+    let mut scored = 0usize;
+    for (s, seq) in sequences.iter().enumerate() {
+        let tokens = seq.queries.len() / width;
+        assert_eq!(seq.queries.len(), tokens * width);
+        assert!(seq.start + tokens <= seq.capacity);
+        assert_eq!(seq.keys.len(), kv_heads * seq.capacity * head_dim);
+        assert_eq!(seq.values.len(), seq.keys.len());
+        for i in 0..tokens {
+            rows.push((s, i));
+            scored += seq.start + i + 1;
+        }
+    }
+    let mut out = vec![0f32; rows.len() * width];
+    let attend_row = |(&(s, i), ctx): (&(usize, usize), &mut [f32])| {
+        let seq = &sequences[s];
+        let len = seq.start + i + 1;
+        let mut scores = Vec::with_capacity(len);
+        for h in 0..heads {
+            let g = h / (heads / kv_heads);
+            let cached = g * seq.capacity * head_dim..(g * seq.capacity + len) * head_dim;
+            let q = &seq.queries[i * width + h * head_dim..i * width + (h + 1) * head_dim];
+            attend(
+                q,
+                &seq.keys[cached.clone()],
+                &seq.values[cached],
+                &mut scores,
+                &mut ctx[h * head_dim..(h + 1) * head_dim],
+            );
+        }
+    };
+    // About 4 * head_dim flops per (head, position) scored.
+    if scored * heads * head_dim * 4 >= 1 << 18 {
+        rows.par_iter()
+            .zip(out.par_chunks_mut(width))
+            .for_each(attend_row);
+    } else {
+        rows.iter().zip(out.chunks_mut(width)).for_each(attend_row);
+    }
+    out
+}
+
+/// One query head against `keys` and `values` (`[len, head_dim]` each):
+/// `out = softmax(q . k / sqrt(head_dim)) v`.
+fn attend(q: &[f32], keys: &[f32], values: &[f32], scores: &mut Vec<f32>, out: &mut [f32]) {
+    let dim = q.len();
+    let scale = 1.0 / (dim as f32).sqrt();
+    scores.clear();
+    scores.extend(keys.chunks_exact(dim).map(|k| dot(q, k) * scale));
+    let max = scores.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));
+    let mut sum = 0f32;
+    for v in scores.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    out.fill(0.0);
+    for (p, v) in scores.iter().zip(values.chunks_exact(dim)) {
+        let p = p * inv;
+        for (o, x) in out.iter_mut().zip(v) {
+            *o += p * x;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_values::values;
+
+    #[test]
+    fn rms_norm_scales_each_row_to_unit_rms() {
+        let x = values(3 * 40, 1);
+        let w: Vec<f32> = (0..40).map(|i| 0.5 + i as f32 / 40.0).collect();
+        let mut out = vec![0f32; x.len()];
+        rms_norm(&x, &w, 1e-5, &mut out);
+        for (row, o) in x.chunks(40).zip(out.chunks(40)) {
+            let ms: f64 = row.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>() / 40.0;
+            let s = 1.0 / (ms + 1e-5).sqrt();
+            for j in 0..40 {
+                let want = f64::from(row[j]) * s * f64::from(w[j]);
+                assert!((f64::from(o[j]) - want).abs() < 1e-5, "{} vs {want}", o[j]);
+            }
+        }
+    }
+
+    #[test]
+    fn rope_turns_pairs_and_keeps_their_length() {
+        let mut x = vec![1.0, 0.0, 3.0, 4.0];
+        let (c, s) = (std::f32::consts::FRAC_PI_2.cos(), 1f32);
+        rope_interleaved(&mut x, &[c, 1.0], &[s, 0.0]);
+        assert!((x[0] - c).abs() < 1e-6 && (x[1] - 1.0).abs() < 1e-6);
+        assert_eq!(&x[2..], &[3.0, 4.0]);
+    }
+
+    #[test]
+    fn swiglu_is_silu_of_gate_times_up() {
+        let gu = vec![0.0, 2.0, 5.0, 3.0];
+        let out = swiglu(&gu, 2);
+        assert_eq!(out[0], 0.0);
+        let silu2 = 2.0 / (1.0 + (-2f32).exp());
+        assert!((out[1] - silu2 * 3.0).abs() < 1e-6);
+    }
+
+    /// Against a plain softmax in f64, for a prompt chunk after a cached
+    /// prefix, beside a one-token sequence, large enough to run in parallel
+    /// and small enough not to; each sequence's contexts are the same
+    /// whichever sequences share its step.
+    #[test]
+    fn causal_attention_matches_the_plain_softmax_per_sequence() {
+        let shape = DecoderHeads {
+            heads: 6,
+            kv_heads: 2,
+            head_dim: 16,
+        };
+        let width = 6 * 16;
+        for (cap, start, tokens) in [(12, 3, 5), (300, 20, 200)] {
+            let keys = values(2 * cap * 16, 2);
+            let vals = values(2 * cap * 16, 3);
+            let queries = values(tokens * width, 4);
+            let other_q = values(width, 5);
+            let a = SequenceAttention {
+                queries: &queries,
+                keys: &keys,
+                values: &vals,
+                capacity: cap,
+                start,
+            };
+            let b = SequenceAttention {
+                queries: &other_q,
+                keys: &keys,
+                values: &vals,
+                capacity: cap,
+                start: 0,
+            };
+            let both = causal_attention(shape, &[a, b]);
+            let alone = causal_attention(
+                shape,
+                &[SequenceAttention {
+                    queries: &queries,
+                    keys: &keys,
+                    values: &vals,
+                    capacity: cap,
+                    start,
+                }],
+            );
+            assert_eq!(&both[..tokens * width], &alone[..]);
+            // The one-token sequence at position 0 sees only its own value.
+            for h in 0..6 {
+                let g = h / 3;
+                let v0 = &vals[g * cap * 16..g * cap * 16 + 16];
+                let got = &both[tokens * width + h * 16..tokens * width + (h + 1) * 16];
+                for (x, y) in got.iter().zip(v0) {
+                    assert!((x - y).abs() < 1e-6);
+                }
+            }
+            for i in 0..tokens {
+                for h in 0..6 {
+                    let g = h / 3;
+                    let q = &queries[i * width + h * 16..i * width + (h + 1) * 16];
+                    let len = start + i + 1;
+                    let s: Vec<f64> = (0..len)
+                        .map(|j| {
+                            let k = &keys[(g * cap + j) * 16..(g * cap + j + 1) * 16];
+                            q.iter().zip(k).map(|(a, b)| f64::from(a * b)).sum::<f64>() / 4.0
+                        })
+                        .collect();
+                    let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let e: Vec<f64> = s.iter().map(|v| (v - m).exp()).collect();
+                    let z: f64 = e.iter().sum();
+                    for d in 0..16 {
+                        let want: f64 = (0..len)
+                            .map(|j| e[j] / z * f64::from(vals[(g * cap + j) * 16 + d]))
+                            .sum();
+                        let got = f64::from(both[i * width + h * 16 + d]);
+                        assert!((got - want).abs() < 1e-5, "{got} vs {want}");
+                    }
+                }
+            }
+        }
+    }
+}
