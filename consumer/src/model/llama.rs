@@ -120,19 +120,20 @@ impl LlamaConfig {
 /// on 2 CPU cores; see the README's generation benchmark).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WeightFormat {
-    /// As stored in the GGUF. The least memory, but candle has no SIMD
-    /// kernel for Q4_1 on x86, so every product is scalar: the slowest.
+    /// As stored in the GGUF. The least memory; on the host step the fewest
+    /// bytes read per token, so the fastest single-sequence decode, but each
+    /// Q4_1 block costs more arithmetic than a Q8_0 one, so prompts and
+    /// batched decoding are slower than Q8_0's.
     AsStored,
-    /// Requantized to Q8_0 at load: about 1.7x the memory of Q4_1 and about
-    /// 3x its decoding speed (candle's AVX2 Q8_0 kernel). Each token of a
-    /// step still costs a full pass of vector products, so batching gains
-    /// little.
+    /// Requantized to Q8_0 at load: about 1.7x the memory of Q4_1, the
+    /// fastest prompts and batched decoding (the default: a consumer decodes
+    /// many sequences together).
     #[default]
     Q8_0,
-    /// Dense f32, stored transposed so a step is one matrix-matrix product:
-    /// about 5.5x the memory of Q4_1; one sequence is bound by memory
-    /// bandwidth (slow), but the weights are read once per step, so
-    /// throughput grows with the sequences batched.
+    /// Dense f32, stored transposed so a step is one matrix-matrix product
+    /// (always the candle step): about 5.5x the memory of Q4_1; one sequence
+    /// is bound by memory bandwidth (slow), but the weights are read once
+    /// per step, so throughput grows with the sequences batched.
     F32,
 }
 
