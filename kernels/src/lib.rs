@@ -10,11 +10,13 @@
 //!   SwiGLU), in plain Rust.
 //! - `quantized`: batched matrix products over Q4_1 / Q8_0 blocks, with
 //!   their plain-Rust reference.
-//! - `simd` and `f32_kernels`: the vector operations the f32 kernels are
-//!   written over, and the kernels' bodies, written once for every level.
-//! - `x86_avx2` and `x86_avx512`: each level's vector operations (and the
-//!   quantized AVX2 code), the crate's only unsafe code, reached through a
-//!   token that proves the level was detected. On other architectures
+//! - `simd`, `f32_kernels` and `quantized_kernels`: the vector operations
+//!   the kernels are written over (`Simd` for f32, `Int8Simd` for 8-bit
+//!   blocks), and the kernels' bodies, written once for every level.
+//! - `x86_avx2` and `x86_avx512`: each level's vector operations (f32 and
+//!   8-bit) and the `#[target_feature]` functions that compile the generic
+//!   bodies for it, the crate's only unsafe code, reached through a token
+//!   that proves the level was detected. On other architectures
 //!   `no_avx2.rs` and `no_avx512.rs` stand in: their tokens never exist.
 //!
 //! Every kernel is tested against its reference at each level the machine
@@ -25,6 +27,7 @@ pub mod decoder;
 pub mod encoder;
 mod f32_kernels;
 pub mod quantized;
+mod quantized_kernels;
 mod simd;
 #[cfg(test)]
 mod test_values;

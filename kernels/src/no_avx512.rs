@@ -2,6 +2,7 @@
 //! value, so the kernels take another level.
 
 use crate::encoder::{Heads, PackedLinear};
+use crate::quantized::{PackedMatrix, QuantizedRows};
 
 /// Never made: no AVX-512 here.
 #[derive(Clone, Copy, Debug)]
@@ -25,6 +26,48 @@ impl Avx512 {
     }
 
     pub fn fma_peak(self, _: usize) -> f32 {
+        match self {}
+    }
+}
+
+/// Never made: no AVX-512 here.
+#[derive(Clone, Copy, Debug)]
+pub enum Avx512Bw {}
+
+/// Never made: no AVX-512 here.
+#[derive(Clone, Copy, Debug)]
+pub enum Avx512Vnni {}
+
+impl Avx512Bw {
+    pub fn get() -> Option<Avx512Bw> {
+        None
+    }
+
+    pub fn quantized_rows(
+        self,
+        _: &PackedMatrix,
+        _: &QuantizedRows,
+        _: usize,
+        _: usize,
+        _: &mut [f32],
+    ) {
+        match self {}
+    }
+}
+
+impl Avx512Vnni {
+    pub fn get() -> Option<Avx512Vnni> {
+        None
+    }
+
+    pub fn quantized_rows(
+        self,
+        _: &PackedMatrix,
+        _: &QuantizedRows,
+        _: usize,
+        _: usize,
+        _: &mut [f32],
+    ) {
         match self {}
     }
 }

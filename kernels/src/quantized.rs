@@ -10,13 +10,70 @@
 //! each block's integer dot product is scaled into an f32 accumulator. Weight
 //! scales are converted from f16 to f32 once, at load.
 //!
-//! The SIMD code is in `x86_avx2.rs` (AVX2 only so far; it also runs at the
-//! `avx512` level). [`reference_matmul`] is the same arithmetic in plain
-//! Rust; the tests hold the two together.
+//! The SIMD bodies are written once (`quantized_kernels.rs`) and compiled
+//! per level ([`Int8Kernels`]): AVX2 (one block per vector, `maddubs`),
+//! AVX-512BW (two blocks per vector, `maddubs`) and AVX-512 VNNI (two blocks,
+//! `vpdpbusd`), the highest the process runs chosen at run time.
+//! [`reference_matmul`] is the same arithmetic in plain Rust; the tests hold
+//! every level the machine has to it.
 
 use rayon::prelude::*;
 
 use crate::x86_avx2::Avx2;
+use crate::x86_avx512::{Avx512Bw, Avx512Vnni};
+
+/// The 8-bit block products at one instruction-set level.
+#[derive(Clone, Copy, Debug)]
+pub enum Int8Kernels {
+    Reference,
+    Avx2(Avx2),
+    Avx512Bw(Avx512Bw),
+    Avx512Vnni(Avx512Vnni),
+}
+
+impl Int8Kernels {
+    /// The highest level this process runs (see [`crate::cpu`]).
+    pub fn current() -> Int8Kernels {
+        *Int8Kernels::all().last().unwrap_or(&Int8Kernels::Reference)
+    }
+
+    /// Every level this process may run, lowest first, the references
+    /// first of all (for tests that hold each to them).
+    pub fn all() -> Vec<Int8Kernels> {
+        let mut all = vec![Int8Kernels::Reference];
+        all.extend(Avx2::get().map(Int8Kernels::Avx2));
+        all.extend(Avx512Bw::get().map(Int8Kernels::Avx512Bw));
+        all.extend(Avx512Vnni::get().map(Int8Kernels::Avx512Vnni));
+        all
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Int8Kernels::Reference => "reference",
+            Int8Kernels::Avx2(_) => "avx2",
+            Int8Kernels::Avx512Bw(_) => "avx512bw",
+            Int8Kernels::Avx512Vnni(_) => "avx512vnni",
+        }
+    }
+
+    /// Rows `first..first + rows` of `W x` into `out` (`[rows, tokens]`).
+    /// The AVX-512 levels take two blocks at a time: a matrix whose rows
+    /// hold an odd number of blocks runs at AVX2.
+    fn rows(self, w: &PackedMatrix, x: &QuantizedRows, first: usize, rows: usize, out: &mut [f32]) {
+        let even = w.blocks.is_multiple_of(2);
+        match self {
+            Int8Kernels::Avx512Vnni(t) if even => t.quantized_rows(w, x, first, rows, out),
+            Int8Kernels::Avx512Bw(t) if even => t.quantized_rows(w, x, first, rows, out),
+            Int8Kernels::Avx512Vnni(_) | Int8Kernels::Avx512Bw(_) | Int8Kernels::Avx2(_) => {
+                match Avx2::get() {
+                    Some(t) => t.quantized_rows(w, x, first, rows, out),
+                    None => reference_rows(w, x, first, rows, out),
+                }
+            }
+            Int8Kernels::Reference => reference_rows(w, x, first, rows, out),
+        }
+    }
+}
 
 /// Values per quantization block.
 pub(crate) const BLOCK: usize = 32;
@@ -192,9 +249,15 @@ impl PackedMatrix {
         self.cols
     }
 
-    /// `x` is `[tokens, cols]` row-major; returns `[tokens, rows]`.
-    /// Falls back to [`reference_matmul`] on a CPU without AVX2 + FMA.
+    /// `x` is `[tokens, cols]` row-major; returns `[tokens, rows]`, at
+    /// the highest level this process runs ([`Int8Kernels::current`]; the
+    /// plain-Rust arithmetic on a CPU without AVX2 + FMA).
     pub fn matmul(&self, x: &[f32], tokens: usize) -> Vec<f32> {
+        self.matmul_with(Int8Kernels::current(), x, tokens)
+    }
+
+    /// [`PackedMatrix::matmul`] at the given level.
+    pub fn matmul_with(&self, kernels: Int8Kernels, x: &[f32], tokens: usize) -> Vec<f32> {
         let xq = quantize_rows(x, tokens, self.cols);
         // One contiguous share of the output rows per thread (a task per
         // thread: more tasks cost more in hand-offs than they gain), written
@@ -202,14 +265,9 @@ impl PackedMatrix {
         let threads = rayon::current_num_threads().max(1);
         let rows_per_task = self.rows.div_ceil(threads).next_multiple_of(4).max(4);
         let mut transposed = vec![0f32; self.rows * tokens];
-        let simd = Avx2::get();
         let run = |(chunk, out): (usize, &mut [f32])| {
             let first = chunk * rows_per_task;
-            let rows = out.len() / tokens;
-            match simd {
-                Some(avx2) => avx2.quantized_rows(self, &xq, first, rows, out),
-                None => reference_rows(self, &xq, first, rows, out),
-            }
+            kernels.rows(self, &xq, first, out.len() / tokens, out);
         };
         transposed
             .par_chunks_mut(rows_per_task * tokens)
@@ -326,61 +384,108 @@ mod tests {
         PackedMatrix::from_blocks(kind, rows, cols, &q.data().unwrap())
     }
 
-    /// The SIMD kernels equal the plain-Rust arithmetic, for both weight
-    /// types, every tile shape (token counts 1..=9 cover the 4-token tiles
-    /// and the remainders; 70 rows cover the 2- and 4-row tiles, their
-    /// remainders and a partial parallel chunk), and they approximate the
-    /// dense product within the activation quantization's error.
+    /// The SIMD kernels at every level the machine has equal the plain-Rust
+    /// arithmetic, for both weight types, every tile shape (token counts
+    /// 1..=9 cover the 4-token tiles and the remainders; 70 rows cover the
+    /// 2- and 4-row tiles, their remainders and a partial parallel chunk),
+    /// rows of an odd (96 columns: 3 blocks, which the AVX-512 levels hand
+    /// to AVX2) and an even number of blocks (128 columns), and they
+    /// approximate the dense product within the activation quantization's
+    /// error.
     #[test]
     fn kernels_match_the_reference_and_the_dense_product() {
-        let (rows, cols) = (70, 96);
-        let dense = values(rows * cols, 1);
-        let w_tensor = Tensor::from_vec(dense.clone(), (rows, cols), &Device::Cpu).unwrap();
-        for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0] {
-            let q = QTensor::quantize(&w_tensor, dtype).unwrap();
-            let w = pack(&q).unwrap();
-            let dequantized = q.dequantize(&Device::Cpu).unwrap();
-            for tokens in 1..=9 {
-                let x = values(tokens * cols, 7 + tokens as u64);
-                let fast = w.matmul(&x, tokens);
-                let reference = reference_matmul(&w, &x, tokens);
-                for (a, b) in fast.iter().zip(&reference) {
-                    assert!(
-                        (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
-                        "{dtype:?} tokens {tokens}: {a} vs {b}"
-                    );
-                }
-                let xt = Tensor::from_vec(x.clone(), (tokens, cols), &Device::Cpu).unwrap();
-                let exact: Vec<f32> = xt
-                    .matmul(&dequantized.t().unwrap())
-                    .unwrap()
-                    .flatten_all()
-                    .unwrap()
-                    .to_vec1()
-                    .unwrap();
-                // Each activation is off by at most half a step (d / 2, d =
-                // the block's amax / 127) plus the f16 rounding of d over up
-                // to 127 steps (127 d 2^-11): 0.562 d = amax / 226, times
-                // |w|, summed over the row.
+        let rows = 70;
+        for cols in [96, 128] {
+            let dense = values(rows * cols, 1);
+            let w_tensor = Tensor::from_vec(dense.clone(), (rows, cols), &Device::Cpu).unwrap();
+            for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0] {
+                let q = QTensor::quantize(&w_tensor, dtype).unwrap();
+                let w = pack(&q).unwrap();
+                let dequantized = q.dequantize(&Device::Cpu).unwrap();
                 let w_dense: Vec<f32> = dequantized.flatten_all().unwrap().to_vec1().unwrap();
-                for t in 0..tokens {
-                    let xr = &x[t * cols..(t + 1) * cols];
-                    for r in 0..rows {
-                        let bound: f32 = (0..cols)
-                            .map(|c| {
-                                let block = &xr[c / BLOCK * BLOCK..(c / BLOCK + 1) * BLOCK];
-                                let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
-                                w_dense[r * cols + c].abs() * amax / 226.0
-                            })
-                            .sum::<f32>()
-                            + 1e-4;
-                        let (a, b) = (fast[t * rows + r], exact[t * rows + r]);
-                        assert!(
-                            (a - b).abs() <= bound,
-                            "{dtype:?} tokens {tokens} row {r}: {a} vs dense {b} (bound {bound})"
-                        );
+                for tokens in 1..=9 {
+                    let x = values(tokens * cols, 7 + tokens as u64);
+                    let reference = reference_matmul(&w, &x, tokens);
+                    let xt = Tensor::from_vec(x.clone(), (tokens, cols), &Device::Cpu).unwrap();
+                    let exact: Vec<f32> = xt
+                        .matmul(&dequantized.t().unwrap())
+                        .unwrap()
+                        .flatten_all()
+                        .unwrap()
+                        .to_vec1()
+                        .unwrap();
+                    for kernels in Int8Kernels::all() {
+                        let what =
+                            format!("{} {dtype:?} {cols} cols, tokens {tokens}", kernels.name());
+                        let fast = w.matmul_with(kernels, &x, tokens);
+                        for (a, b) in fast.iter().zip(&reference) {
+                            assert!(
+                                (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                                "{what}: {a} vs {b}"
+                            );
+                        }
+                        // Each activation is off by at most half a step (d /
+                        // 2, d = the block's amax / 127) plus the f16
+                        // rounding of d over up to 127 steps (127 d 2^-11):
+                        // 0.562 d = amax / 226, times |w|, summed over the row.
+                        for t in 0..tokens {
+                            let xr = &x[t * cols..(t + 1) * cols];
+                            for r in 0..rows {
+                                let bound: f32 = (0..cols)
+                                    .map(|c| {
+                                        let block = &xr[c / BLOCK * BLOCK..(c / BLOCK + 1) * BLOCK];
+                                        let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+                                        w_dense[r * cols + c].abs() * amax / 226.0
+                                    })
+                                    .sum::<f32>()
+                                    + 1e-4;
+                                let (a, b) = (fast[t * rows + r], exact[t * rows + r]);
+                                assert!(
+                                    (a - b).abs() <= bound,
+                                    "{what} row {r}: {a} vs dense {b} (bound {bound})"
+                                );
+                            }
+                        }
                     }
                 }
+            }
+        }
+    }
+
+    /// At every level a token's outputs are the same bits whichever tokens
+    /// share its product (the tiles change which tokens share a pass over
+    /// the weights, never a sum's order: the batch invariance of the
+    /// generation step rests on it), and the two AVX-512 forms (maddubs,
+    /// vpdpbusd) give the same bits.
+    #[test]
+    fn a_tokens_outputs_do_not_depend_on_the_other_tokens() {
+        let (rows, cols, tokens) = (70, 128, 9);
+        let w_tensor =
+            Tensor::from_vec(values(rows * cols, 3), (rows, cols), &Device::Cpu).unwrap();
+        let x = values(tokens * cols, 4);
+        for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0] {
+            let w = pack(&QTensor::quantize(&w_tensor, dtype).unwrap()).unwrap();
+            let mut avx512 = Vec::new();
+            for kernels in Int8Kernels::all() {
+                let together = w.matmul_with(kernels, &x, tokens);
+                for t in 0..tokens {
+                    let alone = w.matmul_with(kernels, &x[t * cols..(t + 1) * cols], 1);
+                    assert_eq!(
+                        &together[t * rows..(t + 1) * rows],
+                        &alone[..],
+                        "{} {dtype:?} token {t}",
+                        kernels.name()
+                    );
+                }
+                if matches!(
+                    kernels,
+                    Int8Kernels::Avx512Bw(_) | Int8Kernels::Avx512Vnni(_)
+                ) {
+                    avx512.push(together);
+                }
+            }
+            if let [bw, vnni] = &avx512[..] {
+                assert_eq!(bw, vnni, "{dtype:?}: maddubs and vpdpbusd differ");
             }
         }
     }
@@ -396,9 +501,12 @@ mod tests {
             let q = QTensor::quantize(&w_tensor, dtype).unwrap();
             let w = pack(&q).unwrap();
             let candle = candle_core::quantized::QMatMul::from_qtensor(q).unwrap();
-            for tokens in [1, 5] {
+            for (tokens, kernels) in [1, 5]
+                .into_iter()
+                .flat_map(|t| Int8Kernels::all().into_iter().map(move |k| (t, k)))
+            {
                 let x = values(tokens * cols, 11);
-                let ours = w.matmul(&x, tokens);
+                let ours = w.matmul_with(kernels, &x, tokens);
                 let xt = Tensor::from_vec(x, (tokens, cols), &Device::Cpu).unwrap();
                 let theirs: Vec<f32> = candle_core::Module::forward(&candle, &xt)
                     .unwrap()
@@ -411,11 +519,9 @@ mod tests {
                     .iter()
                     .zip(&theirs)
                     .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-                eprintln!("{dtype:?} tokens {tokens}: worst {worst} of {scale}");
-                assert!(
-                    worst <= 1e-5 * scale,
-                    "{dtype:?} tokens {tokens}: {worst} of {scale}"
-                );
+                let what = format!("{} {dtype:?} tokens {tokens}", kernels.name());
+                eprintln!("{what}: worst {worst} of {scale}");
+                assert!(worst <= 1e-5 * scale, "{what}: {worst} of {scale}");
             }
         }
     }

@@ -53,3 +53,35 @@ pub(crate) trait Simd: Copy + Send + Sync + 'static {
         self.splat(0.0)
     }
 }
+
+/// The 8-bit integer block products the quantized kernels are written over
+/// (`quantized_kernels.rs`): a vector holds [`Int8Simd::BLOCKS`] quantization
+/// blocks of 32 values, and a product of two such vectors leaves each
+/// block's dot product spread over that block's i32 lanes, to be scaled by
+/// the block's scale and summed in f32.
+pub(crate) trait Int8Simd: Copy + Send + Sync + 'static {
+    /// Blocks of 32 values per vector (1 for 256-bit, 2 for 512-bit).
+    const BLOCKS: usize;
+    /// A vector of bytes, or of i32 lanes.
+    type I: Copy;
+    /// A vector of f32 lanes.
+    type F: Copy;
+
+    fn zero(self) -> Self::F;
+    /// `BLOCKS` signed 8-bit blocks, the first `BLOCKS` of `blocks`.
+    fn load_q8(self, blocks: &[[i8; 32]]) -> Self::I;
+    /// `BLOCKS` Q4 blocks (16 bytes each, value `i` in the low nibble of
+    /// byte `i` for `i < 16`, in the high nibble of byte `i - 16` after),
+    /// unpacked to one byte per value in 0..=15.
+    fn unpack_q4(self, blocks: &[[u8; 16]]) -> Self::I;
+    /// `(|w|, x with w's signs)`: the unsigned-times-signed operands whose
+    /// product is `w * x` byte by byte.
+    fn abs_and_sign(self, w: Self::I, x: Self::I) -> (Self::I, Self::I);
+    /// Unsigned bytes times signed bytes, summed in i32 lanes, each lane
+    /// within one block (no saturation for operands up to 127 in size).
+    fn dot(self, unsigned: Self::I, signed: Self::I) -> Self::I;
+    /// `acc + f32(dot) * scale`, where block `k`'s lanes take `scales[k]`.
+    fn scaled_add(self, acc: Self::F, dot: Self::I, scales: &[f32]) -> Self::F;
+    /// The sum of the lanes.
+    fn sum(self, a: Self::F) -> f32;
+}

@@ -12,7 +12,7 @@ use std::arch::x86_64::*;
 use crate::cpu::{self, KernelLevel};
 use crate::encoder::{Heads, PackedLinear};
 use crate::quantized::{PackedMatrix, QuantizedRows};
-use crate::simd::Simd;
+use crate::simd::{Int8Simd, Simd};
 
 /// Proof that this process runs the AVX2 + FMA kernels.
 #[derive(Clone, Copy, Debug)]
@@ -59,7 +59,7 @@ impl Avx2 {
         out: &mut [f32],
     ) {
         // SAFETY: as in `linear`.
-        unsafe { quantized::rows(w, x, first, rows, out) }
+        unsafe { quantized::rows(self, w, x, first, rows, out) }
     }
 }
 
@@ -197,204 +197,67 @@ impl Simd for Avx2 {
     }
 }
 
-/// The quantized matrix products.
+/// The quantized products: `quantized_kernels`' generic bodies compiled
+/// for AVX2 + FMA, one block per 256-bit vector.
 mod quantized {
-    use std::arch::x86_64::*;
-
     use super::Avx2;
-    use crate::quantized::{Packed, PackedMatrix, QuantizedRows};
-    use crate::simd::Simd;
+    use crate::quantized::{PackedMatrix, QuantizedRows};
+    use crate::quantized_kernels;
 
-    /// Rows `first..first + rows` of `W x` into `out` (`[rows, tokens]`):
-    /// tiles of 2 rows x 4 tokens (each weight block unpacked once for 4
-    /// tokens), then the remaining tokens 4 rows at a time.
-    ///
-    /// # Safety
-    /// The CPU must support AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn rows(
+    pub fn rows(
+        s: Avx2,
         w: &PackedMatrix,
         x: &QuantizedRows,
         first: usize,
         rows: usize,
         out: &mut [f32],
     ) {
-        let tokens = x.tokens;
-        let mut t = 0;
-        while t + 4 <= tokens {
-            let mut r = 0;
-            while r + 2 <= rows {
-                let sums = tile::<2, 4>(w, x, first + r, t);
-                for (i, row) in sums.iter().enumerate() {
-                    for (j, v) in row.iter().enumerate() {
-                        out[(r + i) * tokens + t + j] = *v;
-                    }
-                }
-                r += 2;
-            }
-            while r < rows {
-                let sums = tile::<1, 4>(w, x, first + r, t);
-                for (j, v) in sums[0].iter().enumerate() {
-                    out[r * tokens + t + j] = *v;
-                }
-                r += 1;
-            }
-            t += 4;
-        }
-        while t < tokens {
-            let mut r = 0;
-            while r + 4 <= rows {
-                let sums = tile::<4, 1>(w, x, first + r, t);
-                for (i, row) in sums.iter().enumerate() {
-                    out[(r + i) * tokens + t] = row[0];
-                }
-                r += 4;
-            }
-            while r < rows {
-                out[r * tokens + t] = tile::<1, 1>(w, x, first + r, t)[0][0];
-                r += 1;
-            }
-            t += 1;
+        quantized_kernels::rows(s, w, x, first, rows, out)
+    }
+}
+
+/// The [`Int8Simd`] operations in AVX2, one block per vector. Each is
+/// inlined into the `#[target_feature(enable = "avx2,fma")]` function
+/// above. Safety of every `unsafe` block: as in the [`Simd`] impl; the
+/// loads read exactly the block arrays they are given.
+impl Int8Simd for Avx2 {
+    const BLOCKS: usize = 1;
+    type I = __m256i;
+    type F = __m256;
+
+    #[inline(always)]
+    fn zero(self) -> __m256 {
+        unsafe { _mm256_setzero_ps() }
+    }
+    #[inline(always)]
+    fn load_q8(self, blocks: &[[i8; 32]]) -> __m256i {
+        let block: &[i8; 32] = &blocks[0];
+        unsafe { _mm256_loadu_si256(block.as_ptr().cast()) }
+    }
+    #[inline(always)]
+    fn unpack_q4(self, blocks: &[[u8; 16]]) -> __m256i {
+        let block: &[u8; 16] = &blocks[0];
+        unsafe {
+            let packed = _mm_loadu_si128(block.as_ptr().cast());
+            let both = _mm256_set_m128i(_mm_srli_epi16::<4>(packed), packed);
+            _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
         }
     }
-
-    /// `R` rows from `row` times `T` tokens from `token`.
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    fn tile<const R: usize, const T: usize>(
-        w: &PackedMatrix,
-        x: &QuantizedRows,
-        row: usize,
-        token: usize,
-    ) -> [[f32; T]; R] {
-        let nb = w.blocks;
-        let x_q: [&[[i8; 32]]; T] =
-            std::array::from_fn(|j| &x.qs[(token + j) * nb..(token + j + 1) * nb]);
-        let x_d: [&[f32]; T] =
-            std::array::from_fn(|j| &x.d[(token + j) * nb..(token + j + 1) * nb]);
-        let w_range = |i: usize| (row + i) * nb..(row + i + 1) * nb;
-        let acc = match &w.weights {
-            Packed::Q4_1 { d, qs, .. } => q4_1::<R, T>(
-                nb,
-                std::array::from_fn(|i| &qs[w_range(i)]),
-                std::array::from_fn(|i| &d[w_range(i)]),
-                x_q,
-                x_d,
-            ),
-            Packed::Q8_0 { d, qs } => q8_0::<R, T>(
-                nb,
-                std::array::from_fn(|i| &qs[w_range(i)]),
-                std::array::from_fn(|i| &d[w_range(i)]),
-                x_q,
-                x_d,
-            ),
-        };
-        let mut sums = [[0f32; T]; R];
-        for i in 0..R {
-            for j in 0..T {
-                sums[i][j] = hsum(acc[i][j]);
-            }
-        }
-        if let Packed::Q4_1 { m, .. } = &w.weights {
-            // The `m * x` part of each block: m_w . s_x over the blocks.
-            for (i, row_sums) in sums.iter_mut().enumerate() {
-                let w_m = &m[w_range(i)];
-                for (j, v) in row_sums.iter_mut().enumerate() {
-                    let x_s = &x.s[(token + j) * nb..(token + j + 1) * nb];
-                    *v += w_m.iter().zip(x_s).map(|(a, b)| a * b).sum::<f32>();
-                }
-            }
-        }
-        sums
+    #[inline(always)]
+    fn abs_and_sign(self, w: __m256i, x: __m256i) -> (__m256i, __m256i) {
+        unsafe { (_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)) }
     }
-
-    /// Q4_1 blocks: the nibbles unpacked once per block for all `T` tokens
-    /// (u8 0..=15 times i8, as `maddubs` takes them).
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    fn q4_1<const R: usize, const T: usize>(
-        nb: usize,
-        w_q: [&[[u8; 16]]; R],
-        w_d: [&[f32]; R],
-        x_q: [&[[i8; 32]]; T],
-        x_d: [&[f32]; T],
-    ) -> [[__m256; T]; R] {
-        let ones = _mm256_set1_epi16(1);
-        let low = _mm256_set1_epi8(0x0F);
-        let mut acc = [[_mm256_setzero_ps(); T]; R];
-        for b in 0..nb {
-            let mut wv = [_mm256_setzero_si256(); R];
-            for i in 0..R {
-                let packed = load16(&w_q[i][b]);
-                wv[i] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), low);
-            }
-            for j in 0..T {
-                let xv = load32(&x_q[j][b]);
-                let dx = x_d[j][b];
-                for i in 0..R {
-                    let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(wv[i], xv), ones);
-                    let scale = _mm256_set1_ps(w_d[i][b] * dx);
-                    acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[i][j]);
-                }
-            }
-        }
-        acc
+    #[inline(always)]
+    fn dot(self, unsigned: __m256i, signed: __m256i) -> __m256i {
+        unsafe { _mm256_madd_epi16(_mm256_maddubs_epi16(unsigned, signed), _mm256_set1_epi16(1)) }
     }
-
-    /// Q8_0 blocks: |w| times x with w's signs, the u8 x i8 product
-    /// `maddubs` takes.
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    fn q8_0<const R: usize, const T: usize>(
-        nb: usize,
-        w_q: [&[[i8; 32]]; R],
-        w_d: [&[f32]; R],
-        x_q: [&[[i8; 32]]; T],
-        x_d: [&[f32]; T],
-    ) -> [[__m256; T]; R] {
-        let ones = _mm256_set1_epi16(1);
-        let mut acc = [[_mm256_setzero_ps(); T]; R];
-        for b in 0..nb {
-            let mut wv = [_mm256_setzero_si256(); R];
-            for i in 0..R {
-                wv[i] = load32(&w_q[i][b]);
-            }
-            for j in 0..T {
-                let xv = load32(&x_q[j][b]);
-                let dx = x_d[j][b];
-                for i in 0..R {
-                    let pairs = _mm256_maddubs_epi16(
-                        _mm256_sign_epi8(wv[i], wv[i]),
-                        _mm256_sign_epi8(xv, wv[i]),
-                    );
-                    let dot = _mm256_madd_epi16(pairs, ones);
-                    let scale = _mm256_set1_ps(w_d[i][b] * dx);
-                    acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[i][j]);
-                }
-            }
-        }
-        acc
+    #[inline(always)]
+    fn scaled_add(self, acc: __m256, dot: __m256i, scales: &[f32]) -> __m256 {
+        unsafe { _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(scales[0]), acc) }
     }
-
-    /// The lanes' sum: the `Simd` one (this module's callers are AVX2 code,
-    /// which is what an `Avx2` proves).
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    fn hsum(v: __m256) -> f32 {
-        Avx2(()).sum(v)
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    fn load32(q: &[i8; 32]) -> __m256i {
-        // SAFETY: `q` is 32 readable bytes; the load is unaligned.
-        unsafe { _mm256_loadu_si256(q.as_ptr().cast()) }
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    fn load16(q: &[u8; 16]) -> __m128i {
-        // SAFETY: `q` is 16 readable bytes; the load is unaligned.
-        unsafe { _mm_loadu_si128(q.as_ptr().cast()) }
+    #[inline(always)]
+    fn sum(self, a: __m256) -> f32 {
+        Simd::sum(self, a)
     }
 }

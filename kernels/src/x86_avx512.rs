@@ -1,13 +1,16 @@
-//! The AVX-512 (F) kernels of x86-64: `f32_kernels`' generic bodies compiled
-//! for 16-lane vectors, over this file's [`Simd`] implementation. Nothing
-//! here is a hand-written kernel: only the vector operations are, one
-//! intrinsic each, so a machine without AVX-512 runs the same kernel source
-//! at the AVX2 level. The quantized products run their AVX2 code at this
-//! level (an AVX-512 CPU has AVX2).
+//! The AVX-512 kernels of x86-64: `f32_kernels`' generic bodies compiled
+//! for 16-lane vectors (AVX-512F), over this file's [`Simd`] implementation,
+//! and `quantized_kernels`' bodies compiled for two quantization blocks per
+//! 512-bit vector over its [`Int8Simd`] implementations (AVX-512BW's
+//! `maddubs`, or AVX-512 VNNI's `vpdpbusd` where the CPU has it). Nothing
+//! here is a hand-written kernel: only the vector operations are, one or two
+//! intrinsics each, so a machine without AVX-512 runs the same kernel source
+//! at the AVX2 level.
 //!
-//! Reached only through [`Avx512`], a token that exists only once the CPU
-//! said it has AVX-512F (with AVX2 and FMA) and the kernel level
-//! (`crate::cpu`) allows it.
+//! Reached only through tokens that exist only once the CPU said it has the
+//! features and the kernel level (`crate::cpu`) allows AVX-512: [`Avx512`]
+//! (AVX-512F with AVX2 and FMA), [`Avx512Bw`] (and AVX-512BW),
+//! [`Avx512Vnni`] (and AVX-512 VNNI).
 #![allow(unsafe_code)]
 
 use std::arch::x86_64::*;
@@ -15,7 +18,9 @@ use std::arch::x86_64::*;
 use crate::cpu::{self, KernelLevel};
 use crate::encoder::{Heads, PackedLinear};
 use crate::f32_kernels;
-use crate::simd::Simd;
+use crate::quantized::{PackedMatrix, QuantizedRows};
+use crate::quantized_kernels;
+use crate::simd::{Int8Simd, Simd};
 
 /// Proof that this process runs the AVX-512 kernels.
 #[derive(Clone, Copy, Debug)]
@@ -180,3 +185,189 @@ impl Simd for Avx512 {
         unsafe { _mm512_reduce_max_ps(v) }
     }
 }
+
+/// Proof that this process runs the AVX-512BW 8-bit products.
+#[derive(Clone, Copy, Debug)]
+pub struct Avx512Bw(());
+
+/// Proof that this process runs the AVX-512 VNNI 8-bit products.
+#[derive(Clone, Copy, Debug)]
+pub struct Avx512Vnni(());
+
+impl Avx512Bw {
+    /// Some when the AVX-512 level runs and the CPU has AVX-512BW.
+    pub fn get() -> Option<Avx512Bw> {
+        Avx512::get()
+            .filter(|_| std::is_x86_feature_detected!("avx512bw"))
+            .map(|_| Avx512Bw(()))
+    }
+
+    /// Rows `first..first + rows` of `W x` into `out` (`[rows, tokens]`);
+    /// `W`'s blocks per row must be even.
+    pub fn quantized_rows(
+        self,
+        w: &PackedMatrix,
+        x: &QuantizedRows,
+        first: usize,
+        rows: usize,
+        out: &mut [f32],
+    ) {
+        // SAFETY: an `Avx512Bw` exists only where the CPU has AVX-512F and
+        // BW, AVX2 and FMA.
+        unsafe { quantized_rows_bw(self, w, x, first, rows, out) }
+    }
+}
+
+impl Avx512Vnni {
+    /// Some when the AVX-512 level runs and the CPU has AVX-512BW and VNNI.
+    pub fn get() -> Option<Avx512Vnni> {
+        Avx512Bw::get()
+            .filter(|_| std::is_x86_feature_detected!("avx512vnni"))
+            .map(|_| Avx512Vnni(()))
+    }
+
+    /// As [`Avx512Bw::quantized_rows`].
+    pub fn quantized_rows(
+        self,
+        w: &PackedMatrix,
+        x: &QuantizedRows,
+        first: usize,
+        rows: usize,
+        out: &mut [f32],
+    ) {
+        // SAFETY: an `Avx512Vnni` exists only where the CPU has AVX-512F,
+        // BW and VNNI, AVX2 and FMA.
+        unsafe { quantized_rows_vnni(self, w, x, first, rows, out) }
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
+fn quantized_rows_bw(
+    s: Avx512Bw,
+    w: &PackedMatrix,
+    x: &QuantizedRows,
+    first: usize,
+    rows: usize,
+    out: &mut [f32],
+) {
+    quantized_kernels::rows(s, w, x, first, rows, out)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
+fn quantized_rows_vnni(
+    s: Avx512Vnni,
+    w: &PackedMatrix,
+    x: &QuantizedRows,
+    first: usize,
+    rows: usize,
+    out: &mut [f32],
+) {
+    quantized_kernels::rows(s, w, x, first, rows, out)
+}
+
+/// The [`Int8Simd`] operations both AVX-512 tokens share (all but `dot`),
+/// two blocks per vector: block `b` in bytes 0..32 (i32 lanes 0..8), block
+/// `b + 1` in bytes 32..64 (lanes 8..16). Inlined into the
+/// `#[target_feature]` functions above, which enable AVX-512F and BW.
+/// Safety of every `unsafe` block: the token proves the features; the loads
+/// read exactly the two block arrays they are given.
+mod two_blocks {
+    use std::arch::x86_64::*;
+
+    #[inline(always)]
+    pub fn load_q8(blocks: &[[i8; 32]]) -> __m512i {
+        let pair: &[[i8; 32]; 2] = &blocks.as_chunks::<2>().0[0];
+        unsafe { _mm512_loadu_si512(pair.as_ptr().cast()) }
+    }
+
+    #[inline(always)]
+    pub fn unpack_q4(blocks: &[[u8; 16]]) -> __m512i {
+        let pair: &[[u8; 16]; 2] = &blocks.as_chunks::<2>().0[0];
+        unsafe {
+            let packed = _mm256_loadu_si256(pair.as_ptr().cast());
+            let nibble = _mm256_set1_epi8(0x0F);
+            let low = _mm256_and_si256(packed, nibble);
+            let high = _mm256_and_si256(_mm256_srli_epi16::<4>(packed), nibble);
+            // [b low, b+1 low, b high, b+1 high] -> [b low, b high, b+1
+            // low, b+1 high] (128-bit lanes 0, 2, 1, 3).
+            let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(low), high);
+            _mm512_shuffle_i64x2::<0b11_01_10_00>(v, v)
+        }
+    }
+
+    #[inline(always)]
+    pub fn abs_and_sign(w: __m512i, x: __m512i) -> (__m512i, __m512i) {
+        unsafe {
+            let negative = _mm512_movepi8_mask(w);
+            let signed = _mm512_mask_sub_epi8(x, negative, _mm512_setzero_si512(), x);
+            (_mm512_abs_epi8(w), signed)
+        }
+    }
+
+    /// maddubs: u8 x i8 pairs summed to i16 (no saturation: |products| <=
+    /// 2 x 127 x 127 < 2^15), then pairs of i16 summed to i32.
+    #[inline(always)]
+    pub fn dot_maddubs(unsigned: __m512i, signed: __m512i) -> __m512i {
+        unsafe { _mm512_madd_epi16(_mm512_maddubs_epi16(unsigned, signed), _mm512_set1_epi16(1)) }
+    }
+
+    /// vpdpbusd: four u8 x i8 products summed into each i32 lane at once
+    /// (AVX-512 VNNI); the same sums as [`dot_maddubs`].
+    #[inline(always)]
+    pub fn dot_vnni(unsigned: __m512i, signed: __m512i) -> __m512i {
+        unsafe { _mm512_dpbusd_epi32(_mm512_setzero_si512(), unsigned, signed) }
+    }
+
+    #[inline(always)]
+    pub fn scaled_add(acc: __m512, dot: __m512i, scales: &[f32]) -> __m512 {
+        unsafe {
+            let scale =
+                _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(scales[0]), _mm512_set1_ps(scales[1]));
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc)
+        }
+    }
+}
+
+macro_rules! two_block_int8 {
+    ($token:ty, $dot:path) => {
+        impl Int8Simd for $token {
+            const BLOCKS: usize = 2;
+            type I = __m512i;
+            type F = __m512;
+
+            #[inline(always)]
+            fn zero(self) -> __m512 {
+                // SAFETY: the token proves AVX-512F.
+                unsafe { _mm512_setzero_ps() }
+            }
+            #[inline(always)]
+            fn load_q8(self, blocks: &[[i8; 32]]) -> __m512i {
+                two_blocks::load_q8(blocks)
+            }
+            #[inline(always)]
+            fn unpack_q4(self, blocks: &[[u8; 16]]) -> __m512i {
+                two_blocks::unpack_q4(blocks)
+            }
+            #[inline(always)]
+            fn abs_and_sign(self, w: __m512i, x: __m512i) -> (__m512i, __m512i) {
+                two_blocks::abs_and_sign(w, x)
+            }
+            #[inline(always)]
+            fn dot(self, unsigned: __m512i, signed: __m512i) -> __m512i {
+                $dot(unsigned, signed)
+            }
+            #[inline(always)]
+            fn scaled_add(self, acc: __m512, dot: __m512i, scales: &[f32]) -> __m512 {
+                two_blocks::scaled_add(acc, dot, scales)
+            }
+            #[inline(always)]
+            fn sum(self, a: __m512) -> f32 {
+                // SAFETY: the token proves AVX-512F.
+                unsafe { _mm512_reduce_add_ps(a) }
+            }
+        }
+    };
+}
+
+two_block_int8!(Avx512Bw, two_blocks::dot_maddubs);
+two_block_int8!(Avx512Vnni, two_blocks::dot_vnni);

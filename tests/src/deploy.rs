@@ -201,6 +201,16 @@ impl Deployment {
 
     /// Starts the real `sluice-consumer` binary as a child process.
     pub async fn spawn_consumer(&self, extra: &[&str]) -> Result<ConsumerProcess> {
+        self.spawn_consumer_with_env(extra, &[]).await
+    }
+
+    /// [`Deployment::spawn_consumer`] with extra environment variables (for
+    /// what is read once per process, such as `SLUICE_CPU_KERNELS`).
+    pub async fn spawn_consumer_with_env(
+        &self,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<ConsumerProcess> {
         let bin = consumer_binary()?;
         let dir = tempfile::Builder::new()
             .prefix("sluice-consumer-")
@@ -210,6 +220,7 @@ impl Deployment {
         cmd.args(self.consumer_args(extra))
             .env("RUST_LOG", "info")
             .env_remove("NATS_URL")
+            .envs(env.iter().copied())
             .stdin(Stdio::null());
         let process = Owned::spawn(cmd, log.clone())?;
         let mut child = ConsumerProcess {
