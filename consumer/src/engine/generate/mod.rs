@@ -161,7 +161,9 @@ pub fn start(config: &Config, stats: &Arc<Stats>) -> anyhow::Result<Started<Gene
         worst_job_mib = worst_job >> 20,
         kv_bytes_per_token = llama.config.kv_bytes_per_token(),
         weights = ?g.weights,
+        step = llama.forward_name(),
         cpu_kernels = crate::model::cpu::level().name(),
+        int8_kernels = crate::model::qmatmul::Int8Kernels::current().name(),
         warmup_ms = warm.elapsed().as_millis() as u64,
         "model ready"
     );
