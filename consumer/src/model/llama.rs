@@ -163,8 +163,9 @@ pub enum StepChoice {
 
 /// A weight matrix as the forward multiplies by it.
 enum Linear {
-    /// Quantized blocks in our batched AVX2 kernels (Q4_1, Q8_0 on x86-64):
-    /// each weight block read once per step for all of its tokens.
+    /// Quantized blocks in our batched 8-bit kernels (Q4_1, Q8_0 on x86-64
+    /// with AVX2, AVX-512 where the CPU has it): each weight block read once
+    /// per step for all of its tokens.
     Packed(PackedMatrix),
     /// Quantized blocks in candle: one vector product per (token, output)
     /// pair (other quantizations, other CPUs, CUDA).
