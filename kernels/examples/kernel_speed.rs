@@ -80,6 +80,7 @@ fn main() {
     );
     println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     let shapes = [(384, 1152), (384, 384), (384, 1536), (1536, 384)];
+    let mut f32_peak = f64::NAN;
     for kernels in F32Kernels::all() {
         if matches!(kernels, F32Kernels::Reference) {
             continue;
@@ -93,6 +94,7 @@ fn main() {
             rayon::broadcast(|_| std::hint::black_box(kernels.fma_peak(iters)));
         });
         let peak_all = flops * threads as f64 / all / 1e9;
+        f32_peak = peak_all;
         let mut cells = Vec::new();
         let mut total_flops = 0.0;
         let mut total_secs = 0.0;
@@ -116,6 +118,31 @@ fn main() {
             peak_all,
             cells.join(" | "),
             100.0 * total_flops / total_secs / 1e9 / peak_all
+        );
+    }
+    // The bf16 layers (AVX512_BF16), against the same f32 FMA peak.
+    if PackedLinear::new_bf16(&[0.0; 2], 1, 2, None).is_some() {
+        let mut cells = Vec::new();
+        let (mut total_flops, mut total_secs) = (0.0, 0.0);
+        for (inputs, outputs) in shapes {
+            let w = values(outputs * inputs);
+            let b = values(outputs);
+            let x = values(rows * inputs);
+            let Some(linear) = PackedLinear::new_bf16(&w, outputs, inputs, Some(&b)) else {
+                continue;
+            };
+            let secs = best(5, || {
+                std::hint::black_box(linear.forward(&x, rows));
+            });
+            let f = 2.0 * (rows * inputs * outputs) as f64;
+            total_flops += f;
+            total_secs += secs;
+            cells.push(format!("{:.1}", f / secs / 1e9));
+        }
+        println!(
+            "| avx512 bf16 weights | - | - | {} | {:.0}% of the f32 peak |",
+            cells.join(" | "),
+            100.0 * total_flops / total_secs / 1e9 / f32_peak
         );
     }
     println!();

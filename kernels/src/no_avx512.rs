@@ -71,3 +71,17 @@ impl Avx512Vnni {
         match self {}
     }
 }
+
+/// Never made: no AVX-512 here.
+#[derive(Clone, Copy, Debug)]
+pub enum Avx512Bf16 {}
+
+impl Avx512Bf16 {
+    pub fn get() -> Option<Avx512Bf16> {
+        None
+    }
+
+    pub fn linear(self, _: &PackedLinear, _: &[f32], _: &mut [f32]) {
+        match self {}
+    }
+}

@@ -371,3 +371,185 @@ macro_rules! two_block_int8 {
 
 two_block_int8!(Avx512Bw, two_blocks::dot_maddubs);
 two_block_int8!(Avx512Vnni, two_blocks::dot_vnni);
+
+/// Proof that this process runs the bf16 linear layers (AVX-512F and
+/// AVX512_BF16).
+#[derive(Clone, Copy, Debug)]
+pub struct Avx512Bf16(());
+
+impl Avx512Bf16 {
+    /// Some when the AVX-512 level runs and the CPU has AVX512_BF16.
+    pub fn get() -> Option<Avx512Bf16> {
+        Avx512::get()
+            .filter(|_| std::is_x86_feature_detected!("avx512bf16"))
+            .map(|_| Avx512Bf16(()))
+    }
+
+    /// `out = x W^T + b` for `x`'s rows, `W` packed as bf16 pairs
+    /// (`PackedLinear::new_bf16`).
+    pub fn linear(self, w: &PackedLinear, x: &[f32], out: &mut [f32]) {
+        // SAFETY: an `Avx512Bf16` exists only where the CPU has AVX-512F,
+        // AVX512_BF16, AVX2 and FMA.
+        unsafe { bf16_linear::linear(w, x, out) }
+    }
+}
+
+/// The bf16 linear layer: weights and activations rounded to bf16, products
+/// summed in f32 by `vdpbf16ps` (two products per lane per instruction).
+/// The blocking is `f32_kernels::linear`'s: `MR`-row panels of the input,
+/// `KC` inputs at a time, 32-output weight panels; a weight panel holds, per
+/// pair of inputs `(2p, 2p + 1)` and output lane, the two bf16 weights in one
+/// u32 (the even input in the low half), which is what `vdpbf16ps` pairs.
+mod bf16_linear {
+    use std::arch::x86_64::*;
+
+    use crate::encoder::{KC, MC, MR, PackedLinear, bf16_pair as pair};
+
+    const NR: usize = 32;
+
+    #[inline(always)]
+    fn load_pairs(x: &[u32]) -> __m512bh {
+        let lanes: [u32; 16] = x[..16].as_chunks::<16>().0[0];
+        // SAFETY: `[u32; 16]` and `__m512bh` have the same size, every bit
+        // pattern valid for both.
+        unsafe { std::mem::transmute::<[u32; 16], __m512bh>(lanes) }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bf16,avx2,fma")]
+    pub fn linear(w: &PackedLinear, x: &[f32], out: &mut [f32]) {
+        let (inputs, outputs) = (w.inputs, w.outputs);
+        let rows = x.len() / inputs;
+        assert_eq!(w.nr, NR);
+        assert!(inputs.is_multiple_of(2) && KC.is_multiple_of(2));
+        assert_eq!(w.bf16_panels.len(), outputs.div_ceil(NR) * inputs / 2 * NR);
+        assert_eq!(out.len(), rows * outputs);
+        let panels = outputs.div_ceil(NR);
+        let mut packed = vec![0u32; MC * KC / 2];
+        let mut k0 = 0;
+        while k0 < inputs {
+            let kc = KC.min(inputs - k0);
+            let first = k0 == 0;
+            let mut i0 = 0;
+            while i0 < rows {
+                let mc = MC.min(rows - i0);
+                let row_panels = mc.div_ceil(MR);
+                // Rows i0.. in MR-row panels, pair-major: [pair][row]. A
+                // row's bf16 values in order are its pairs (the even input
+                // in the low half), converted 32 at a time.
+                let mut pairs = [0u32; KC / 2];
+                for p in 0..row_panels {
+                    let panel = &mut packed[p * kc / 2 * MR..(p + 1) * kc / 2 * MR];
+                    for r in 0..MR {
+                        let row = i0 + p * MR + r;
+                        if row < rows {
+                            let src = &x[row * inputs + k0..row * inputs + k0 + kc];
+                            to_pairs(src, &mut pairs[..kc / 2]);
+                        } else {
+                            pairs.fill(0);
+                        }
+                        for (kp, v) in pairs[..kc / 2].iter().enumerate() {
+                            panel[kp * MR + r] = *v;
+                        }
+                    }
+                }
+                for panel in 0..panels {
+                    let base = (panel * inputs / 2 + k0 / 2) * NR;
+                    let b = &w.bf16_panels[base..base + kc / 2 * NR];
+                    let bias = &w.bias[panel * NR..(panel + 1) * NR];
+                    let cols = NR.min(outputs - panel * NR);
+                    for p in 0..row_panels {
+                        let r0 = i0 + p * MR;
+                        let tile_rows = MR.min(rows - r0);
+                        let a = &packed[p * kc / 2 * MR..(p + 1) * kc / 2 * MR];
+                        let at = r0 * outputs + panel * NR;
+                        if tile_rows == MR && cols == NR {
+                            let c = &mut out[at..at + (MR - 1) * outputs + NR];
+                            tile(a, b, c, outputs, first, bias);
+                        } else {
+                            let mut c = [0f32; MR * NR];
+                            for r in 0..tile_rows {
+                                let src = &out[at + r * outputs..at + r * outputs + cols];
+                                c[r * NR..r * NR + cols].copy_from_slice(src);
+                            }
+                            tile(a, b, &mut c, NR, first, bias);
+                            for r in 0..tile_rows {
+                                let dst = &mut out[at + r * outputs..at + r * outputs + cols];
+                                dst.copy_from_slice(&c[r * NR..r * NR + cols]);
+                            }
+                        }
+                    }
+                }
+                i0 += mc;
+            }
+            k0 += kc;
+        }
+    }
+
+    /// `x` (even length) as bf16 pairs, rounded to nearest even: 32 values
+    /// per `vcvtne2ps2bf16`, the rest one pair at a time.
+    #[target_feature(enable = "avx512f,avx512bf16,avx2,fma")]
+    #[inline]
+    fn to_pairs(x: &[f32], out: &mut [u32]) {
+        let (blocks, rest) = x.as_chunks::<32>();
+        let (out_blocks, out_rest) = out.as_chunks_mut::<16>();
+        for (src, dst) in blocks.iter().zip(out_blocks.iter_mut()) {
+            // SAFETY: same-size reinterpretations of f32 and u32 arrays.
+            unsafe {
+                let lo = std::mem::transmute::<[f32; 16], __m512>(src[..16].as_chunks::<16>().0[0]);
+                let hi = std::mem::transmute::<[f32; 16], __m512>(src[16..].as_chunks::<16>().0[0]);
+                // The second operand fills the low half.
+                *dst = std::mem::transmute::<__m512bh, [u32; 16]>(_mm512_cvtne2ps_pbh(hi, lo));
+            }
+        }
+        for (two, dst) in rest.chunks_exact(2).zip(out_rest.iter_mut()) {
+            *dst = pair(two[0], two[1]);
+        }
+    }
+
+    /// One `MR x 32` tile: `c (+)= a b`, from the bias when `first`.
+    #[target_feature(enable = "avx512f,avx512bf16,avx2,fma")]
+    #[inline]
+    fn tile(a: &[u32], b: &[u32], c: &mut [f32], ldc: usize, first: bool, bias: &[f32]) {
+        let (a_steps, _) = a.as_chunks::<MR>();
+        let (b_steps, _) = b.as_chunks::<NR>();
+        assert_eq!(a_steps.len(), b_steps.len());
+        let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+        for (ak, bk) in a_steps.iter().zip(b_steps) {
+            let (b0, b1) = (load_pairs(bk), load_pairs(&bk[16..]));
+            for r in 0..MR {
+                // SAFETY: same-size reinterpretation of a broadcast pair.
+                let v = unsafe {
+                    std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(ak[r] as i32))
+                };
+                acc[r][0] = _mm512_dpbf16_ps(acc[r][0], v, b0);
+                acc[r][1] = _mm512_dpbf16_ps(acc[r][1], v, b1);
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            let row = &mut c[r * ldc..r * ldc + NR];
+            let start: [f32; NR] = if first {
+                bias[..NR].as_chunks::<NR>().0[0]
+            } else {
+                row[..NR].as_chunks::<NR>().0[0]
+            };
+            let (lo, hi) = start.split_at(16);
+            // SAFETY: `[f32; 16]` and `__m512` have the same size.
+            let (lo, hi) = unsafe {
+                (
+                    std::mem::transmute::<[f32; 16], __m512>(lo.as_chunks::<16>().0[0]),
+                    std::mem::transmute::<[f32; 16], __m512>(hi.as_chunks::<16>().0[0]),
+                )
+            };
+            let (lo, hi) = (_mm512_add_ps(lo, acc[0]), _mm512_add_ps(hi, acc[1]));
+            // SAFETY: as above.
+            let (lo, hi) = unsafe {
+                (
+                    std::mem::transmute::<__m512, [f32; 16]>(lo),
+                    std::mem::transmute::<__m512, [f32; 16]>(hi),
+                )
+            };
+            row[..16].copy_from_slice(&lo);
+            row[16..NR].copy_from_slice(&hi);
+        }
+    }
+}

@@ -60,6 +60,11 @@ fn values(t: Tensor) -> candle_core::Result<Vec<f32>> {
 }
 
 impl BertEncoder {
+    /// Whether the linear layers run in bf16.
+    pub fn is_bf16(&self) -> bool {
+        self.layers.first().is_some_and(|l| l.qkv.is_bf16())
+    }
+
     /// Why this forward cannot run `config`, if it cannot (the caller then
     /// keeps candle-transformers' forward).
     pub fn unsupported(config: &BertConfig) -> Option<String> {
@@ -92,7 +97,18 @@ impl BertEncoder {
     }
 
     /// Packs the weights of a BERT checkpoint (`vb` at the model's root).
-    pub fn load(vb: VarBuilder, config: &BertConfig) -> candle_core::Result<BertEncoder> {
+    /// Loads the weights, the linear layers in bf16 where `weights` asks
+    /// for it and the CPU runs it (f32 otherwise).
+    pub fn load(
+        vb: VarBuilder,
+        config: &BertConfig,
+        weights: super::EmbedWeights,
+    ) -> candle_core::Result<BertEncoder> {
+        let pack = |w: &[f32], outputs: usize, inputs: usize, b: &[f32]| match weights {
+            super::EmbedWeights::Bf16 => PackedLinear::new_bf16(w, outputs, inputs, Some(b))
+                .unwrap_or_else(|| PackedLinear::new(w, outputs, inputs, Some(b))),
+            super::EmbedWeights::F32 => PackedLinear::new(w, outputs, inputs, Some(b)),
+        };
         let vb = if vb.contains_tensor("bert.embeddings.word_embeddings.weight") {
             vb.pp("bert")
         } else {
@@ -111,7 +127,7 @@ impl BertEncoder {
             |vb: VarBuilder, outputs: usize, inputs: usize| -> candle_core::Result<PackedLinear> {
                 let w = values(vb.get((outputs, inputs), "weight")?)?;
                 let b = values(vb.get(outputs, "bias")?)?;
-                Ok(PackedLinear::new(&w, outputs, inputs, Some(&b)))
+                Ok(pack(&w, outputs, inputs, &b))
             };
         let e = vb.pp("embeddings");
         let words = values(e.get((config.vocab_size, h), "word_embeddings.weight")?)?;
@@ -138,7 +154,7 @@ impl BertEncoder {
                 b.extend(values(p.get(h, "bias")?)?);
             }
             layers.push(EncoderLayer {
-                qkv: PackedLinear::new(&w, 3 * h, h, Some(&b)),
+                qkv: pack(&w, 3 * h, h, &b),
                 attention_out: linear(attention.pp("output.dense"), h, h)?,
                 attention_norm: norm(attention.pp("output.LayerNorm"))?,
                 up: linear(vb.pp("intermediate.dense"), i, h)?,

@@ -44,17 +44,25 @@ pub enum ForwardChoice {
     /// level allows them, else their plain-Rust references (slow; for tests
     /// of the packed forward at every kernel level).
     Packed,
+    /// As `Fastest`, with the linear layers in bf16 where the CPU has
+    /// AVX512_BF16 (`--embed-weights bf16`).
+    FastestBf16,
 }
 
 impl MiniLm {
     /// Loads `config.json` and `model.safetensors` from `dir`, with the
-    /// fastest forward for `device`.
+    /// fastest forward for `device` at the precision `weights` asks for.
     pub fn load(
         dir: &Path,
         device: Device,
         max_tokens_per_item: usize,
+        weights: super::EmbedWeights,
     ) -> Result<MiniLm, LoadError> {
-        Self::load_with(dir, device, max_tokens_per_item, ForwardChoice::Fastest)
+        let choice = match weights {
+            super::EmbedWeights::F32 => ForwardChoice::Fastest,
+            super::EmbedWeights::Bf16 => ForwardChoice::FastestBf16,
+        };
+        Self::load_with(dir, device, max_tokens_per_item, choice)
     }
 
     pub fn load_with(
@@ -98,7 +106,9 @@ impl MiniLm {
             source,
         };
         let fastest = match choice {
-            ForwardChoice::Fastest => device.is_cpu() && encoder_kernels::available(),
+            ForwardChoice::Fastest | ForwardChoice::FastestBf16 => {
+                device.is_cpu() && encoder_kernels::available()
+            }
             ForwardChoice::Packed => device.is_cpu(),
             ForwardChoice::Candle => false,
         };
@@ -111,7 +121,11 @@ impl MiniLm {
         }
         let packed = fastest && unsupported.is_none();
         let forward = if packed {
-            Forward::Packed(BertEncoder::load(vb, &config).map_err(build)?)
+            let weights = match choice {
+                ForwardChoice::FastestBf16 => super::EmbedWeights::Bf16,
+                _ => super::EmbedWeights::F32,
+            };
+            Forward::Packed(BertEncoder::load(vb, &config, weights).map_err(build)?)
         } else {
             Forward::Candle(BertModel::load(vb, &config).map_err(build)?)
         };
@@ -158,6 +172,7 @@ impl EmbeddingModel for MiniLm {
     fn forward_name(&self) -> &'static str {
         use encoder_kernels::F32Kernels;
         match self.forward {
+            Forward::Packed(ref e) if e.is_bf16() => "sluice-avx512-bf16",
             Forward::Packed(_) => match F32Kernels::current() {
                 F32Kernels::Avx512(_) => "sluice-avx512",
                 F32Kernels::Avx2(_) => "sluice-avx2",
@@ -232,7 +247,7 @@ mod tests {
     #[test]
     fn a_missing_model_names_the_file_and_keeps_the_cause() {
         let dir = std::env::temp_dir().join("sluice-no-such-model");
-        let err = match MiniLm::load(&dir, Device::Cpu, 128) {
+        let err = match MiniLm::load(&dir, Device::Cpu, 128, Default::default()) {
             Err(e) => e,
             Ok(_) => panic!("loaded a model from {}", dir.display()),
         };
@@ -255,7 +270,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("sluice-bad-config-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("config.json"), "{\"hidden_size\": \"wide\"}").unwrap();
-        let err = match MiniLm::load(&dir, Device::Cpu, 128) {
+        let err = match MiniLm::load(&dir, Device::Cpu, 128, Default::default()) {
             Err(e) => e,
             Ok(_) => panic!("loaded a model from a bad config"),
         };

@@ -14,6 +14,17 @@ mod tokenizer;
 pub use sluice_kernels::{cpu, encoder as encoder_kernels, quantized as qmatmul};
 
 pub use bert::EncoderInputError;
+
+/// The precision of the packed BERT forward's linear layers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum EmbedWeights {
+    /// f32 weights and sums.
+    F32,
+    /// bf16 weights and activations, f32 sums (`vdpbf16ps`), where the CPU
+    /// has AVX512_BF16; f32 elsewhere.
+    #[default]
+    Bf16,
+}
 pub use minilm::{ForwardChoice, MiniLm};
 pub use tokenizer::{TextTokenizer, TokenizeError, TokenizedItem};
 

@@ -36,6 +36,7 @@ async fn main() -> Result<()> {
             cuda_ordinal: 0,
             max_tokens_per_item: 256,
             max_batch_tokens,
+            embed_weights: Default::default(),
         },
     };
 

@@ -148,3 +148,41 @@ fn bad_token_ids_and_lengths_are_errors_not_panics() {
         assert!(model.embed(&[]).unwrap().is_empty());
     }
 }
+
+/// `--embed-weights bf16` (issue #17): on a CPU with AVX512_BF16 the linear
+/// layers round weights and activations to bf16 and sum in f32; the vectors
+/// keep a cosine of at least 0.9999 to the f32 forward's on the reference
+/// texts, to sentence-transformers' too, and a text's vector is the same
+/// bits alone and in the batch. Elsewhere the choice runs the f32 forward.
+/// Run on an AMD EPYC (Zen 4, AVX512_BF16).
+#[test]
+fn bf16_weights_keep_the_vectors_within_cosine_0_9999() {
+    let bf16 = load(ForwardChoice::FastestBf16);
+    let f32_forward = load(ForwardChoice::Fastest);
+    if bf16.forward_name() != "sluice-avx512-bf16" {
+        assert_eq!(bf16.forward_name(), f32_forward.forward_name());
+        eprintln!(
+            "no AVX512_BF16 at this level: bf16 runs {}",
+            bf16.forward_name()
+        );
+        return;
+    }
+    let (ids, expected) = reference_ids();
+    let batch: Vec<&[u32]> = ids.iter().map(Vec::as_slice).collect();
+    let a = bf16.embed(&batch).unwrap();
+    let b = f32_forward.embed(&batch).unwrap();
+    let (mut to_f32, mut to_st) = (1f32, 1f32);
+    for ((a, b), e) in a.iter().zip(&b).zip(&expected) {
+        to_f32 = to_f32.min(cosine(a, b));
+        to_st = to_st.min(cosine(a, e));
+    }
+    eprintln!(
+        "bf16: min cosine {to_f32:.7} to the f32 forward, {to_st:.7} to sentence-transformers, over {} texts",
+        ids.len()
+    );
+    assert!(to_f32 >= 0.9999, "{to_f32}");
+    assert!(to_st >= 0.9999, "{to_st}");
+    for (i, text) in batch.iter().enumerate() {
+        assert_eq!(bf16.embed(&[text]).unwrap()[0], a[i], "text {i} alone");
+    }
+}

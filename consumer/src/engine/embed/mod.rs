@@ -55,7 +55,12 @@ pub fn load_embedding_model(config: &ModelConfig) -> anyhow::Result<LoadedModel>
         );
     }
     let tokenizer = TextTokenizer::load(&dir.join("tokenizer.json"), config.max_tokens_per_item)?;
-    let model = MiniLm::load(dir, device.clone(), config.max_tokens_per_item)?;
+    let model = MiniLm::load(
+        dir,
+        device.clone(),
+        config.max_tokens_per_item,
+        config.embed_weights,
+    )?;
     Ok(LoadedModel {
         model: Box::new(model),
         tokenizer: Arc::new(tokenizer),
