@@ -95,58 +95,58 @@ fn main() {
         });
         let peak_all = flops * threads as f64 / all / 1e9;
         f32_peak = peak_all;
-        let mut cells = Vec::new();
-        let mut total_flops = 0.0;
-        let mut total_secs = 0.0;
-        for (inputs, outputs) in shapes {
-            let w = values(outputs * inputs);
-            let b = values(outputs);
-            let x = values(rows * inputs);
-            let linear = PackedLinear::new_for(kernels, &w, outputs, inputs, Some(&b));
-            let secs = best(5, || {
-                std::hint::black_box(linear.forward(&x, rows));
-            });
-            let f = 2.0 * (rows * inputs * outputs) as f64;
-            total_flops += f;
-            total_secs += secs;
-            cells.push(format!("{:.1}", f / secs / 1e9));
-        }
+        let (cells, gflops) = linear_speed(&shapes, rows, |w, outputs, inputs, b| {
+            Some(PackedLinear::new_for(kernels, w, outputs, inputs, Some(b)))
+        });
         println!(
             "| {} | {:.1} | {:.1} | {} | {:.0}% |",
             kernels.name(),
             flops / one / 1e9,
             peak_all,
             cells.join(" | "),
-            100.0 * total_flops / total_secs / 1e9 / peak_all
+            100.0 * gflops / peak_all
         );
     }
     // The bf16 layers (AVX512_BF16), against the same f32 FMA peak.
     if PackedLinear::new_bf16(&[0.0; 2], 1, 2, None).is_some() {
-        let mut cells = Vec::new();
-        let (mut total_flops, mut total_secs) = (0.0, 0.0);
-        for (inputs, outputs) in shapes {
-            let w = values(outputs * inputs);
-            let b = values(outputs);
-            let x = values(rows * inputs);
-            let Some(linear) = PackedLinear::new_bf16(&w, outputs, inputs, Some(&b)) else {
-                continue;
-            };
-            let secs = best(5, || {
-                std::hint::black_box(linear.forward(&x, rows));
-            });
-            let f = 2.0 * (rows * inputs * outputs) as f64;
-            total_flops += f;
-            total_secs += secs;
-            cells.push(format!("{:.1}", f / secs / 1e9));
-        }
+        let (cells, gflops) = linear_speed(&shapes, rows, |w, outputs, inputs, b| {
+            PackedLinear::new_bf16(w, outputs, inputs, Some(b))
+        });
         println!(
             "| avx512 bf16 weights | - | - | {} | {:.0}% of the f32 peak |",
             cells.join(" | "),
-            100.0 * total_flops / total_secs / 1e9 / f32_peak
+            100.0 * gflops / f32_peak
         );
     }
     println!();
     println!(
         "GFLOP/s; linear on all {threads} threads; share of peak: the four shapes together against the FMA peak on all threads"
     );
+}
+
+/// GFLOP/s of the layers `pack` makes, per shape (`(inputs, outputs)`, as
+/// table cells) and over all shapes together; shapes it refuses are skipped.
+fn linear_speed(
+    shapes: &[(usize, usize)],
+    rows: usize,
+    pack: impl Fn(&[f32], usize, usize, &[f32]) -> Option<PackedLinear>,
+) -> (Vec<String>, f64) {
+    let mut cells = Vec::new();
+    let (mut total_flops, mut total_secs) = (0.0, 0.0);
+    for &(inputs, outputs) in shapes {
+        let w = values(outputs * inputs);
+        let b = values(outputs);
+        let x = values(rows * inputs);
+        let Some(linear) = pack(&w, outputs, inputs, &b) else {
+            continue;
+        };
+        let secs = best(5, || {
+            std::hint::black_box(linear.forward(&x, rows));
+        });
+        let f = 2.0 * (rows * inputs * outputs) as f64;
+        total_flops += f;
+        total_secs += secs;
+        cells.push(format!("{:.1}", f / secs / 1e9));
+    }
+    (cells, total_flops / total_secs / 1e9)
 }

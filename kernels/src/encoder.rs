@@ -121,6 +121,16 @@ pub struct PackedLinear {
     bf16: Option<Avx512Bf16>,
 }
 
+/// The bias (zeros without one), padded with zeros to the panels' width.
+fn padded_bias(bias: Option<&[f32]>, outputs: usize, padded: usize) -> Vec<f32> {
+    let mut out = vec![0f32; padded];
+    if let Some(bias) = bias {
+        assert_eq!(bias.len(), outputs, "bias shape");
+        out[..outputs].copy_from_slice(bias);
+    }
+    out
+}
+
 /// bf16 of `a` (low half) and `b` (high half), rounded to nearest even: a
 /// pair of inputs as `vdpbf16ps` multiplies them.
 pub(crate) fn bf16_pair(a: f32, b: f32) -> u32 {
@@ -157,11 +167,7 @@ impl PackedLinear {
                 panels[(panel * inputs + k) * nr + lane] = *w;
             }
         }
-        let mut padded_bias = vec![0f32; count * nr];
-        if let Some(bias) = bias {
-            assert_eq!(bias.len(), outputs, "bias shape");
-            padded_bias[..outputs].copy_from_slice(bias);
-        }
+        let padded_bias = padded_bias(bias, outputs, count * nr);
         PackedLinear {
             inputs,
             outputs,
@@ -198,11 +204,7 @@ impl PackedLinear {
                 bf16_panels[(panel * inputs / 2 + kp) * nr + lane] = bf16_pair(two[0], two[1]);
             }
         }
-        let mut padded_bias = vec![0f32; count * nr];
-        if let Some(bias) = bias {
-            assert_eq!(bias.len(), outputs, "bias shape");
-            padded_bias[..outputs].copy_from_slice(bias);
-        }
+        let padded_bias = padded_bias(bias, outputs, count * nr);
         Some(PackedLinear {
             inputs,
             outputs,

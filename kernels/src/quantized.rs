@@ -64,12 +64,12 @@ impl Int8Kernels {
         match self {
             Int8Kernels::Avx512Vnni(t) if even => t.quantized_rows(w, x, first, rows, out),
             Int8Kernels::Avx512Bw(t) if even => t.quantized_rows(w, x, first, rows, out),
-            Int8Kernels::Avx512Vnni(_) | Int8Kernels::Avx512Bw(_) | Int8Kernels::Avx2(_) => {
-                match Avx2::get() {
-                    Some(t) => t.quantized_rows(w, x, first, rows, out),
-                    None => reference_rows(w, x, first, rows, out),
-                }
-            }
+            Int8Kernels::Avx2(t) => t.quantized_rows(w, x, first, rows, out),
+            // An AVX-512 token exists only at a level that includes AVX2.
+            Int8Kernels::Avx512Vnni(_) | Int8Kernels::Avx512Bw(_) => match Avx2::get() {
+                Some(t) => t.quantized_rows(w, x, first, rows, out),
+                None => reference_rows(w, x, first, rows, out),
+            },
             Int8Kernels::Reference => reference_rows(w, x, first, rows, out),
         }
     }

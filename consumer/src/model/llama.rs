@@ -563,9 +563,7 @@ impl Llama {
             for s in segments.iter_mut() {
                 let (start, capacity) = (s.cache.len, s.cache.capacity);
                 let KvLayers::Host(caches) = &mut s.cache.layers else {
-                    return Err(ModelError::Failed(
-                        "a KV cache made for the candle step in the host step".into(),
-                    ));
+                    return Err(candle_cache_in_host_step());
                 };
                 let (keys, values) = &mut caches[layer];
                 for pos in start..start + s.tokens.len() {
@@ -591,9 +589,7 @@ impl Llama {
             let mut sequences = Vec::with_capacity(segments.len());
             for s in segments.iter() {
                 let KvLayers::Host(caches) = &s.cache.layers else {
-                    return Err(ModelError::Failed(
-                        "a KV cache made for the candle step in the host step".into(),
-                    ));
+                    return Err(candle_cache_in_host_step());
                 };
                 let n = s.tokens.len();
                 sequences.push(SequenceAttention {
@@ -698,6 +694,10 @@ impl Llama {
         }
         Ok(x)
     }
+}
+
+fn candle_cache_in_host_step() -> ModelError {
+    ModelError::Failed("a KV cache made for the candle step in the host step".into())
 }
 
 /// `x += y`, elementwise (the residual connections).
