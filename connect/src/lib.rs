@@ -228,6 +228,44 @@ fn auth_hint(e: &async_nats::ConnectError) -> &'static str {
     }
 }
 
+/// Where S3 is and how to sign for it, as the consumer and the gateway take
+/// it (the CLI has its own, older flags).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct S3Args {
+    /// S3 endpoint URL (SeaweedFS, MinIO, ...). Unset: AWS's default endpoint for the region.
+    #[arg(long, env = "AWS_ENDPOINT_URL")]
+    pub s3_endpoint: Option<String>,
+    #[arg(long, env = "AWS_REGION", default_value = "us-east-1")]
+    pub s3_region: String,
+    /// S3 access key id. Unset: the standard AWS chain (env, profile,
+    /// instance or IRSA role).
+    #[arg(long, env = "AWS_ACCESS_KEY_ID")]
+    pub s3_access_key_id: Option<String>,
+    /// S3 secret key, with --s3-access-key-id.
+    #[arg(long, env = "AWS_SECRET_ACCESS_KEY", hide_env_values = true)]
+    pub s3_secret_access_key: Option<Secret>,
+}
+
+impl S3Args {
+    /// Both keys or neither: the error says how to fix it.
+    pub fn check(&self) -> std::result::Result<(), &'static str> {
+        if self.s3_access_key_id.is_some() != self.s3_secret_access_key.is_some() {
+            return Err(
+                "set both AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (--s3-access-key-id, --s3-secret-access-key) or neither (to use the AWS chain)",
+            );
+        }
+        Ok(())
+    }
+
+    pub async fn client(&self) -> aws_sdk_s3::Client {
+        let credentials = self
+            .s3_access_key_id
+            .as_deref()
+            .zip(self.s3_secret_access_key.as_ref());
+        s3_client(self.s3_endpoint.as_deref(), &self.s3_region, credentials).await
+    }
+}
+
 /// An S3 client from the standard AWS chain (env, profile, instance or IRSA
 /// role), or explicit credentials, plus an optional endpoint (path-style,
 /// for SeaweedFS, MinIO and the like).

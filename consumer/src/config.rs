@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
-use sluice_schemas::{Secret, Task, Topology};
+use sluice_schemas::{Task, Topology};
 
 /// Where the model runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -125,18 +125,8 @@ pub struct Config {
     #[arg(long, env = "SLUICE_NAMESPACE", default_value = "")]
     pub namespace: String,
 
-    /// S3 endpoint URL (SeaweedFS, MinIO, ...). Unset: AWS's default endpoint for the region.
-    #[arg(long, env = "AWS_ENDPOINT_URL")]
-    pub s3_endpoint: Option<String>,
-    #[arg(long, env = "AWS_REGION", default_value = "us-east-1")]
-    pub s3_region: String,
-    /// S3 access key id. Unset: the standard AWS chain (env, profile,
-    /// instance or IRSA role).
-    #[arg(long, env = "AWS_ACCESS_KEY_ID")]
-    pub s3_access_key_id: Option<String>,
-    /// S3 secret key, with --s3-access-key-id.
-    #[arg(long, env = "AWS_SECRET_ACCESS_KEY", hide_env_values = true)]
-    pub s3_secret_access_key: Option<Secret>,
+    #[command(flatten)]
+    pub s3: sluice_connect::S3Args,
     /// Bucket that outputs are written to.
     #[arg(long, env = "SLUICE_OUTPUT_BUCKET", default_value = "sluice")]
     pub output_bucket: String,
@@ -425,11 +415,11 @@ impl Config {
                 ),
             ));
         }
-        if self.s3_access_key_id.is_some() != self.s3_secret_access_key.is_some() {
+        if let Err(fix) = self.s3.check() {
             return Err(bad(
                 "s3_access_key_id / s3_secret_access_key",
                 "one of the two",
-                "set both (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY) or neither (to use the AWS chain)",
+                fix,
             ));
         }
         if self.output_bucket.is_empty() {
@@ -443,11 +433,7 @@ impl Config {
     }
 
     pub fn topology(&self) -> Topology {
-        if self.namespace.is_empty() {
-            Topology::default()
-        } else {
-            Topology::namespaced(&self.namespace)
-        }
+        Topology::for_namespace(&self.namespace)
     }
 }
 
@@ -497,7 +483,7 @@ mod tests {
             ),
             (
                 &["--s3-access-key-id=x"],
-                "set both (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY) or neither",
+                "set both AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (--s3-access-key-id, --s3-secret-access-key) or neither",
             ),
             (
                 &["--pull-max-messages=0"],

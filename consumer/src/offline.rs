@@ -12,7 +12,7 @@ use crate::config::ModelConfig;
 use crate::engine::embed::batcher::{BatchItem, Queue};
 use crate::engine::embed::{l2_normalize, load_embedding_model};
 use crate::fetch;
-use crate::output::npy;
+use sluice_schemas::npy;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct EmbedArgs {

@@ -129,16 +129,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             )
         })?;
 
-    let credentials = config
-        .s3_access_key_id
-        .as_deref()
-        .zip(config.s3_secret_access_key.as_ref());
-    let s3 = sluice_connect::s3_client(
-        config.s3_endpoint.as_deref(),
-        &config.s3_region,
-        credentials,
-    )
-    .await;
+    let s3 = config.s3.client().await;
     s3.head_bucket()
         .bucket(&config.output_bucket)
         .send()

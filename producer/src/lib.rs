@@ -77,11 +77,7 @@ impl Default for ProducerConfig {
 
 impl ProducerConfig {
     pub fn topology(&self) -> Topology {
-        if self.namespace.is_empty() {
-            Topology::default()
-        } else {
-            Topology::namespaced(&self.namespace)
-        }
+        Topology::for_namespace(&self.namespace)
     }
 }
 
@@ -210,35 +206,15 @@ impl Producer {
         reply_to: &str,
         traceparent: Option<&str>,
     ) -> Result<jetstream::publish::PublishAck> {
-        let mut h = HeaderMap::new();
-        h.insert(headers::MSG_ID, job.id.as_str());
-        h.insert(headers::REPLY_TO, reply_to);
-        if let Some(tp) = traceparent {
-            h.insert(headers::TRACEPARENT, tp);
-        }
-        let subject = self.topology.job_subject(&job.task);
-        let ack = self
-            .js
-            .publish_with_headers(subject.clone(), h, job.to_bytes().into())
-            .await
-            .with_context(|| format!("cannot publish to {subject}"))?
-            .await
-            .with_context(|| format!("the job stream did not store the job on {subject}"))?;
-        if !ack.duplicate {
-            self.record_queued(&job.id, ack.sequence).await?;
-        }
-        Ok(ack)
-    }
-
-    /// Writes a `queued` status record unless the job already has one (a
-    /// fast consumer may have marked it running already; that record wins).
-    async fn record_queued(&self, job_id: &str, sequence: u64) -> Result<()> {
-        self.statuses()
-            .await?
-            .queue(job_id, sequence)
-            .await
-            .with_context(|| format!("cannot record job {job_id} as queued"))?;
-        Ok(())
+        publish(
+            &self.js,
+            &self.topology,
+            &self.statuses().await?,
+            job,
+            reply_to,
+            traceparent,
+        )
+        .await
     }
 
     /// The status records, written only through their named transitions
@@ -291,6 +267,40 @@ impl Producer {
             None => Ok(None),
         }
     }
+}
+
+/// Publishes `job` through JetStream (its id as `Nats-Msg-Id`, so a second
+/// publish within the duplicate window is dropped by the server) and, unless
+/// it was a duplicate, records it `queued` (unless it already has a record:
+/// a fast consumer may have marked it running; that record wins).
+pub async fn publish(
+    js: &jetstream::Context,
+    topology: &Topology,
+    statuses: &sluice_status::StatusStore,
+    job: &Job,
+    reply_to: &str,
+    traceparent: Option<&str>,
+) -> Result<jetstream::publish::PublishAck> {
+    let mut h = HeaderMap::new();
+    h.insert(headers::MSG_ID, job.id.as_str());
+    h.insert(headers::REPLY_TO, reply_to);
+    if let Some(tp) = traceparent {
+        h.insert(headers::TRACEPARENT, tp);
+    }
+    let subject = topology.job_subject(&job.task);
+    let ack = js
+        .publish_with_headers(subject.clone(), h, job.to_bytes().into())
+        .await
+        .with_context(|| format!("cannot publish to {subject}"))?
+        .await
+        .with_context(|| format!("the job stream did not store the job on {subject}"))?;
+    if !ack.duplicate {
+        statuses
+            .queue(&job.id, ack.sequence)
+            .await
+            .with_context(|| format!("cannot record job {} as queued", job.id))?;
+    }
+    Ok(ack)
 }
 
 /// A fresh W3C `traceparent` (a new trace, sampled), for a job published

@@ -296,35 +296,39 @@ async fn ensure_consumer(
     }
 }
 
-async fn ensure_status_bucket(
+/// A key-value bucket: created, or its age and replicas changed in place
+/// (a bucket is a stream named `KV_<bucket>`). `max_age` zero keeps
+/// entries until deleted.
+async fn ensure_kv_bucket(
     js: &jetstream::Context,
-    t: &Topology,
-    s: &Settings,
+    bucket: &str,
+    description: &str,
+    max_age: Duration,
+    replicas: usize,
 ) -> Result<Change> {
-    let what = format!("key-value bucket {}", t.status_bucket);
-    if js.get_key_value(&t.status_bucket).await.is_ok() {
-        // A bucket is a stream named KV_<bucket>; its age and replicas can change in place.
-        let mut backing = js.get_stream(format!("KV_{}", t.status_bucket)).await?;
+    let what = format!("key-value bucket {bucket}");
+    if js.get_key_value(bucket).await.is_ok() {
+        let mut backing = js.get_stream(format!("KV_{bucket}")).await?;
         let mut config = backing.info().await?.config.clone();
         let mut changed = Vec::new();
-        diff(&mut changed, "max_age", &config.max_age, &s.status_max_age);
-        diff(&mut changed, "replicas", &config.num_replicas, &s.replicas);
+        diff(&mut changed, "max_age", &config.max_age, &max_age);
+        diff(&mut changed, "replicas", &config.num_replicas, &replicas);
         if changed.is_empty() {
             return Ok(Change::Unchanged(what));
         }
-        config.max_age = s.status_max_age;
-        config.num_replicas = s.replicas;
+        config.max_age = max_age;
+        config.num_replicas = replicas;
         js.update_stream(&config)
             .await
             .with_context(|| format!("cannot update {what}"))?;
         return Ok(Change::Updated(what, changed));
     }
     js.create_key_value(kv::Config {
-        bucket: t.status_bucket.clone(),
-        description: "sluice job status, one record per job id".into(),
+        bucket: bucket.to_string(),
+        description: description.into(),
         history: 1,
-        max_age: s.status_max_age,
-        num_replicas: s.replicas,
+        max_age,
+        num_replicas: replicas,
         storage: stream::StorageType::File,
         ..Default::default()
     })
@@ -366,7 +370,27 @@ pub async fn ensure(
         changes.push(ensure_consumer(js, &t.job_stream, consumer_config(t, s, task)).await?);
     }
     changes.push(ensure_stream(js, dlq_stream_config(t, s)).await?);
-    changes.push(ensure_status_bucket(js, t, s).await?);
+    changes.push(
+        ensure_kv_bucket(
+            js,
+            &t.status_bucket,
+            "sluice job status, one record per job id",
+            s.status_max_age,
+            s.replicas,
+        )
+        .await?,
+    );
+    // The gateway's files and batches: kept until deleted.
+    changes.push(
+        ensure_kv_bucket(
+            js,
+            &t.gateway_bucket,
+            "sluice gateway: OpenAI-compatible files and batches",
+            Duration::ZERO,
+            s.replicas,
+        )
+        .await?,
+    );
     if let Some(s3) = s3 {
         changes.push(ensure_bucket(s3, bucket).await?);
     }

@@ -281,6 +281,16 @@ pub struct OutputOptions {
     /// this many seconds (for clients without S3 credentials).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub presign_get_secs: Option<u32>,
+    /// Write the output to S3 even when it is small enough to travel inline
+    /// (default false), so the status record names it: for a reader that
+    /// learns the outcome from the status bucket rather than the result
+    /// message (the gateway's batch chunks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub always_s3: Option<bool>,
+    /// List each item's token count in the usage (`usage.item_tokens`;
+    /// default false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub item_tokens: Option<bool>,
 }
 
 /// The longest a presigned URL may live: S3's (SigV4's) limit, 7 days.
@@ -289,6 +299,12 @@ pub const MAX_PRESIGN_SECS: u32 = 604_800;
 impl OutputOptions {
     pub fn is_default(&self) -> bool {
         *self == OutputOptions::default()
+    }
+    pub fn always_s3(&self) -> bool {
+        self.always_s3.unwrap_or(false)
+    }
+    pub fn item_tokens(&self) -> bool {
+        self.item_tokens.unwrap_or(false)
     }
 
     /// Refuses a presign lifetime outside 1..=7 days (the schema's range).

@@ -5,6 +5,7 @@
 mod error_code;
 mod job;
 pub mod names;
+pub mod npy;
 pub mod secret;
 pub mod trace_context;
 pub use names::Topology;

@@ -16,6 +16,10 @@ pub const DLQ_STREAM: &str = "SLUICE_DLQ";
 pub const DLQ_SUBJECT_PREFIX: &str = "sluice.dlq";
 /// The KV bucket holding one status record per job, keyed by job id.
 pub const STATUS_BUCKET: &str = "sluice-status";
+/// The KV bucket of the OpenAI-compatible gateway (`sluice-gateway`): its
+/// files (`file.<id>`) and batches (`batch.<id>`, and `active.<id>` while a
+/// batch is not final).
+pub const GATEWAY_BUCKET: &str = "sluice-gateway";
 /// Where results go when a publisher names no reply subject: `sluice.results.<job id>`.
 pub const RESULT_SUBJECT_PREFIX: &str = "sluice.results";
 
@@ -32,6 +36,7 @@ pub struct Topology {
     pub dlq_subject_prefix: String,
     pub status_bucket: String,
     pub result_subject_prefix: String,
+    pub gateway_bucket: String,
 }
 
 impl Default for Topology {
@@ -44,11 +49,21 @@ impl Default for Topology {
             dlq_subject_prefix: DLQ_SUBJECT_PREFIX.into(),
             status_bucket: STATUS_BUCKET.into(),
             result_subject_prefix: RESULT_SUBJECT_PREFIX.into(),
+            gateway_bucket: GATEWAY_BUCKET.into(),
         }
     }
 }
 
 impl Topology {
+    /// The standard names for an empty namespace, else [`Topology::namespaced`].
+    pub fn for_namespace(ns: &str) -> Topology {
+        if ns.is_empty() {
+            Topology::default()
+        } else {
+            Topology::namespaced(ns)
+        }
+    }
+
     /// The default names with `ns` worked in: `SLUICE_JOBS_<ns>`, `<ns>.sluice.jobs`, ...
     /// `ns` must be a valid job-id-like token.
     pub fn namespaced(ns: &str) -> Topology {
@@ -60,6 +75,7 @@ impl Topology {
             dlq_subject_prefix: format!("{ns}.{DLQ_SUBJECT_PREFIX}"),
             status_bucket: format!("{STATUS_BUCKET}-{ns}"),
             result_subject_prefix: format!("{ns}.{RESULT_SUBJECT_PREFIX}"),
+            gateway_bucket: format!("{GATEWAY_BUCKET}-{ns}"),
         }
     }
 

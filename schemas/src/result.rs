@@ -140,6 +140,10 @@ pub struct Usage {
     /// generate: tokens generated, over all prompts.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub completion_tokens: u64,
+    /// Each item's tokens (after truncation; for generate, its prompt's), in
+    /// item order, when the job asked with `output.item_tokens`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub item_tokens: Vec<u64>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -213,6 +217,9 @@ pub struct StatusRecord {
     /// On failed: why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<ErrorInfo>,
+    /// On done: what the job consumed (as in its result).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
     /// How many times the job was replayed from the dead-letter stream.
     #[serde(default)]
     pub replays: u32,

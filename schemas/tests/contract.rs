@@ -109,6 +109,8 @@ fn sample_job() -> Job {
         submitted_at: Some(datetime!(2026-11-29 17:00:00 UTC)),
         output: OutputOptions {
             presign_get_secs: Some(60),
+            always_s3: Some(true),
+            item_tokens: Some(true),
         },
     }
 }
@@ -152,6 +154,7 @@ fn every_rust_value_validates_and_round_trips() {
             tokens: 40,
             truncated_items: 1,
             completion_tokens: 0,
+            item_tokens: Vec::new(),
         },
         timings_ms: Timings {
             queue: Some(1.5),
@@ -196,6 +199,7 @@ fn every_rust_value_validates_and_round_trips() {
             tokens: 35,
             truncated_items: 0,
             completion_tokens: 4,
+            item_tokens: vec![20, 15],
         },
         ..ok_s3.clone()
     };
@@ -276,6 +280,13 @@ fn every_rust_value_validates_and_round_trips() {
         output: Some(s3_output()),
         error: None,
         replays: 0,
+        usage: Some(Usage {
+            items: 2,
+            tokens: 35,
+            truncated_items: 0,
+            completion_tokens: 0,
+            item_tokens: vec![20, 15],
+        }),
     };
     round_trip(&status, &record);
     let failed = StatusRecord {

@@ -91,6 +91,7 @@ impl StatusStore {
             output: None,
             error: None,
             replays: 0,
+            usage: None,
         };
         // One round trip (submit's hot path): create, or find one there.
         let payload = serde_json::to_vec(&record).map_err(|e| StatusError::Write {
@@ -174,9 +175,24 @@ impl StatusStore {
     /// `cancelled`, unless the job has finished. Returns whether it was
     /// cancelled (false: it had already finished).
     pub async fn cancel(&self, job_id: &str) -> Result<bool, StatusError> {
+        self.cancel_if(job_id, |state| !state.is_final()).await
+    }
+
+    /// `cancelled` only while the job waits in the queue: a running job is
+    /// let finish (a batch's cancel). Returns whether it was cancelled.
+    pub async fn cancel_queued(&self, job_id: &str) -> Result<bool, StatusError> {
+        self.cancel_if(job_id, |state| state == JobState::Queued)
+            .await
+    }
+
+    async fn cancel_if(
+        &self,
+        job_id: &str,
+        cancellable: impl Fn(JobState) -> bool,
+    ) -> Result<bool, StatusError> {
         let (written, _) = self
             .swap(job_id, |current| match current {
-                Some(r) if r.state.is_final() => None,
+                Some(r) if !cancellable(r.state) => None,
                 _ => Some(StatusRecord {
                     version: VERSION,
                     job_id: job_id.to_string(),
@@ -187,6 +203,7 @@ impl StatusStore {
                     output: None,
                     error: None,
                     replays: current.map_or(0, |r| r.replays),
+                    usage: None,
                 }),
             })
             .await?;
@@ -210,6 +227,7 @@ impl StatusStore {
                     output: None,
                     error: None,
                     replays: current.map_or(0, |r| r.replays) + 1,
+                    usage: None,
                 }),
             })
             .await?;

@@ -153,6 +153,18 @@ impl Deployment {
         .await
     }
 
+    /// The flags naming this deployment's servers and namespace, as the
+    /// consumer and the gateway both take them.
+    fn server_args(&self) -> Vec<String> {
+        vec![
+            format!("--nats-url={}", self.nats_urls),
+            format!("--namespace={}", self.namespace),
+            format!("--s3-endpoint={}", self.servers.s3.endpoint()),
+            format!("--s3-access-key-id={}", self.servers.s3.access_key),
+            format!("--s3-secret-access-key={}", self.servers.s3.secret_key),
+        ]
+    }
+
     /// The flags that point a consumer at this deployment, then `extra`
     /// (which may override the test defaults for the budget and intervals).
     pub fn consumer_args(&self, extra: &[&str]) -> Vec<String> {
@@ -162,16 +174,12 @@ impl Deployment {
         } else {
             "all-minilm-l6-v2"
         });
-        let mut args = vec![
-            format!("--nats-url={}", self.nats_urls),
-            format!("--namespace={}", self.namespace),
-            format!("--s3-endpoint={}", self.servers.s3.endpoint()),
-            format!("--s3-access-key-id={}", self.servers.s3.access_key),
-            format!("--s3-secret-access-key={}", self.servers.s3.secret_key),
+        let mut args = self.server_args();
+        args.extend([
             format!("--output-bucket={}", self.bucket),
             format!("--model-dir={}", model.display()),
             "--http-addr=127.0.0.1:0".into(),
-        ];
+        ]);
         for default in [
             "--memory-budget=1500000000",
             "--progress-interval-secs=5",
@@ -192,6 +200,74 @@ impl Deployment {
         let mut args = vec!["sluice-consumer".to_string()];
         args.extend(self.consumer_args(extra));
         ConfigArgs::parse_from(args).config
+    }
+
+    /// The flags that point a gateway at this deployment, with `keys`
+    /// (`TENANT:KEY,...`), then `extra`.
+    pub fn gateway_args(&self, keys: &str, extra: &[&str]) -> Vec<String> {
+        let mut args = self.server_args();
+        args.extend([
+            format!("--bucket={}", self.bucket),
+            format!("--keys={keys}"),
+            "--listen=127.0.0.1:0".into(),
+            "--driver-interval-ms=200".into(),
+        ]);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args
+    }
+
+    /// Starts a gateway in this process.
+    pub async fn start_gateway(
+        &self,
+        keys: &str,
+        extra: &[&str],
+    ) -> Result<sluice_gateway::Running> {
+        let mut args = vec!["sluice-gateway".to_string()];
+        args.extend(self.gateway_args(keys, extra));
+        sluice_gateway::start(sluice_gateway::Config::parse_from(args)).await
+    }
+
+    /// Starts the real `sluice-gateway` binary as a child process, on a free
+    /// loopback port; returns once it answers `/healthz`.
+    pub async fn spawn_gateway(&self, keys: &str, extra: &[&str]) -> Result<GatewayProcess> {
+        let bin = workspace_binary("sluice-gateway", "sluice-gateway")?;
+        let dir = tempfile::Builder::new()
+            .prefix("sluice-gateway-")
+            .tempdir()?;
+        let log = dir.path().join("gateway.log");
+        let addr: std::net::SocketAddr = format!("127.0.0.1:{}", crate::free_port()).parse()?;
+        let mut args: Vec<String> = self
+            .gateway_args(keys, extra)
+            .into_iter()
+            .filter(|a| !a.starts_with("--listen="))
+            .collect();
+        args.push(format!("--listen={addr}"));
+        let mut cmd = Command::new(bin);
+        cmd.args(args)
+            .env("RUST_LOG", "info")
+            .env_remove("NATS_URL")
+            .stdin(Stdio::null());
+        let mut process = Owned::spawn(cmd, log)?;
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            if reqwest::get(format!("http://{addr}/healthz")).await.is_ok() {
+                return Ok(GatewayProcess {
+                    process,
+                    addr,
+                    _dir: dir,
+                });
+            }
+            if let Some(status) = process.exited() {
+                bail!(
+                    "gateway exited ({status}) before it was ready:\n{}",
+                    process.log_tail()
+                );
+            }
+            if Instant::now() > until {
+                bail!("gateway not ready after 60 s:\n{}", process.log_tail());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Starts a consumer in this process.
@@ -351,6 +427,23 @@ pub async fn run_cli(
             stdout: String::new(),
             stderr: format!("sluice {args:?} ran past {timeout:?} and was killed"),
         },
+    }
+}
+
+/// A gateway running as a child process; killed on drop.
+pub struct GatewayProcess {
+    process: Owned,
+    pub addr: std::net::SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl GatewayProcess {
+    pub fn pid(&self) -> Option<u32> {
+        self.process.pid()
+    }
+
+    pub fn log_tail(&self) -> String {
+        self.process.log_tail()
     }
 }
 

@@ -38,6 +38,7 @@ pub fn status(job_id: &str, state: JobState, d: &Delivery) -> StatusRecord {
         output: None,
         error: None,
         replays: d.replays,
+        usage: None,
     }
 }
 

@@ -228,7 +228,7 @@ async fn process(
             .await?
         }
     };
-    Ok(Finished::Done(Done { output, usage }))
+    Ok(Finished::Done(Box::new(Done { output, usage })))
 }
 
 /// embed: tokenize, batch, gather vectors, write the output.
@@ -244,8 +244,11 @@ async fn run_embed(
     let started = Instant::now();
     let Prepared {
         items: tokenized,
-        usage,
+        mut usage,
     } = engine.prepare(items, job.parameters.truncate()).await?;
+    if !job.output.item_tokens() {
+        usage.item_tokens = Vec::new();
+    }
     timings.tokenize = Some(started.elapsed().as_secs_f64() * 1e3);
     trace.stage_with(
         "tokenize",
@@ -269,7 +272,7 @@ async fn run_embed(
     let started = Instant::now();
     let output = shared
         .outputs
-        .store_embeddings(&job.id, vectors, engine.dim, job.output.presign_get_secs)
+        .store_embeddings(&job.id, vectors, engine.dim, &job.output)
         .await?;
     record_write(timings, trace, started, &output);
     Ok((output, usage))
@@ -321,11 +324,16 @@ async fn run_generate(
         tokens: prompt_tokens,
         truncated_items: 0,
         completion_tokens: generations.iter().map(|g| g.completion_tokens).sum(),
+        item_tokens: if job.output.item_tokens() {
+            generations.iter().map(|g| g.prompt_tokens).collect()
+        } else {
+            Vec::new()
+        },
     };
     let started = Instant::now();
     let output = shared
         .outputs
-        .store_generations(&job.id, generations, job.output.presign_get_secs)
+        .store_generations(&job.id, generations, &job.output)
         .await?;
     record_write(timings, trace, started, &output);
     Ok((output, usage))

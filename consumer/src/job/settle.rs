@@ -22,7 +22,7 @@ pub struct Done {
 
 /// How processing ended when it did not fail.
 pub enum Finished {
-    Done(Done),
+    Done(Box<Done>),
     /// A redelivery (or a re-submit) of a job whose status is already final:
     /// it was answered before; only the ack was lost.
     AlreadyFinal(JobState),
@@ -93,6 +93,7 @@ pub async fn settle(
             if let Output::S3(s3) = &done.output {
                 record.output = Some(s3.clone());
             }
+            record.usage = Some(done.usage.clone());
             let reply_to = d
                 .reply_to
                 .clone()

@@ -3,7 +3,6 @@
 //! embedding outputs (`npy`). Its status record is written through the
 //! `sluice-status` crate's `StatusStore`, which the CLI shares.
 
-pub mod npy;
 pub mod results;
 pub mod store;
 

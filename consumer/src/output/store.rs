@@ -7,10 +7,10 @@ use std::time::Duration;
 use aws_sdk_s3::presigning::PresigningConfig;
 use aws_sdk_s3::primitives::ByteStream;
 use sha2::{Digest, Sha256};
-use sluice_schemas::{ErrorCode, Generation, Output, S3Output};
+use sluice_schemas::{ErrorCode, Generation, Output, OutputOptions, S3Output};
 
-use super::npy;
 use crate::error::JobError;
+use sluice_schemas::npy;
 
 pub struct OutputStore {
     pub s3: aws_sdk_s3::Client,
@@ -25,16 +25,17 @@ impl OutputStore {
         format!("{}{job_id}.{format}", self.prefix)
     }
 
-    /// Puts the vectors inline when small, else into S3 as `.npy`.
+    /// Puts the vectors inline when small (unless the job asked for S3),
+    /// else into S3 as `.npy`.
     pub async fn store_embeddings(
         &self,
         job_id: &str,
         vectors: Vec<Vec<f32>>,
         dim: usize,
-        presign_get_secs: Option<u32>,
+        options: &OutputOptions,
     ) -> Result<Output, JobError> {
         let raw_bytes = (vectors.len() * dim * 4) as u64;
-        if raw_bytes <= self.inline_max_bytes {
+        if raw_bytes <= self.inline_max_bytes && !options.always_s3() {
             return Ok(Output::embeddings(vectors));
         }
         let rows = vectors.len() as u64;
@@ -46,18 +47,19 @@ impl OutputStore {
             "npy",
             "application/octet-stream",
             vec![rows, dim as u64],
-            presign_get_secs,
+            options.presign_get_secs,
         )
         .await
     }
 
-    /// Puts the generations inline when their JSON is small, else into S3
-    /// as JSONL (one generation object per line, in item order).
+    /// Puts the generations inline when their JSON is small (unless the job
+    /// asked for S3), else into S3 as JSONL (one generation object per line,
+    /// in item order).
     pub async fn store_generations(
         &self,
         job_id: &str,
         generations: Vec<Generation>,
-        presign_get_secs: Option<u32>,
+        options: &OutputOptions,
     ) -> Result<Output, JobError> {
         let mut body = Vec::new();
         for g in &generations {
@@ -66,7 +68,7 @@ impl OutputStore {
             })?;
             body.push(b'\n');
         }
-        if body.len() as u64 <= self.inline_max_bytes {
+        if body.len() as u64 <= self.inline_max_bytes && !options.always_s3() {
             return Ok(Output::generations(generations));
         }
         drop(generations);
@@ -76,7 +78,7 @@ impl OutputStore {
             "jsonl",
             "application/x-ndjson",
             Vec::new(),
-            presign_get_secs,
+            options.presign_get_secs,
         )
         .await
     }

@@ -350,16 +350,25 @@ fn strongly_connected(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<Str
     s.out
 }
 
-#[test]
-fn the_consumer_has_no_import_cycles() {
-    let src = sluice_tests::repo_root().join("consumer/src");
+fn assert_no_cycles(crate_src: &str) {
+    let src = sluice_tests::repo_root().join(crate_src);
     let modules = modules(&src);
     assert!(modules.len() > 10, "read {} modules", modules.len());
     let found = cycles(&modules);
     assert!(
         found.is_empty(),
-        "import cycles (at which level: the modules that use each other): {found:?}"
+        "import cycles in {crate_src} (at which level: the modules that use each other): {found:?}"
     );
+}
+
+#[test]
+fn the_consumer_has_no_import_cycles() {
+    assert_no_cycles("consumer/src");
+}
+
+#[test]
+fn the_gateway_has_no_import_cycles() {
+    assert_no_cycles("gateway/src");
 }
 
 /// The check itself finds what it is for: a cycle through a `use` group,

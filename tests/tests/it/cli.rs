@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use sluice_consumer::output::npy;
+use sluice_schemas::npy;
 use sluice_tests::deploy::{Deployment, run_cli};
 use sluice_tests::fixtures::jsonl;
 use sluice_tests::{Servers, free_port, read_until, unique_name};
@@ -38,13 +38,13 @@ async fn init_creates_then_changes_nothing_then_applies_a_settings_file() {
     let first = run_cli(&env, &["init", "--json"], None, T).await;
     let first = actions(&first);
     // Job stream, one durable consumer per task, dead-letter stream, status
-    // bucket, S3 bucket.
-    assert_eq!(first.len(), 6, "{first:?}");
+    // bucket, gateway bucket, S3 bucket.
+    assert_eq!(first.len(), 7, "{first:?}");
     assert!(first.iter().all(|a| a.starts_with("created ")), "{first:?}");
 
     let again = run_cli(&env, &["init", "--json"], None, T).await;
     let again = actions(&again);
-    assert_eq!(again.len(), 6, "{again:?}");
+    assert_eq!(again.len(), 7, "{again:?}");
     assert!(
         again.iter().all(|a| a.starts_with("unchanged ")),
         "the second run must change nothing: {again:?}"
@@ -60,7 +60,7 @@ async fn init_creates_then_changes_nothing_then_applies_a_settings_file() {
     )
     .await;
     assert_eq!(run.code, Some(0), "{run:?}");
-    assert_eq!(run.stdout.matches("unchanged").count(), 6, "{run:?}");
+    assert_eq!(run.stdout.matches("unchanged").count(), 7, "{run:?}");
 
     // A changed setting updates only what it touches, and says how.
     let dir = tempfile::tempdir().unwrap();

@@ -67,10 +67,11 @@ fn kubernetes_manifests_validate_strictly() {
         "deploy/kubernetes/init-job.yaml",
         "deploy/kubernetes/deployment.yaml",
         "deploy/kubernetes/deployment-gpu.yaml",
+        "deploy/kubernetes/gateway.yaml",
     ];
     let (ok, out) = run(&validate, &[&["--strict"][..], &manifests[..]].concat());
     assert!(ok, "{out}");
-    assert_eq!(out.matches("passed for resource").count(), 6, "{out}");
+    assert_eq!(out.matches("passed for resource").count(), 9, "{out}");
     let dir = tempfile::tempdir().unwrap();
     let bad = typo_copy(
         dir.path(),

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use sluice_consumer::output::npy;
+use sluice_schemas::npy;
 use sluice_schemas::{Input, JobState, Outcome, Output};
 use sluice_tests::deploy::Deployment;
 use sluice_tests::fixtures::{cosine, jsonl, minilm_reference};

@@ -110,7 +110,7 @@ async fn assert_all_done(d: &Deployment, ids: &[String], check_objects: bool) {
                 o.sha256,
                 "{id}: output differs"
             );
-            let (rows, dim, _) = sluice_consumer::output::npy::decode_f32(&bytes).unwrap();
+            let (rows, dim, _) = sluice_schemas::npy::decode_f32(&bytes).unwrap();
             assert_eq!((rows, dim), (1, 384), "{id}");
         }
     }

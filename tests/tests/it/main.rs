@@ -9,6 +9,7 @@ mod encoder;
 mod failures;
 mod faults;
 mod flood;
+mod gateway;
 mod generate;
 mod generate_jobs;
 mod harness;

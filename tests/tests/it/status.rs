@@ -33,6 +33,7 @@ fn record(job_id: &str, state: JobState, attempt: u32) -> StatusRecord {
         output: None,
         error: None,
         replays: 0,
+        usage: None,
     }
 }
 

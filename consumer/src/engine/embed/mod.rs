@@ -182,6 +182,7 @@ impl EmbedEngine {
             tokens: tokenized.iter().map(|t| t.ids.len() as u64).sum(),
             truncated_items: tokenized.iter().filter(|t| t.truncated).count() as u64,
             completion_tokens: 0,
+            item_tokens: tokenized.iter().map(|t| t.ids.len() as u64).collect(),
         };
         Ok(Prepared {
             items: tokenized,

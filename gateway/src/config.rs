@@ -1,0 +1,116 @@
+//! Every knob of the gateway, its flag and env var, and its checks.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use sluice_schemas::{Secret, Task, Topology};
+
+#[derive(Debug, Clone, clap::Parser)]
+#[command(
+    name = "sluice-gateway",
+    version,
+    about = "OpenAI-compatible Files and Batches APIs over sluice's job queue"
+)]
+pub struct Config {
+    /// Address the HTTP API listens on.
+    #[arg(long, env = "SLUICE_GATEWAY_ADDR", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+
+    /// NATS server URL(s), comma-separated.
+    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    pub nats_url: String,
+    #[command(flatten)]
+    pub nats_auth: sluice_connect::NatsAuth,
+    /// The deployment's namespace (as the consumers'); empty: the standard names.
+    #[arg(long, env = "SLUICE_NAMESPACE", default_value = "")]
+    pub namespace: String,
+
+    #[command(flatten)]
+    pub s3: sluice_connect::S3Args,
+    /// Bucket for uploaded files, batch outputs and the chunks' inputs (the
+    /// consumers' output bucket, so their outputs can be read back).
+    #[arg(long, env = "SLUICE_GATEWAY_BUCKET", default_value = "sluice")]
+    pub bucket: String,
+    /// Key prefix of everything the gateway writes.
+    #[arg(long, env = "SLUICE_GATEWAY_PREFIX", default_value = "gateway/")]
+    pub prefix: String,
+
+    /// File of API keys: one `TENANT KEY` pair per line (`#` comments).
+    #[arg(long, env = "SLUICE_GATEWAY_KEYS_FILE")]
+    pub keys_file: Option<PathBuf>,
+    /// API keys inline: `TENANT:KEY` pairs, comma-separated.
+    #[arg(long, env = "SLUICE_GATEWAY_KEYS", hide_env_values = true)]
+    pub keys: Option<Secret>,
+
+    /// Models the embed consumers serve (a batch line naming another fails).
+    #[arg(long, env = "SLUICE_EMBED_MODELS", value_delimiter = ',', default_value = Task::Embed.default_model())]
+    pub embed_models: Vec<String>,
+    /// Models the generate consumers serve.
+    #[arg(long, env = "SLUICE_GENERATE_MODELS", value_delimiter = ',', default_value = Task::Generate.default_model())]
+    pub generate_models: Vec<String>,
+
+    /// Largest file accepted by `POST /v1/files` (OpenAI's: 200 MB).
+    #[arg(long, env = "SLUICE_MAX_FILE_BYTES", default_value_t = 200_000_000)]
+    pub max_file_bytes: u64,
+    /// Most requests (lines) in one batch file (OpenAI's: 50,000).
+    #[arg(long, env = "SLUICE_MAX_BATCH_LINES", default_value_t = 50_000)]
+    pub max_batch_lines: u64,
+    /// Largest request line; a longer one fails alone (`request_too_large`).
+    #[arg(long, env = "SLUICE_MAX_LINE_BYTES", default_value_t = 1_000_000)]
+    pub max_line_bytes: usize,
+    /// Most lines in one chunk job.
+    #[arg(long, env = "SLUICE_CHUNK_LINES", default_value_t = 200)]
+    pub chunk_lines: usize,
+    /// Most embedding texts in one chunk job (at most the embed consumers'
+    /// --max-items-per-job).
+    #[arg(long, env = "SLUICE_CHUNK_TEXTS", default_value_t = 2_000)]
+    pub chunk_texts: usize,
+    /// Most prompts in one chunk job (at most the generate consumers'
+    /// --max-items-per-job, 64 by default).
+    #[arg(long, env = "SLUICE_CHUNK_PROMPTS", default_value_t = 32)]
+    pub chunk_prompts: usize,
+    /// How often the batch driver looks at unfinished batches, in milliseconds.
+    #[arg(long, env = "SLUICE_DRIVER_INTERVAL_MS", default_value_t = 500)]
+    pub driver_interval_ms: u64,
+    /// How long a driver's claim on a batch (validating or finalizing) lasts
+    /// without renewal before another gateway may take the batch over.
+    #[arg(long, env = "SLUICE_LEASE_SECS", default_value_t = 30)]
+    pub lease_secs: u64,
+    /// Lifetime of the presigned URLs of chunk inputs.
+    #[arg(long, env = "SLUICE_PRESIGN_SECS", default_value_t = 7 * 24 * 3600)]
+    pub presign_secs: u64,
+
+    /// Log filter (tracing's EnvFilter syntax).
+    #[arg(long, env = "RUST_LOG", default_value = "info")]
+    pub log_filter: String,
+}
+
+impl Config {
+    pub fn topology(&self) -> Topology {
+        Topology::for_namespace(&self.namespace)
+    }
+
+    pub fn driver_interval(&self) -> Duration {
+        Duration::from_millis(self.driver_interval_ms)
+    }
+
+    /// Checks the knobs together; the error names the knob.
+    pub fn validate(&self) -> Result<()> {
+        self.nats_auth.validate()?;
+        if self.chunk_lines == 0 || self.chunk_texts == 0 || self.chunk_prompts == 0 {
+            bail!("--chunk-lines, --chunk-texts and --chunk-prompts must be at least 1");
+        }
+        self.s3.check().map_err(anyhow::Error::msg)?;
+        if self
+            .embed_models
+            .iter()
+            .chain(&self.generate_models)
+            .any(|m| m.is_empty())
+        {
+            bail!("--embed-models and --generate-models must not name an empty model");
+        }
+        Ok(())
+    }
+}

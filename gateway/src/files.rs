@@ -1,0 +1,221 @@
+//! The Files API: `POST /v1/files` (multipart, streamed to S3), `GET
+//! /v1/files`, `GET /v1/files/{id}`, `GET /v1/files/{id}/content`, `DELETE
+//! /v1/files/{id}`. A file's bytes live in S3, its record in the gateway
+//! bucket; a tenant sees only its own files.
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Multipart, Path, Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::api_error::ApiError;
+use crate::auth::Tenant;
+use crate::objects::{self, ObjectWriter};
+use crate::records;
+use crate::state::{AppState, now};
+
+/// Purposes a client may upload with (the batch API's input).
+const UPLOAD_PURPOSES: [&str; 1] = ["batch"];
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FileRecord {
+    pub id: String,
+    pub tenant: String,
+    pub filename: String,
+    /// `batch` (uploaded), `batch_output` (a batch's output or error file).
+    pub purpose: String,
+    pub bytes: u64,
+    pub created_at: i64,
+}
+
+impl FileRecord {
+    pub fn key(id: &str) -> String {
+        format!("file.{id}")
+    }
+
+    /// The File object as OpenAI returns it.
+    pub fn to_api(&self) -> Value {
+        json!({
+            "id": self.id,
+            "object": "file",
+            "bytes": self.bytes,
+            "created_at": self.created_at,
+            "filename": self.filename,
+            "purpose": self.purpose,
+            "status": "processed",
+            "status_details": null,
+        })
+    }
+}
+
+pub fn new_file_id() -> String {
+    format!("file-{}", uuid::Uuid::now_v7().simple())
+}
+
+impl records::Owned for FileRecord {
+    fn key(id: &str) -> String {
+        FileRecord::key(id)
+    }
+    fn tenant(&self) -> &str {
+        &self.tenant
+    }
+}
+
+/// The tenant's file `id`, or 404 (also for another tenant's file).
+pub async fn find(state: &AppState, tenant: &str, id: &str) -> Result<FileRecord, ApiError> {
+    let file = state.records.owned(tenant, id).await?;
+    file.ok_or_else(|| ApiError::not_found("file", id))
+}
+
+pub async fn upload(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    mut form: Multipart,
+) -> Result<Json<Value>, ApiError> {
+    let mut purpose: Option<String> = None;
+    let mut stored: Option<FileRecord> = None;
+    let bad_form = |e: axum::extract::multipart::MultipartError| {
+        ApiError::invalid(format!("the multipart body could not be read: {e}"))
+    };
+    while let Some(mut field) = form.next_field().await.map_err(bad_form)? {
+        match field.name() {
+            Some("purpose") => purpose = Some(field.text().await.map_err(bad_form)?),
+            Some("file") => {
+                if stored.is_some() {
+                    return Err(ApiError::invalid("give one `file`").param("file"));
+                }
+                let id = new_file_id();
+                let filename = field.file_name().unwrap_or("upload.jsonl").to_string();
+                let mut writer = ObjectWriter::new(&state.s3, state.bucket(), &state.file_key(&id));
+                loop {
+                    let chunk = match field.chunk().await {
+                        Ok(Some(c)) => c,
+                        Ok(None) => break,
+                        Err(e) => {
+                            writer.abort().await;
+                            return Err(bad_form(e));
+                        }
+                    };
+                    if writer.len() + chunk.len() as u64 > state.config.max_file_bytes {
+                        writer.abort().await;
+                        return Err(ApiError::too_large(format!(
+                            "the file is larger than the limit of {} bytes",
+                            state.config.max_file_bytes
+                        ))
+                        .param("file"));
+                    }
+                    if let Err(e) = writer.write(&chunk).await {
+                        writer.abort().await;
+                        return Err(e.into());
+                    }
+                }
+                let bytes = writer.finish().await?;
+                stored = Some(FileRecord {
+                    id,
+                    tenant: tenant.clone(),
+                    filename,
+                    purpose: String::new(),
+                    bytes,
+                    created_at: now(),
+                });
+            }
+            _ => {} // other fields (e.g. expires_after) are ignored
+        }
+    }
+    let Some(mut file) = stored else {
+        return Err(ApiError::invalid("the form has no `file` field").param("file"));
+    };
+    let purpose = purpose.unwrap_or_default();
+    if !UPLOAD_PURPOSES.contains(&purpose.as_str()) {
+        let _ = objects::delete(&state.s3, state.bucket(), &state.file_key(&file.id)).await;
+        return Err(ApiError::invalid(format!(
+            "'{purpose}' is not a supported purpose; use one of: {}",
+            UPLOAD_PURPOSES.join(", ")
+        ))
+        .param("purpose"));
+    }
+    file.purpose = purpose;
+    state.records.put(&FileRecord::key(&file.id), &file).await?;
+    tracing::info!(file = file.id, tenant, bytes = file.bytes, "file uploaded");
+    Ok(Json(file.to_api()))
+}
+
+#[derive(Deserialize)]
+pub struct ListQuery {
+    after: Option<String>,
+    limit: Option<usize>,
+    purpose: Option<String>,
+    order: Option<String>,
+}
+
+pub async fn list(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    Query(q): Query<ListQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let limit = q.limit.unwrap_or(10_000).clamp(1, 10_000);
+    let ascending = match q.order.as_deref() {
+        None | Some("desc") => false,
+        Some("asc") => true,
+        Some(other) => {
+            return Err(
+                ApiError::invalid(format!("order must be asc or desc, not {other:?}"))
+                    .param("order"),
+            );
+        }
+    };
+    let page = records::page(
+        &state.records,
+        "file.",
+        q.after.as_deref(),
+        limit,
+        ascending,
+        |f: &FileRecord| f.tenant == tenant && q.purpose.as_ref().is_none_or(|p| *p == f.purpose),
+        FileRecord::to_api,
+    )
+    .await?;
+    Ok(Json(page))
+}
+
+pub async fn retrieve(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    Ok(Json(find(&state, &tenant, &id).await?.to_api()))
+}
+
+pub async fn content(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let file = find(&state, &tenant, &id).await?;
+    let body = objects::get(&state.s3, state.bucket(), &state.file_key(&file.id)).await?;
+    let stream = tokio_util::io::ReaderStream::new(body.into_async_read());
+    Ok((
+        StatusCode::OK,
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+            (header::CONTENT_LENGTH, file.bytes.to_string()),
+        ],
+        Body::from_stream(stream),
+    )
+        .into_response())
+}
+
+pub async fn delete(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let file = find(&state, &tenant, &id).await?;
+    objects::delete(&state.s3, state.bucket(), &state.file_key(&file.id)).await?;
+    state.records.delete(&FileRecord::key(&file.id)).await?;
+    Ok(Json(
+        json!({ "id": file.id, "object": "file", "deleted": true }),
+    ))
+}

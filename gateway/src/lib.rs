@@ -1,0 +1,141 @@
+//! `sluice-gateway`: OpenAI's Files and Batches APIs over sluice's job
+//! queue. Stateless: files and batch outputs live in S3, every record in the
+//! gateway's KV bucket, the work in the job stream; any number of gateways
+//! can serve one deployment, and a killed one loses nothing.
+//!
+//! The data path: `files::upload` streams a batch file to S3;
+//! `batches::create` records a batch; `driver` validates it, publishes its
+//! chunk jobs (run by the consumers like any job), follows their status
+//! records and writes the output and error files.
+
+pub mod api_error;
+pub mod auth;
+pub mod batch_record;
+pub mod batches;
+pub mod config;
+pub mod driver;
+pub mod files;
+pub mod objects;
+pub mod openai;
+pub mod records;
+pub mod state;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+
+pub use config::Config;
+use state::AppState;
+
+pub fn init_logging(filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).try_init();
+}
+
+/// The HTTP API.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route(
+            "/v1/files",
+            post(files::upload)
+                .layer(DefaultBodyLimit::disable())
+                .get(files::list),
+        )
+        .route("/v1/files/{id}", get(files::retrieve).delete(files::delete))
+        .route("/v1/files/{id}/content", get(files::content))
+        .route("/v1/batches", post(batches::create).get(batches::list))
+        .route("/v1/batches/{id}", get(batches::retrieve))
+        .route("/v1/batches/{id}/cancel", post(batches::cancel))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(|| async { "ready" }))
+        .with_state(state)
+}
+
+/// A started gateway: its address and tasks.
+pub struct Running {
+    pub addr: SocketAddr,
+    server: tokio::task::JoinHandle<()>,
+    driver: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    pub fn stop(self) {
+        self.server.abort();
+        self.driver.abort();
+    }
+}
+
+/// Connects, checks the deployment's bucket, binds and starts the driver.
+pub async fn start(config: Config) -> Result<Running> {
+    config.validate()?;
+    let keys = auth::Keys::load(config.keys_file.as_deref(), config.keys.as_ref())?;
+    let topology = config.topology();
+    let nats = sluice_connect::connect_nats(
+        &config.nats_url,
+        &config.nats_auth,
+        "sluice-gateway",
+        true,
+        Duration::from_secs(30),
+    )
+    .await?;
+    let js = async_nats::jetstream::new(nats);
+    let gateway_kv = open_bucket(&js, &topology.gateway_bucket).await?;
+    let status_kv = open_bucket(&js, &topology.status_bucket).await?;
+    let s3 = config.s3.client().await;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    let addr = listener.local_addr()?;
+    let state = AppState {
+        config: Arc::new(config),
+        keys: Arc::new(keys),
+        topology,
+        records: records::Records::new(gateway_kv),
+        statuses: sluice_status::StatusStore::new(status_kv),
+        js,
+        s3,
+        owner: format!("gateway-{}", uuid::Uuid::new_v4().simple()),
+        busy: state::Busy::default(),
+    };
+    let driver = driver::spawn(state.clone());
+    let app = router(state);
+    let server = tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "the HTTP server stopped");
+        }
+    });
+    tracing::info!(%addr, "sluice-gateway listening");
+    Ok(Running {
+        addr,
+        server,
+        driver,
+    })
+}
+
+async fn open_bucket(
+    js: &async_nats::jetstream::Context,
+    name: &str,
+) -> Result<async_nats::jetstream::kv::Store> {
+    js.get_key_value(name).await.with_context(|| {
+        format!("cannot open the key-value bucket {name} (not created yet? run `sluice init`)")
+    })
+}
+
+/// `start`, then serve until SIGTERM or SIGINT.
+pub async fn run(config: Config) -> Result<()> {
+    let running = start(config).await?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    tracing::info!("stopping");
+    running.stop();
+    Ok(())
+}

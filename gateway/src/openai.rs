@@ -1,0 +1,661 @@
+//! The batch file's request lines and the response bodies, in OpenAI's
+//! shapes, mapped to and from sluice's job items. Pure: no I/O.
+//!
+//! A line that is not a request at all (not JSON, no `custom_id`, a
+//! `custom_id` seen before, a method other than POST, a `url` the gateway
+//! does not serve) fails the batch's validation with its line number, as
+//! OpenAI's does. A request that is well-formed but cannot run (an unknown
+//! model, a bad body, too large) fails alone: it gets a line in the error file.
+
+use base64::Engine;
+use serde_json::{Map, Value, json};
+use sluice_schemas::{FinishReason, GenerateParameters, Generation, Item, Task};
+
+/// The endpoints a batch line may call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Embeddings,
+    ChatCompletions,
+    Completions,
+}
+
+impl Endpoint {
+    pub const ALL: [Endpoint; 3] = [
+        Endpoint::Embeddings,
+        Endpoint::ChatCompletions,
+        Endpoint::Completions,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Endpoint::Embeddings => "/v1/embeddings",
+            Endpoint::ChatCompletions => "/v1/chat/completions",
+            Endpoint::Completions => "/v1/completions",
+        }
+    }
+
+    pub fn parse(url: &str) -> Option<Endpoint> {
+        Endpoint::ALL.into_iter().find(|e| e.as_str() == url)
+    }
+
+    pub fn task(self) -> Task {
+        match self {
+            Endpoint::Embeddings => Task::Embed,
+            Endpoint::ChatCompletions | Endpoint::Completions => Task::Generate,
+        }
+    }
+
+    pub fn list() -> String {
+        Endpoint::ALL.map(Endpoint::as_str).join(", ")
+    }
+}
+
+/// A line that fails the batch's validation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LineError {
+    pub code: &'static str,
+    pub message: String,
+    pub param: Option<&'static str>,
+}
+
+/// A request that fails alone: its HTTP status and OpenAI error body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestError {
+    pub status: u16,
+    pub code: &'static str,
+    pub message: String,
+    pub param: Option<&'static str>,
+}
+
+impl RequestError {
+    fn invalid(message: impl Into<String>, param: Option<&'static str>) -> RequestError {
+        RequestError {
+            status: 400,
+            code: "invalid_request_error",
+            message: message.into(),
+            param,
+        }
+    }
+
+    pub fn body(&self) -> Value {
+        json!({"error": {
+            "message": self.message,
+            "type": if self.status >= 500 { "server_error" } else { "invalid_request_error" },
+            "param": self.param,
+            "code": self.code,
+        }})
+    }
+}
+
+/// A request that can run: its items, in the order the consumer answers them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    pub endpoint: Endpoint,
+    pub model: String,
+    /// The job items (embed: texts; generate: prompt objects).
+    pub items: Vec<Value>,
+    /// embeddings: answer vectors as base64 of little-endian float32.
+    pub base64: bool,
+}
+
+/// What one line of a batch file is.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Line {
+    Run {
+        custom_id: String,
+        request: Request,
+    },
+    Fail {
+        custom_id: String,
+        error: RequestError,
+    },
+}
+
+impl Line {
+    pub fn custom_id(&self) -> &str {
+        match self {
+            Line::Run { custom_id, .. } | Line::Fail { custom_id, .. } => custom_id,
+        }
+    }
+}
+
+/// Reads one line. `serves` says whether a task's consumers serve a model.
+pub fn read_line(text: &[u8], serves: &dyn Fn(Task, &str) -> bool) -> Result<Line, LineError> {
+    let value: Value = serde_json::from_slice(text).map_err(|e| LineError {
+        code: "invalid_json_line",
+        message: format!("This line is not valid JSON: {e}"),
+        param: None,
+    })?;
+    let Value::Object(mut line) = value else {
+        return Err(LineError {
+            code: "invalid_json_line",
+            message: "This line is not a JSON object.".into(),
+            param: None,
+        });
+    };
+    let custom_id = match line.remove("custom_id") {
+        Some(Value::String(s)) if !s.is_empty() => s,
+        _ => {
+            return Err(LineError {
+                code: "missing_required_parameter",
+                message: "This line is missing `custom_id` (a non-empty string).".into(),
+                param: Some("custom_id"),
+            });
+        }
+    };
+    match line.remove("method") {
+        Some(Value::String(m)) if m == "POST" => {}
+        _ => {
+            return Err(LineError {
+                code: "invalid_method",
+                message: "`method` must be \"POST\".".into(),
+                param: Some("method"),
+            });
+        }
+    }
+    let url = match line.remove("url") {
+        Some(Value::String(u)) => u,
+        _ => String::new(),
+    };
+    let Some(endpoint) = Endpoint::parse(&url) else {
+        return Err(LineError {
+            code: "invalid_url",
+            message: format!(
+                "`url` {url:?} is not an endpoint this gateway serves; use one of: {}",
+                Endpoint::list()
+            ),
+            param: Some("url"),
+        });
+    };
+    let body = match line.remove("body") {
+        Some(Value::Object(b)) => b,
+        _ => {
+            return Ok(Line::Fail {
+                custom_id,
+                error: RequestError::invalid("`body` must be a JSON object", Some("body")),
+            });
+        }
+    };
+    Ok(match request(endpoint, body, serves) {
+        Ok(request) => Line::Run { custom_id, request },
+        Err(error) => Line::Fail { custom_id, error },
+    })
+}
+
+fn request(
+    endpoint: Endpoint,
+    mut body: Map<String, Value>,
+    serves: &dyn Fn(Task, &str) -> bool,
+) -> Result<Request, RequestError> {
+    let model = match body.remove("model") {
+        Some(Value::String(m)) => m,
+        _ => return Err(RequestError::invalid("`model` is required", Some("model"))),
+    };
+    if !serves(endpoint.task(), &model) {
+        return Err(RequestError {
+            status: 404,
+            code: "model_not_found",
+            message: format!(
+                "The model `{model}` is not served on {} by this deployment.",
+                endpoint.as_str()
+            ),
+            param: Some("model"),
+        });
+    }
+    let (items, base64) = match endpoint {
+        Endpoint::Embeddings => embedding_items(&mut body)?,
+        Endpoint::ChatCompletions => (vec![chat_item(&mut body)?], false),
+        Endpoint::Completions => (completion_items(&mut body)?, false),
+    };
+    Ok(Request {
+        endpoint,
+        model,
+        items,
+        base64,
+    })
+}
+
+fn embedding_items(body: &mut Map<String, Value>) -> Result<(Vec<Value>, bool), RequestError> {
+    if body.get("dimensions").is_some_and(|d| !d.is_null()) {
+        return Err(RequestError::invalid(
+            "`dimensions` is not supported: the model answers with its own dimension",
+            Some("dimensions"),
+        ));
+    }
+    let base64 = match body.get("encoding_format").and_then(Value::as_str) {
+        None | Some("float") => false,
+        Some("base64") => true,
+        Some(other) => {
+            return Err(RequestError::invalid(
+                format!("`encoding_format` must be \"float\" or \"base64\", not {other:?}"),
+                Some("encoding_format"),
+            ));
+        }
+    };
+    let texts = strings(body.remove("input"), "input")?;
+    // An empty text is embedded (as sentence-transformers does), where
+    // OpenAI refuses it.
+    Ok((texts.into_iter().map(Value::String).collect(), base64))
+}
+
+/// `input` / `prompt`: a string or a non-empty list of strings.
+fn strings(value: Option<Value>, name: &'static str) -> Result<Vec<String>, RequestError> {
+    let refused = || {
+        RequestError::invalid(
+            format!(
+                "`{name}` must be a string or a non-empty list of strings (token arrays are not supported)"
+            ),
+            Some(name),
+        )
+    };
+    match value {
+        Some(Value::String(s)) => Ok(vec![s]),
+        Some(Value::Array(list)) if !list.is_empty() => list
+            .into_iter()
+            .map(|v| match v {
+                Value::String(s) => Ok(s),
+                _ => Err(refused()),
+            })
+            .collect(),
+        _ => Err(refused()),
+    }
+}
+
+/// The sampling parameters both generate endpoints share, as a sluice item's.
+fn generate_parameters(
+    body: &Map<String, Value>,
+    default_max_tokens: Option<u32>,
+) -> Result<Map<String, Value>, RequestError> {
+    if body
+        .get("stream")
+        .is_some_and(|s| s.as_bool() == Some(true))
+    {
+        return Err(RequestError::invalid(
+            "`stream` is not available in a batch",
+            Some("stream"),
+        ));
+    }
+    if body
+        .get("n")
+        .is_some_and(|n| !n.is_null() && n.as_u64() != Some(1))
+    {
+        return Err(RequestError::invalid(
+            "only `n` = 1 is supported",
+            Some("n"),
+        ));
+    }
+    let number = |name: &'static str| -> Result<Option<f64>, RequestError> {
+        match body.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v.as_f64().map(Some).ok_or_else(|| {
+                RequestError::invalid(format!("`{name}` must be a number"), Some(name))
+            }),
+        }
+    };
+    let whole = |name: &'static str| -> Result<Option<u64>, RequestError> {
+        match body.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v.as_u64().map(Some).ok_or_else(|| {
+                RequestError::invalid(format!("`{name}` must be a whole number >= 0"), Some(name))
+            }),
+        }
+    };
+    let max_tokens = match whole("max_completion_tokens")? {
+        Some(n) => Some(n),
+        None => whole("max_tokens")?,
+    };
+    let max_new_tokens =
+        match max_tokens {
+            Some(n) => Some(u32::try_from(n).map_err(|_| {
+                RequestError::invalid("`max_tokens` is too large", Some("max_tokens"))
+            })?),
+            None => default_max_tokens,
+        };
+    let stop = match body.get("stop") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(vec![s.clone()]),
+        Some(Value::Array(list)) => Some(
+            list.iter()
+                .map(|v| v.as_str().map(str::to_string))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| {
+                    RequestError::invalid(
+                        "`stop` must be a string or a list of strings",
+                        Some("stop"),
+                    )
+                })?,
+        ),
+        Some(_) => {
+            return Err(RequestError::invalid(
+                "`stop` must be a string or a list of strings",
+                Some("stop"),
+            ));
+        }
+    };
+    let parameters = GenerateParameters {
+        max_new_tokens,
+        temperature: number("temperature")?,
+        top_p: number("top_p")?,
+        seed: whole("seed")?,
+        stop,
+    };
+    parameters
+        .check()
+        .map_err(|e| RequestError::invalid(e, None))?;
+    let mut item = Map::new();
+    if let Some(n) = parameters.max_new_tokens {
+        item.insert("max_new_tokens".into(), n.into());
+    }
+    if let Some(t) = parameters.temperature {
+        item.insert("temperature".into(), t.into());
+    }
+    if let Some(p) = parameters.top_p {
+        item.insert("top_p".into(), p.into());
+    }
+    if let Some(s) = parameters.seed {
+        item.insert("seed".into(), s.into());
+    }
+    if let Some(stop) = parameters.stop {
+        item.insert("stop".into(), stop.into());
+    }
+    Ok(item)
+}
+
+fn chat_item(body: &mut Map<String, Value>) -> Result<Value, RequestError> {
+    let mut item = generate_parameters(body, None)?;
+    let Some(Value::Array(messages)) = body.remove("messages") else {
+        return Err(RequestError::invalid(
+            "`messages` must be a list",
+            Some("messages"),
+        ));
+    };
+    let mut out = Vec::with_capacity(messages.len());
+    for m in messages {
+        let role = m.get("role").and_then(Value::as_str).unwrap_or_default();
+        // OpenAI's newer name for the system role.
+        let role = if role == "developer" { "system" } else { role };
+        let content = match m.get("content") {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Array(parts)) => parts
+                .iter()
+                .map(|p| {
+                    match (
+                        p.get("type").and_then(Value::as_str),
+                        p.get("text").and_then(Value::as_str),
+                    ) {
+                        (Some("text"), Some(t)) => Ok(t),
+                        _ => Err(RequestError::invalid(
+                            "only text content parts are supported",
+                            Some("messages"),
+                        )),
+                    }
+                })
+                .collect::<Result<Vec<_>, _>>()?
+                .join(""),
+            _ => {
+                return Err(RequestError::invalid(
+                    "each message needs a `content` string",
+                    Some("messages"),
+                ));
+            }
+        };
+        out.push(json!({"role": role, "content": content}));
+    }
+    item.insert("messages".into(), Value::Array(out));
+    let item = Value::Object(item);
+    Item::from_value(Task::Generate, item.clone())
+        .map_err(|e| RequestError::invalid(e, Some("messages")))?;
+    Ok(item)
+}
+
+/// OpenAI's legacy completions answer 16 tokens when `max_tokens` is unset.
+const COMPLETIONS_DEFAULT_MAX_TOKENS: u32 = 16;
+
+fn completion_items(body: &mut Map<String, Value>) -> Result<Vec<Value>, RequestError> {
+    if body.get("echo").is_some_and(|e| e.as_bool() == Some(true)) {
+        return Err(RequestError::invalid(
+            "`echo` is not supported",
+            Some("echo"),
+        ));
+    }
+    let parameters = generate_parameters(body, Some(COMPLETIONS_DEFAULT_MAX_TOKENS))?;
+    let prompts = strings(body.remove("prompt"), "prompt")?;
+    Ok(prompts
+        .into_iter()
+        .map(|p| {
+            let mut item = parameters.clone();
+            item.insert("prompt".into(), Value::String(p));
+            Value::Object(item)
+        })
+        .collect())
+}
+
+/// OpenAI's finish reasons: the model's end of turn is `stop` too.
+fn finish_reason(r: FinishReason) -> &'static str {
+    match r {
+        FinishReason::Length => "length",
+        FinishReason::Stop | FinishReason::Eos => "stop",
+    }
+}
+
+/// The response body of an embeddings request.
+pub fn embeddings_body(model: &str, vectors: &[&[f32]], tokens: u64, base64: bool) -> Value {
+    let data: Vec<Value> = vectors
+        .iter()
+        .enumerate()
+        .map(|(index, v)| {
+            let embedding = if base64 {
+                let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                Value::String(base64::engine::general_purpose::STANDARD.encode(bytes))
+            } else {
+                json!(v)
+            };
+            json!({"object": "embedding", "index": index, "embedding": embedding})
+        })
+        .collect();
+    json!({
+        "object": "list",
+        "data": data,
+        "model": model,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    })
+}
+
+/// The response body of a chat completion or completions request.
+pub fn generation_body(
+    endpoint: Endpoint,
+    id: &str,
+    created: i64,
+    model: &str,
+    generations: &[Generation],
+) -> Value {
+    let prompt: u64 = generations.iter().map(|g| g.prompt_tokens).sum();
+    let completion: u64 = generations.iter().map(|g| g.completion_tokens).sum();
+    let choices: Vec<Value> = generations
+        .iter()
+        .enumerate()
+        .map(|(index, g)| match endpoint {
+            Endpoint::ChatCompletions => json!({
+                "index": index,
+                "message": {"role": "assistant", "content": g.text, "refusal": null},
+                "logprobs": null,
+                "finish_reason": finish_reason(g.finish_reason),
+            }),
+            _ => json!({
+                "index": index,
+                "text": g.text,
+                "logprobs": null,
+                "finish_reason": finish_reason(g.finish_reason),
+            }),
+        })
+        .collect();
+    let (prefix, object) = match endpoint {
+        Endpoint::ChatCompletions => ("chatcmpl", "chat.completion"),
+        _ => ("cmpl", "text_completion"),
+    };
+    json!({
+        "id": format!("{prefix}-{id}"),
+        "object": object,
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+        "system_fingerprint": null,
+    })
+}
+
+/// One line of an output file: a request answered with `body`.
+pub fn output_line(id: &str, custom_id: &str, status_code: u16, body: Value) -> Value {
+    json!({
+        "id": id,
+        "custom_id": custom_id,
+        "response": {"status_code": status_code, "request_id": id, "body": body},
+        "error": null,
+    })
+}
+
+/// One line of an error file for a request the batch did not run
+/// (`batch_expired`, `batch_cancelled`).
+pub fn unrun_line(id: &str, custom_id: &str, code: &str, message: &str) -> Value {
+    json!({
+        "id": id,
+        "custom_id": custom_id,
+        "response": null,
+        "error": {"code": code, "message": message},
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn serves(task: Task, model: &str) -> bool {
+        model == task.default_model()
+    }
+
+    fn read(line: &str) -> Result<Line, LineError> {
+        read_line(line.as_bytes(), &serves)
+    }
+
+    fn failed(line: &str) -> RequestError {
+        match read(line).unwrap() {
+            Line::Fail { error, .. } => error,
+            other => panic!("expected a failed request, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn embedding_lines_become_texts() {
+        let line = read(r#"{"custom_id":"a","method":"POST","url":"/v1/embeddings","body":{"model":"all-minilm-l6-v2","input":["x","y"],"encoding_format":"base64"}}"#).unwrap();
+        let Line::Run { custom_id, request } = line else {
+            panic!()
+        };
+        assert_eq!(custom_id, "a");
+        assert_eq!(request.items, vec![json!("x"), json!("y")]);
+        assert!(request.base64);
+    }
+
+    #[test]
+    fn chat_and_completion_lines_become_prompt_items_with_their_parameters() {
+        let line = read(r#"{"custom_id":"c","method":"POST","url":"/v1/chat/completions","body":{"model":"smollm2-135m-instruct","messages":[{"role":"developer","content":"Be brief."},{"role":"user","content":[{"type":"text","text":"Hi"}]}],"max_completion_tokens":8,"temperature":0,"stop":"\n"}}"#).unwrap();
+        let Line::Run { request, .. } = line else {
+            panic!()
+        };
+        assert_eq!(
+            request.items,
+            vec![
+                json!({"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}],"max_new_tokens":8,"temperature":0.0,"stop":["\n"]})
+            ]
+        );
+        let line = read(r#"{"custom_id":"p","method":"POST","url":"/v1/completions","body":{"model":"smollm2-135m-instruct","prompt":["a","b"]}}"#).unwrap();
+        let Line::Run { request, .. } = line else {
+            panic!()
+        };
+        assert_eq!(
+            request.items,
+            vec![
+                json!({"prompt":"a","max_new_tokens":16}),
+                json!({"prompt":"b","max_new_tokens":16})
+            ]
+        );
+    }
+
+    #[test]
+    fn lines_that_are_not_requests_fail_validation_with_a_code() {
+        assert_eq!(read("not json").unwrap_err().code, "invalid_json_line");
+        assert_eq!(read("[1]").unwrap_err().code, "invalid_json_line");
+        assert_eq!(
+            read(r#"{"method":"POST","url":"/v1/embeddings","body":{}}"#)
+                .unwrap_err()
+                .code,
+            "missing_required_parameter"
+        );
+        assert_eq!(
+            read(r#"{"custom_id":"a","method":"GET","url":"/v1/embeddings","body":{}}"#)
+                .unwrap_err()
+                .code,
+            "invalid_method"
+        );
+        let e =
+            read(r#"{"custom_id":"a","method":"POST","url":"/v1/images","body":{}}"#).unwrap_err();
+        assert_eq!(e.code, "invalid_url");
+        assert!(e.message.contains("/v1/embeddings"), "{}", e.message);
+    }
+
+    #[test]
+    fn requests_that_cannot_run_fail_alone_with_openais_error() {
+        let e = failed(
+            r#"{"custom_id":"a","method":"POST","url":"/v1/embeddings","body":{"model":"text-embedding-3-small","input":"x"}}"#,
+        );
+        assert_eq!((e.status, e.code), (404, "model_not_found"));
+        let e = failed(
+            r#"{"custom_id":"a","method":"POST","url":"/v1/embeddings","body":{"model":"all-minilm-l6-v2","input":"x","dimensions":256}}"#,
+        );
+        assert_eq!((e.status, e.param), (400, Some("dimensions")));
+        let e = failed(
+            r#"{"custom_id":"a","method":"POST","url":"/v1/embeddings","body":{"model":"all-minilm-l6-v2","input":[1,2]}}"#,
+        );
+        assert!(e.message.contains("token arrays"), "{}", e.message);
+        let e = failed(
+            r#"{"custom_id":"a","method":"POST","url":"/v1/chat/completions","body":{"model":"smollm2-135m-instruct","messages":[{"role":"user","content":"x"}],"top_p":2}}"#,
+        );
+        assert!(e.message.contains("top_p"), "{}", e.message);
+        let e = failed(
+            r#"{"custom_id":"a","method":"POST","url":"/v1/chat/completions","body":{"model":"smollm2-135m-instruct","messages":[{"role":"robot","content":"x"}]}}"#,
+        );
+        assert!(e.message.contains("role"), "{}", e.message);
+        let e = failed(
+            r#"{"custom_id":"a","method":"POST","url":"/v1/chat/completions","body":{"model":"smollm2-135m-instruct","messages":[],"n":2}}"#,
+        );
+        assert_eq!(e.param, Some("n"));
+    }
+
+    #[test]
+    fn bodies_are_shaped_as_openais() {
+        let v = [0.5f32, -1.0];
+        let body = embeddings_body("m", &[&v], 3, true);
+        assert_eq!(body["object"], "list");
+        assert_eq!(body["data"][0]["object"], "embedding");
+        let b64 = body["data"][0]["embedding"].as_str().unwrap();
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .unwrap();
+        assert_eq!(
+            bytes,
+            [0.5f32.to_le_bytes(), (-1.0f32).to_le_bytes()].concat()
+        );
+        assert_eq!(body["usage"]["total_tokens"], 3);
+        let g = Generation {
+            text: "Paris".into(),
+            finish_reason: FinishReason::Eos,
+            prompt_tokens: 10,
+            completion_tokens: 2,
+        };
+        let body = generation_body(Endpoint::ChatCompletions, "x", 1, "m", &[g]);
+        assert_eq!(body["object"], "chat.completion");
+        assert_eq!(body["choices"][0]["message"]["content"], "Paris");
+        assert_eq!(body["choices"][0]["finish_reason"], "stop");
+        assert_eq!(body["usage"]["total_tokens"], 12);
+    }
+}

@@ -1,0 +1,91 @@
+//! What every request handler and the batch driver share, built once at start.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::FromRef;
+
+use sluice_schemas::{Task, Topology};
+use sluice_status::StatusStore;
+
+use crate::auth::Keys;
+use crate::config::Config;
+use crate::records::Records;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub config: Arc<Config>,
+    pub keys: Arc<Keys>,
+    pub topology: Topology,
+    pub records: Records,
+    pub statuses: StatusStore,
+    pub js: async_nats::jetstream::Context,
+    pub s3: aws_sdk_s3::Client,
+    /// This process's name in batch leases.
+    pub owner: String,
+    /// Batches this process is advancing now.
+    pub busy: Busy,
+}
+
+impl AppState {
+    pub fn bucket(&self) -> &str {
+        &self.config.bucket
+    }
+
+    /// The S3 key of a file's bytes.
+    pub fn file_key(&self, file_id: &str) -> String {
+        format!("{}files/{file_id}", self.config.prefix)
+    }
+
+    /// The S3 key of a chunk job's input.
+    pub fn chunk_key(&self, job_id: &str) -> String {
+        format!("{}chunks/{job_id}.jsonl", self.config.prefix)
+    }
+
+    /// Whether the consumers of `task` serve `model`.
+    pub fn serves(&self, task: Task, model: &str) -> bool {
+        let models = match task {
+            Task::Embed => &self.config.embed_models,
+            Task::Generate => &self.config.generate_models,
+        };
+        models.iter().any(|m| m == model)
+    }
+}
+
+/// Seconds since the Unix epoch, as the OpenAI objects give times.
+pub fn now() -> i64 {
+    time::OffsetDateTime::now_utc().unix_timestamp()
+}
+
+impl FromRef<AppState> for Arc<Keys> {
+    fn from_ref(state: &AppState) -> Arc<Keys> {
+        Arc::clone(&state.keys)
+    }
+}
+
+/// Batches this process is advancing now (so the loop and a kick do not
+/// work on one batch at once).
+#[derive(Clone, Default)]
+pub struct Busy(Arc<Mutex<HashSet<String>>>);
+
+impl Busy {
+    pub fn claim(&self, id: &str) -> Option<BusyGuard> {
+        let mut set = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        set.insert(id.to_string()).then(|| BusyGuard {
+            busy: self.clone(),
+            id: id.to_string(),
+        })
+    }
+}
+
+pub struct BusyGuard {
+    busy: Busy,
+    id: String,
+}
+
+impl Drop for BusyGuard {
+    fn drop(&mut self) {
+        let mut set = self.busy.0.lock().unwrap_or_else(|e| e.into_inner());
+        set.remove(&self.id);
+    }
+}

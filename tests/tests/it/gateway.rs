@@ -1,0 +1,678 @@
+//! `sluice-gateway`, OpenAI's Files and Batches APIs over the queue, driven
+//! the way users drive OpenAI: by the official `openai` SDK (Python, from
+//! PyPI) for the whole path, and by plain HTTP for the error cases, against
+//! real consumers, NATS and S3.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use serde_json::{Value, json};
+use sluice_schemas::JobState;
+use sluice_tests::deploy::Deployment;
+use sluice_tests::fixtures::{cosine, minilm_reference};
+use sluice_tests::repo_root;
+
+const KEY_A: &str = "sk-team-a-0123456789";
+const KEY_B: &str = "sk-team-b-0123456789";
+const KEYS: &str = "team-a:sk-team-a-0123456789,team-b:sk-team-b-0123456789";
+
+fn embed_line(id: &str, input: Value, base64: bool) -> Value {
+    let mut body = json!({"model": "all-minilm-l6-v2", "input": input});
+    if base64 {
+        body["encoding_format"] = json!("base64");
+    }
+    json!({"custom_id": id, "method": "POST", "url": "/v1/embeddings", "body": body})
+}
+
+fn chat_line(id: &str, question: &str) -> Value {
+    json!({"custom_id": id, "method": "POST", "url": "/v1/chat/completions", "body": {
+        "model": "smollm2-135m-instruct",
+        "messages": [{"role": "user", "content": question}],
+        "max_tokens": 8, "temperature": 0,
+    }})
+}
+
+fn to_jsonl(lines: &[Value]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for l in lines {
+        out.extend(serde_json::to_vec(l).unwrap());
+        out.push(b'\n');
+    }
+    out
+}
+
+fn read_jsonl(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The vectors of an embeddings response body, float or base64.
+fn vectors(body: &Value) -> Vec<Vec<f32>> {
+    body["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| match &d["embedding"] {
+            Value::String(b64) => base64::engine::general_purpose::STANDARD
+                .decode(b64)
+                .unwrap()
+                .chunks(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            v => serde_json::from_value(v.clone()).unwrap(),
+        })
+        .collect()
+}
+
+/// The README's batch script (`examples/openai/batch.py`, the official SDK)
+/// run against a gateway: the final batch object.
+async fn run_sdk_batch(
+    base_url: &str,
+    key: &str,
+    input: &Path,
+    out: &Path,
+    errors: &Path,
+    window: &str,
+) -> Value {
+    let python = repo_root().join(".sluice/pyenv/bin/python");
+    let run = tokio::process::Command::new(python)
+        .arg(repo_root().join("examples/openai/batch.py"))
+        .arg(input)
+        .arg(out)
+        .arg(errors)
+        .arg(format!("--window={window}"))
+        .env("OPENAI_BASE_URL", base_url)
+        .env("OPENAI_API_KEY", key)
+        .kill_on_drop(true)
+        .output();
+    let run = tokio::time::timeout(Duration::from_secs(300), run)
+        .await
+        .expect("the batch ran past 300 s")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "{}\n{stdout}\n{}",
+        run.status,
+        String::from_utf8_lossy(&run.stderr)
+    );
+    serde_json::from_str(stdout.trim()).unwrap()
+}
+
+/// The acceptance path of issue #18: a file of embedding and chat lines,
+/// uploaded, run and downloaded by the official SDK. Every custom_id is
+/// answered once; the vectors equal sentence-transformers'; chat answers
+/// carry usage; the two lines that cannot run fail alone.
+#[tokio::test]
+async fn the_openai_sdk_runs_a_batch_of_embeddings_and_chats_on_sluice() {
+    let d = Deployment::start().await.unwrap();
+    let _embed = d.start_consumer(&[]).await.unwrap();
+    let _generate = d
+        .start_consumer(&[
+            "--task=generate",
+            "--max-new-tokens=16",
+            "--max-prompt-tokens=256",
+            "--max-items-per-job=32",
+        ])
+        .await
+        .unwrap();
+    let gateway = d.start_gateway(KEYS, &[]).await.unwrap();
+    let reference = minilm_reference().unwrap();
+    let texts: Vec<&str> = reference.items.iter().map(|i| i.text.as_str()).collect();
+    let n = texts.len();
+
+    let mut lines = Vec::new();
+    // Which reference texts each embedding line asks for.
+    let mut asked: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for i in 0..1000 {
+        let id = format!("emb-{i}");
+        let picks: Vec<usize> = if i % 7 == 0 {
+            vec![i % n, (i + 1) % n]
+        } else {
+            vec![i % n]
+        };
+        let input = if picks.len() == 1 && i % 2 == 0 {
+            json!(texts[picks[0]])
+        } else {
+            json!(picks.iter().map(|&p| texts[p]).collect::<Vec<_>>())
+        };
+        lines.push(embed_line(&id, input, i % 3 == 0));
+        asked.insert(id, picks);
+        if i == 500 {
+            // Lines that cannot run, in the middle: they fail alone.
+            lines.push(
+                json!({"custom_id": "unknown-model", "method": "POST", "url": "/v1/embeddings",
+                "body": {"model": "text-embedding-3-small", "input": "x"}}),
+            );
+            lines.push(
+                json!({"custom_id": "with-dimensions", "method": "POST", "url": "/v1/embeddings",
+                "body": {"model": "all-minilm-l6-v2", "input": "x", "dimensions": 128}}),
+            );
+        }
+    }
+    for j in 0..20 {
+        lines.push(chat_line(
+            &format!("chat-{j}"),
+            &format!("What is {j} plus {j}?"),
+        ));
+    }
+    lines.push(json!({"custom_id": "completion-0", "method": "POST", "url": "/v1/completions",
+        "body": {"model": "smollm2-135m-instruct", "prompt": "The capital of France is", "max_tokens": 4}}));
+
+    let dir = tempfile::tempdir().unwrap();
+    let (input, out, errors) = (
+        dir.path().join("in.jsonl"),
+        dir.path().join("out.jsonl"),
+        dir.path().join("err.jsonl"),
+    );
+    std::fs::write(&input, to_jsonl(&lines)).unwrap();
+    let base = format!("http://{}/v1", gateway.addr);
+    let batch = run_sdk_batch(&base, KEY_A, &input, &out, &errors, "24h").await;
+
+    let output = read_jsonl(&out);
+    let failed = read_jsonl(&errors);
+    assert_eq!(batch["status"], "completed", "{batch}");
+    assert_eq!(
+        batch["request_counts"],
+        json!({"total": 1023, "completed": 1021, "failed": 2}),
+        "{batch}\nfirst errors: {:?}",
+        &failed[..failed.len().min(4)]
+    );
+    assert_eq!(batch["metadata"]["source"], "examples/openai/batch.py");
+    for t in [
+        "created_at",
+        "in_progress_at",
+        "finalizing_at",
+        "completed_at",
+    ] {
+        assert!(batch[t].as_i64().is_some(), "{t} unset: {batch}");
+    }
+    let mut seen = HashSet::new();
+    for l in output.iter().chain(&failed) {
+        assert!(
+            seen.insert(l["custom_id"].as_str().unwrap().to_string()),
+            "answered twice: {l}"
+        );
+    }
+    assert_eq!(seen.len(), 1023);
+    assert_eq!(output.len(), 1021);
+
+    let mut chats = 0;
+    for l in &output {
+        let id = l["custom_id"].as_str().unwrap();
+        assert_eq!(l["response"]["status_code"], 200, "{l}");
+        let body = &l["response"]["body"];
+        if let Some(picks) = asked.get(id) {
+            assert_eq!(body["object"], "list");
+            assert_eq!(body["model"], "all-minilm-l6-v2");
+            let vs = vectors(body);
+            assert_eq!(vs.len(), picks.len(), "{id}");
+            for (v, &p) in vs.iter().zip(picks) {
+                let c = cosine(v, &reference.items[p].embedding);
+                assert!(c >= 0.999, "{id}: cosine {c} to sentence-transformers");
+            }
+            let expected: usize = picks
+                .iter()
+                .map(|&p| reference.items[p].tokens_untruncated.min(256))
+                .sum();
+            assert_eq!(body["usage"]["prompt_tokens"], expected as u64, "{id}");
+        } else if id.starts_with("chat-") {
+            chats += 1;
+            assert_eq!(body["object"], "chat.completion");
+            let choice = &body["choices"][0];
+            assert_eq!(choice["message"]["role"], "assistant");
+            assert!(["stop", "length"].contains(&choice["finish_reason"].as_str().unwrap()));
+            let usage = &body["usage"];
+            assert!(usage["prompt_tokens"].as_u64().unwrap() > 0, "{body}");
+            let completion = usage["completion_tokens"].as_u64().unwrap();
+            assert!((1..=8).contains(&completion), "{body}");
+            assert_eq!(
+                usage["total_tokens"].as_u64().unwrap(),
+                usage["prompt_tokens"].as_u64().unwrap() + completion
+            );
+        } else {
+            assert_eq!(id, "completion-0");
+            assert_eq!(body["object"], "text_completion");
+            assert!(body["choices"][0]["text"].as_str().is_some());
+        }
+    }
+    assert_eq!(chats, 20);
+    let by_id: BTreeMap<&str, &Value> = failed
+        .iter()
+        .map(|l| (l["custom_id"].as_str().unwrap(), l))
+        .collect();
+    let unknown = &by_id["unknown-model"]["response"];
+    assert_eq!(unknown["status_code"], 404);
+    assert_eq!(unknown["body"]["error"]["code"], "model_not_found");
+    let dims = &by_id["with-dimensions"]["response"];
+    assert_eq!(dims["status_code"], 400);
+    assert_eq!(dims["body"]["error"]["param"], "dimensions");
+    assert_eq!(d.jobs_in_stream_settled(0).await, 0);
+    gateway.stop();
+}
+
+/// A small HTTP client for the error cases (what the SDK sends, by hand).
+struct Api {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl Api {
+    fn new(addr: std::net::SocketAddr) -> Api {
+        Api {
+            http: reqwest::Client::new(),
+            base: format!("http://{addr}/v1"),
+        }
+    }
+
+    async fn send(&self, req: reqwest::RequestBuilder, key: Option<&str>) -> (u16, Value) {
+        let req = match key {
+            Some(k) => req.bearer_auth(k),
+            None => req,
+        };
+        let resp = req.send().await.unwrap();
+        let status = resp.status().as_u16();
+        let body = resp.bytes().await.unwrap();
+        (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+    }
+
+    async fn get(&self, path: &str, key: &str) -> (u16, Value) {
+        self.send(self.http.get(format!("{}{path}", self.base)), Some(key))
+            .await
+    }
+
+    async fn post(&self, path: &str, key: &str, body: Value) -> (u16, Value) {
+        let req = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .body(serde_json::to_vec(&body).unwrap());
+        self.send(req, Some(key)).await
+    }
+
+    /// `POST /v1/files` as multipart, the way the SDKs send it.
+    async fn upload(&self, key: &str, bytes: &[u8]) -> (u16, Value) {
+        let boundary = "sluice-test-boundary-7f3a";
+        let mut body = format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n\
+             --{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n\
+             Content-Type: application/jsonl\r\n\r\n"
+        )
+        .into_bytes();
+        body.extend_from_slice(bytes);
+        body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+        let req = self
+            .http
+            .post(format!("{}/files", self.base))
+            .header(
+                "content-type",
+                format!("multipart/form-data; boundary={boundary}"),
+            )
+            .body(body);
+        self.send(req, Some(key)).await
+    }
+
+    /// Uploads `bytes` and creates a batch of them; the batch object.
+    async fn batch(&self, key: &str, bytes: &[u8], window: &str) -> Value {
+        let (status, file) = self.upload(key, bytes).await;
+        assert_eq!(status, 200, "{file}");
+        let (status, batch) = self
+            .post("/batches", key, json!({"input_file_id": file["id"], "endpoint": "/v1/embeddings", "completion_window": window}))
+            .await;
+        assert_eq!(status, 200, "{batch}");
+        batch
+    }
+
+    /// Polls the batch until its status is final.
+    async fn wait(&self, key: &str, id: &str, within: Duration) -> Value {
+        let until = Instant::now() + within;
+        loop {
+            let (_, b) = self.get(&format!("/batches/{id}"), key).await;
+            if ["completed", "failed", "expired", "cancelled"]
+                .contains(&b["status"].as_str().unwrap_or_default())
+            {
+                return b;
+            }
+            assert!(Instant::now() < until, "batch not final in {within:?}: {b}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn content(&self, key: &str, file_id: &Value) -> Vec<Value> {
+        let resp = self
+            .http
+            .get(format!(
+                "{}/files/{}/content",
+                self.base,
+                file_id.as_str().unwrap()
+            ))
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let text = resp.text().await.unwrap();
+        text.lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+}
+
+/// Files that are not batch files fail validation with the line and code
+/// OpenAI gives; nothing is published for them. No consumer runs.
+#[tokio::test]
+async fn bad_batch_files_fail_validation_with_their_line_numbers() {
+    let d = Deployment::start().await.unwrap();
+    let gateway = d
+        .start_gateway(
+            KEYS,
+            &[
+                "--max-batch-lines=5",
+                "--max-line-bytes=2000",
+                "--max-file-bytes=20000",
+            ],
+        )
+        .await
+        .unwrap();
+    let api = Api::new(gateway.addr);
+    let good = |i: usize| embed_line(&format!("ok-{i}"), json!("a text"), false);
+    let line = |v: Value| serde_json::to_vec(&v).unwrap();
+    let cases: Vec<(&str, Vec<Vec<u8>>, &str, u64)> = vec![
+        (
+            "not JSONL",
+            vec![b"this is not json".to_vec()],
+            "invalid_json_line",
+            1,
+        ),
+        (
+            "no custom_id",
+            vec![
+                line(good(0)),
+                line(json!({"method": "POST", "url": "/v1/embeddings", "body": {}})),
+            ],
+            "missing_required_parameter",
+            2,
+        ),
+        (
+            "duplicate custom_id",
+            vec![line(good(0)), line(good(1)), line(good(0))],
+            "duplicate_custom_id",
+            3,
+        ),
+        (
+            "unknown url",
+            vec![line(
+                json!({"custom_id": "x", "method": "POST", "url": "/v1/images/generations", "body": {}}),
+            )],
+            "invalid_url",
+            1,
+        ),
+        (
+            "too many lines",
+            (0..6).map(|i| line(good(i))).collect(),
+            "too_many_requests",
+            6,
+        ),
+        (
+            "a line over the limit",
+            vec![
+                line(good(0)),
+                line(embed_line("big", json!("x".repeat(3000)), false)),
+            ],
+            "request_too_large",
+            2,
+        ),
+    ];
+    for (what, file, code, at) in cases {
+        let bytes: Vec<u8> = file.join(&b'\n');
+        let batch = api.batch(KEY_A, &bytes, "24h").await;
+        let batch = api
+            .wait(
+                KEY_A,
+                batch["id"].as_str().unwrap(),
+                Duration::from_secs(30),
+            )
+            .await;
+        assert_eq!(batch["status"], "failed", "{what}: {batch}");
+        let errors = &batch["errors"]["data"];
+        assert_eq!(errors[0]["code"], code, "{what}: {batch}");
+        assert_eq!(errors[0]["line"], at, "{what}: {batch}");
+        assert!(errors[0]["message"].as_str().is_some_and(|m| !m.is_empty()));
+        assert!(batch["failed_at"].as_i64().is_some());
+        assert_eq!(batch["output_file_id"], Value::Null);
+    }
+    // A file over --max-file-bytes is refused at upload, in OpenAI's shape.
+    let (status, body) = api.upload(KEY_A, &vec![b'x'; 30_000]).await;
+    assert_eq!(status, 413, "{body}");
+    assert_eq!(body["error"]["code"], "file_too_large");
+    // A batch on an endpoint the gateway does not serve is refused at once.
+    let (_, file) = api.upload(KEY_A, &line(good(0))).await;
+    let (status, body) = api
+        .post("/batches", KEY_A, json!({"input_file_id": file["id"], "endpoint": "/v1/responses", "completion_window": "24h"}))
+        .await;
+    assert_eq!(
+        (status, body["error"]["param"].clone()),
+        (400, json!("endpoint")),
+        "{body}"
+    );
+    assert_eq!(d.jobs_in_stream().await, 0, "nothing was published");
+    gateway.stop();
+}
+
+/// Each key is a tenant: another key cannot read, list or cancel the first
+/// key's files and batches; no key or an unknown one gets 401.
+#[tokio::test]
+async fn a_key_sees_only_its_own_files_and_batches() {
+    let d = Deployment::start().await.unwrap();
+    let gateway = d.start_gateway(KEYS, &[]).await.unwrap();
+    let api = Api::new(gateway.addr);
+    let batch = api
+        .batch(
+            KEY_A,
+            &to_jsonl(&[embed_line("a", json!("text"), false)]),
+            "24h",
+        )
+        .await;
+    let (batch_id, file_id) = (
+        batch["id"].as_str().unwrap(),
+        batch["input_file_id"].as_str().unwrap(),
+    );
+
+    for path in [
+        format!("/files/{file_id}"),
+        format!("/files/{file_id}/content"),
+        format!("/batches/{batch_id}"),
+    ] {
+        let (status, body) = api.get(&path, KEY_B).await;
+        assert_eq!(status, 404, "{path}: {body}");
+        assert_eq!(body["error"]["code"], "not_found");
+        assert_eq!(api.get(&path, KEY_A).await.0, 200, "{path}");
+    }
+    let (status, _) = api
+        .post(&format!("/batches/{batch_id}/cancel"), KEY_B, json!({}))
+        .await;
+    assert_eq!(status, 404);
+    let (_, files) = api.get("/files", KEY_B).await;
+    assert_eq!(files["data"], json!([]));
+    let (_, batches) = api.get("/batches", KEY_B).await;
+    assert_eq!(batches["data"], json!([]));
+    let (_, files) = api.get("/files", KEY_A).await;
+    assert_eq!(files["data"][0]["id"], file_id);
+    let (_, batches) = api.get("/batches", KEY_A).await;
+    assert_eq!(batches["data"][0]["id"], batch_id);
+
+    let (status, body) = api
+        .send(api.http.get(format!("{}/files", api.base)), None)
+        .await;
+    assert_eq!(
+        (status, body["error"]["code"].clone()),
+        (401, json!("invalid_api_key")),
+        "{body}"
+    );
+    let (status, body) = api.get("/batches", "sk-not-a-key-at-all").await;
+    assert_eq!(
+        (status, body["error"]["code"].clone()),
+        (401, json!("invalid_api_key")),
+        "{body}"
+    );
+    gateway.stop();
+}
+
+/// With no consumer running: a batch whose window ends expires, and a
+/// cancelled one is cancelled, each with every line in its error file
+/// (`batch_expired`, `batch_cancelled`); a consumer started afterwards runs
+/// none of their chunks.
+#[tokio::test]
+async fn expired_and_cancelled_batches_answer_every_line_and_run_nothing() {
+    let d = Deployment::start().await.unwrap();
+    let gateway = d.start_gateway(KEYS, &["--chunk-lines=10"]).await.unwrap();
+    let api = Api::new(gateway.addr);
+    let file: Vec<Value> = (0..25)
+        .map(|i| embed_line(&format!("l{i}"), json!("some text"), false))
+        .collect();
+
+    let expiring = api.batch(KEY_A, &to_jsonl(&file), "2s").await;
+    let cancelled = api.batch(KEY_A, &to_jsonl(&file), "24h").await;
+    let cancelled_id = cancelled["id"].as_str().unwrap();
+    // Cancel once its chunks are published (in_progress).
+    let until = Instant::now() + Duration::from_secs(30);
+    while api.get(&format!("/batches/{cancelled_id}"), KEY_A).await.1["status"] != "in_progress" {
+        assert!(Instant::now() < until);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (status, body) = api
+        .post(&format!("/batches/{cancelled_id}/cancel"), KEY_A, json!({}))
+        .await;
+    assert_eq!(
+        (status, body["status"].clone()),
+        (200, json!("cancelling")),
+        "{body}"
+    );
+
+    for (batch, status, code) in [
+        (&expiring, "expired", "batch_expired"),
+        (&cancelled, "cancelled", "batch_cancelled"),
+    ] {
+        let b = api
+            .wait(
+                KEY_A,
+                batch["id"].as_str().unwrap(),
+                Duration::from_secs(60),
+            )
+            .await;
+        assert_eq!(b["status"], status, "{b}");
+        assert_eq!(
+            b["request_counts"],
+            json!({"total": 25, "completed": 0, "failed": 25}),
+            "{b}"
+        );
+        assert_eq!(b["output_file_id"], Value::Null, "{b}");
+        let lines = api.content(KEY_A, &b["error_file_id"]).await;
+        let ids: HashSet<&str> = lines
+            .iter()
+            .map(|l| l["custom_id"].as_str().unwrap())
+            .collect();
+        assert_eq!(ids.len(), 25);
+        assert!(
+            lines
+                .iter()
+                .all(|l| l["error"]["code"] == code && l["response"].is_null()),
+            "{lines:?}"
+        );
+    }
+    // The chunks' jobs wait in the stream, cancelled: a consumer acks them
+    // without running them.
+    let _consumer = d.start_consumer(&[]).await.unwrap();
+    assert_eq!(d.jobs_in_stream_settled(0).await, 0);
+    for batch in [&expiring, &cancelled] {
+        for c in 0..3 {
+            let job = format!("{}-e{c}", batch["id"].as_str().unwrap());
+            let record = d.producer.status(&job).await.unwrap().unwrap();
+            assert_eq!(record.state, JobState::Cancelled, "{job}");
+        }
+    }
+    gateway.stop();
+}
+
+/// Faults (issue #18): SIGKILL the gateway and one of two consumers in the
+/// middle of a 5,000-line batch, then start another gateway. The batch
+/// still completes, every line answered exactly once: everything the first
+/// gateway knew was in NATS and S3.
+#[tokio::test]
+async fn a_batch_survives_sigkill_of_its_gateway_and_a_consumer() {
+    let settings = sluice_producer::provision::Settings {
+        max_deliver: 100,
+        ack_wait: Duration::from_secs(10),
+        ..Default::default()
+    };
+    let d = Deployment::start_with(settings).await.unwrap();
+    let consumer_args = ["--progress-interval-secs=3"];
+    let mut doomed = d.spawn_consumer(&consumer_args).await.unwrap();
+    let _survivor = d.spawn_consumer(&consumer_args).await.unwrap();
+    let gateway_args = ["--chunk-lines=100", "--lease-secs=3"];
+    let first = d.spawn_gateway(KEYS, &gateway_args).await.unwrap();
+    let api = Api::new(first.addr);
+    let reference = minilm_reference().unwrap();
+    let lines: Vec<Value> = (0..5000)
+        .map(|i| {
+            let text = &reference.items[i % reference.items.len()].text;
+            embed_line(&format!("line-{i}"), json!(format!("{i}: {text}")), false)
+        })
+        .collect();
+    let batch = api.batch(KEY_A, &to_jsonl(&lines), "24h").await;
+    let id = batch["id"].as_str().unwrap().to_string();
+
+    // Mid-run: chunks done, chunks left.
+    let until = Instant::now() + Duration::from_secs(300);
+    loop {
+        let (_, b) = api.get(&format!("/batches/{id}"), KEY_A).await;
+        let done = b["request_counts"]["completed"].as_u64().unwrap_or(0);
+        if done >= 500 {
+            assert!(
+                done < 4000,
+                "the batch ran too fast to kill it mid-run: {b}"
+            );
+            break;
+        }
+        assert!(Instant::now() < until, "no progress: {b}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for (what, pid) in [("gateway", first.pid()), ("consumer", doomed.pid())] {
+        let pid = pid.unwrap().to_string();
+        std::process::Command::new("kill")
+            .args(["-KILL", &pid])
+            .status()
+            .unwrap();
+        eprintln!("killed the {what} ({pid})");
+    }
+    drop(first);
+    let _ = doomed.terminate(Duration::from_secs(1));
+
+    let second = d.start_gateway(KEYS, &gateway_args).await.unwrap();
+    let api = Api::new(second.addr);
+    let b = api.wait(KEY_A, &id, Duration::from_secs(600)).await;
+    assert_eq!(b["status"], "completed", "{b}");
+    assert_eq!(
+        b["request_counts"],
+        json!({"total": 5000, "completed": 5000, "failed": 0}),
+        "{b}"
+    );
+    let output = api.content(KEY_A, &b["output_file_id"]).await;
+    let mut seen = HashSet::new();
+    for l in &output {
+        assert!(
+            seen.insert(l["custom_id"].as_str().unwrap().to_string()),
+            "answered twice: {}",
+            l["custom_id"]
+        );
+        assert_eq!(l["response"]["status_code"], 200);
+        assert_eq!(vectors(&l["response"]["body"])[0].len(), 384);
+    }
+    assert_eq!(seen.len(), 5000);
+    assert_eq!(d.jobs_in_stream_settled(0).await, 0);
+    second.stop();
+}
