@@ -2,6 +2,8 @@
 //! /v1/batches`, `POST /v1/batches/{id}/cancel`. Handlers only record what
 //! the client asked; the driver (`driver.rs`) does the work.
 
+use std::collections::HashSet;
+
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
@@ -12,7 +14,8 @@ use serde_json::{Map, Value, json};
 use crate::api_error::ApiError;
 use crate::auth::Tenant;
 use crate::batch_record::{BatchRecord, BatchStatus, Counts, window_secs};
-use crate::files;
+use crate::files::{self, FileRecord};
+use crate::objects::{self, ObjectWriter};
 use crate::openai::Endpoint;
 use crate::records;
 use crate::state::{AppState, now};
@@ -57,7 +60,15 @@ pub async fn create(
     {
         return Err(ApiError::invalid("metadata holds at most 16 string values").param("metadata"));
     }
-    let file = files::find(&state, &tenant, &request.input_file_id).await?;
+    let mut file = files::find(&state, &tenant, &request.input_file_id).await?;
+    let retry_of = request
+        .metadata
+        .as_ref()
+        .and_then(|m| m.get(RETRY_FAILED_OF))
+        .and_then(Value::as_str);
+    if let Some(source) = retry_of {
+        file = failed_lines_file(&state, &tenant, source, &file).await?;
+    }
     if file.purpose != "batch" {
         return Err(ApiError::invalid(format!(
             "the file {} has purpose {:?}; a batch's input needs purpose \"batch\"",
@@ -106,6 +117,7 @@ pub async fn create(
         file = record.input_file_id,
         "batch created"
     );
+    state.metrics.batch_created();
     crate::driver::kick(&state, &record.id);
     Ok(Json(record.to_api()))
 }
@@ -117,6 +129,72 @@ impl records::Owned for BatchRecord {
     fn tenant(&self) -> &str {
         &self.tenant
     }
+}
+
+/// The metadata key that makes a batch of only the failed lines of an
+/// earlier one (its `input_file_id` must be that batch's input file).
+pub const RETRY_FAILED_OF: &str = "retry_failed_of";
+
+/// A new input file of the lines of `source`'s input whose `custom_id` is
+/// in its error file: the replay of failed work, at batch scale.
+async fn failed_lines_file(
+    state: &AppState,
+    tenant: &str,
+    source: &str,
+    input: &FileRecord,
+) -> Result<FileRecord, ApiError> {
+    let bad = |m: String| ApiError::invalid(m).param("metadata");
+    let batch = find(state, tenant, source).await?;
+    if batch.input_file_id != input.id {
+        return Err(bad(format!(
+            "{RETRY_FAILED_OF}: input_file_id must be {source}'s input file, {}",
+            batch.input_file_id
+        )));
+    }
+    if !batch.status.is_final() {
+        return Err(bad(format!(
+            "{RETRY_FAILED_OF}: {source} is {}; retry once it has ended",
+            batch.status.as_str()
+        )));
+    }
+    let Some(errors) = &batch.error_file_id else {
+        return Err(bad(format!(
+            "{RETRY_FAILED_OF}: {source} has no failed lines"
+        )));
+    };
+    let mut failed = HashSet::new();
+    let mut lines = objects::open(&state.s3, state.bucket(), &state.file_key(errors)).await?;
+    while let Some(line) = objects::next_line(&mut lines, usize::MAX).await? {
+        if let objects::Line::Text(t) = line
+            && let Ok(v) = serde_json::from_slice::<Value>(&t)
+            && let Some(id) = v["custom_id"].as_str()
+        {
+            failed.insert(id.to_string());
+        }
+    }
+    let id = files::new_file_id();
+    let mut writer = ObjectWriter::new(&state.s3, state.bucket(), &state.file_key(&id));
+    let mut reader = objects::open(&state.s3, state.bucket(), &state.file_key(&input.id)).await?;
+    while let Some(line) = objects::next_line(&mut reader, state.config.max_line_bytes).await? {
+        if let objects::Line::Text(t) = line
+            && let Ok(v) = serde_json::from_slice::<Value>(&t)
+            && v["custom_id"].as_str().is_some_and(|c| failed.contains(c))
+        {
+            writer.write(&t).await?;
+            writer.write(b"\n").await?;
+        }
+    }
+    let bytes = writer.finish().await?;
+    let file = FileRecord {
+        id,
+        tenant: tenant.to_string(),
+        filename: format!("{source}_failed.jsonl"),
+        purpose: "batch".into(),
+        bytes,
+        created_at: now(),
+    };
+    state.records.put(&FileRecord::key(&file.id), &file).await?;
+    Ok(file)
 }
 
 async fn find(state: &AppState, tenant: &str, id: &str) -> Result<BatchRecord, ApiError> {

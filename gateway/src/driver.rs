@@ -765,6 +765,7 @@ async fn finalize(state: &AppState, batch: BatchRecord) -> Result<()> {
     if !lease(state, &batch.id, FINALIZING).await? {
         return Ok(());
     }
+    let started = Instant::now();
     let mut renewal = Renewal::new();
     let ending = if batch.cancelling_at.is_some() {
         BatchStatus::Cancelled
@@ -938,6 +939,9 @@ async fn finalize(state: &AppState, batch: BatchRecord) -> Result<()> {
         })
         .await?;
     if finished.is_some() {
+        state
+            .metrics
+            .batch_ended(ending, completed, failed, Some(started.elapsed()));
         tracing::info!(batch = batch.id, status = ?ending, completed, failed, "batch finalized");
         state
             .records

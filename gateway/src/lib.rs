@@ -15,6 +15,7 @@ pub mod batches;
 pub mod config;
 pub mod driver;
 pub mod files;
+pub mod metrics;
 pub mod objects;
 pub mod openai;
 pub mod records;
@@ -26,7 +27,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use axum::Router;
-use axum::extract::DefaultBodyLimit;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::routing::{get, post};
 
 pub use config::Config;
@@ -54,7 +55,30 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/batches/{id}/cancel", post(batches::cancel))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(|| async { "ready" }))
+        .route(
+            "/metrics",
+            get(|State(state): State<AppState>| async move { state.metrics.render() }),
+        )
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            count_request,
+        ))
         .with_state(state)
+}
+
+/// Counts each request by its route (the pattern, not the path) and status.
+async fn count_request(
+    State(state): State<AppState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    let response = next.run(request).await;
+    state.metrics.request(&route, response.status().as_u16());
+    response
 }
 
 /// A started gateway: its address and tasks.
@@ -102,6 +126,7 @@ pub async fn start(config: Config) -> Result<Running> {
         s3,
         owner: format!("gateway-{}", uuid::Uuid::new_v4().simple()),
         busy: state::Busy::default(),
+        metrics: Default::default(),
     };
     let driver = driver::spawn(state.clone());
     let app = router(state);

@@ -25,6 +25,7 @@ pub struct AppState {
     pub owner: String,
     /// Batches this process is advancing now.
     pub busy: Busy,
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl AppState {

@@ -595,6 +595,48 @@ async fn expired_and_cancelled_batches_answer_every_line_and_run_nothing() {
             assert_eq!(record.state, JobState::Cancelled, "{job}");
         }
     }
+
+    // Retry what failed: a batch of only the expired batch's failed lines.
+    let (status, retry) = api
+        .post(
+            "/batches",
+            KEY_A,
+            json!({"input_file_id": expiring["input_file_id"], "endpoint": "/v1/embeddings",
+                   "completion_window": "24h", "metadata": {"retry_failed_of": expiring["id"]}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{retry}");
+    assert_ne!(retry["input_file_id"], expiring["input_file_id"]);
+    let retry = api
+        .wait(
+            KEY_A,
+            retry["id"].as_str().unwrap(),
+            Duration::from_secs(120),
+        )
+        .await;
+    assert_eq!(retry["status"], "completed", "{retry}");
+    assert_eq!(
+        retry["request_counts"],
+        json!({"total": 25, "completed": 25, "failed": 0}),
+        "{retry}"
+    );
+    // Only a final batch, with its own input file, can be retried.
+    let (status, body) = api
+        .post(
+            "/batches",
+            KEY_A,
+            json!({"input_file_id": retry["input_file_id"], "endpoint": "/v1/embeddings",
+                   "completion_window": "24h", "metadata": {"retry_failed_of": expiring["id"]}}),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("input file"),
+        "{body}"
+    );
     gateway.stop();
 }
 
