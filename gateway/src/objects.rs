@@ -51,11 +51,20 @@ impl ObjectWriter {
         self.written == 0
     }
 
-    pub async fn write(&mut self, data: &[u8]) -> Result<()> {
-        self.buffer.extend_from_slice(data);
+    /// Buffers `data`, sending each part as it fills: the buffer never
+    /// holds more than one part (allocated once, at its full size).
+    pub async fn write(&mut self, mut data: &[u8]) -> Result<()> {
         self.written += data.len() as u64;
-        if self.buffer.len() >= PART_BYTES {
-            self.send_part().await?;
+        while !data.is_empty() {
+            if self.buffer.capacity() == 0 {
+                self.buffer.reserve_exact(PART_BYTES);
+            }
+            let take = data.len().min(PART_BYTES - self.buffer.len());
+            self.buffer.extend_from_slice(&data[..take]);
+            data = &data[take..];
+            if self.buffer.len() == PART_BYTES {
+                self.send_part().await?;
+            }
         }
         Ok(())
     }

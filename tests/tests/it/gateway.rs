@@ -78,13 +78,19 @@ async fn run_sdk_batch(
     errors: &Path,
     window: &str,
 ) -> Value {
-    let python = repo_root().join(".sluice/pyenv/bin/python");
-    let run = tokio::process::Command::new(python)
-        .arg(repo_root().join("examples/openai/batch.py"))
+    let mut cmd = tokio::process::Command::new(repo_root().join(".sluice/pyenv/bin/python"));
+    cmd.arg(repo_root().join("examples/openai/batch.py"))
         .arg(input)
         .arg(out)
         .arg(errors)
-        .arg(format!("--window={window}"))
+        .arg(format!("--window={window}"));
+    run_example(cmd, base_url, key).await
+}
+
+/// Runs an SDK example with the gateway's URL and a key: its last line of
+/// output, the final batch object.
+async fn run_example(mut cmd: tokio::process::Command, base_url: &str, key: &str) -> Value {
+    let run = cmd
         .env("OPENAI_BASE_URL", base_url)
         .env("OPENAI_API_KEY", key)
         .kill_on_drop(true)
@@ -100,7 +106,46 @@ async fn run_sdk_batch(
         run.status,
         String::from_utf8_lossy(&run.stderr)
     );
-    serde_json::from_str(stdout.trim()).unwrap()
+    serde_json::from_str(stdout.trim().lines().last().unwrap_or_default()).unwrap()
+}
+
+/// The official Node SDK (`examples/node/batch.mjs`) runs a small batch the
+/// same way: every line answered, the vectors sentence-transformers'.
+#[tokio::test]
+async fn the_openai_node_sdk_runs_a_small_batch_on_sluice() {
+    let d = Deployment::start().await.unwrap();
+    let _embed = d.start_consumer(&[]).await.unwrap();
+    let gateway = d.start_gateway(KEYS, &[]).await.unwrap();
+    let reference = minilm_reference().unwrap();
+    let lines: Vec<Value> = reference
+        .items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| embed_line(&format!("n{i}"), json!(item.text), i % 2 == 0))
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let (input, out) = (dir.path().join("in.jsonl"), dir.path().join("out.jsonl"));
+    std::fs::write(&input, to_jsonl(&lines)).unwrap();
+    let mut cmd = tokio::process::Command::new("node");
+    cmd.arg(repo_root().join("examples/node/batch.mjs"))
+        .arg(&input)
+        .arg(&out);
+    let batch = run_example(cmd, &format!("http://{}/v1", gateway.addr), KEY_A).await;
+    assert_eq!(batch["status"], "completed", "{batch}");
+    let n = reference.items.len() as u64;
+    assert_eq!(
+        batch["request_counts"],
+        json!({"total": n, "completed": n, "failed": 0})
+    );
+    let output = read_jsonl(&out);
+    assert_eq!(output.len(), reference.items.len());
+    for l in &output {
+        let i: usize = l["custom_id"].as_str().unwrap()[1..].parse().unwrap();
+        let v = &vectors(&l["response"]["body"])[0];
+        let c = cosine(v, &reference.items[i].embedding);
+        assert!(c >= 0.999, "n{i}: cosine {c}");
+    }
+    gateway.stop();
 }
 
 /// The acceptance path of issue #18: a file of embedding and chat lines,
