@@ -1,7 +1,10 @@
-//! How sluice reaches its servers, shared by the consumer and the `sluice`
-//! CLI so both take the same flags: NATS with any of its auth methods
-//! (user/password, token, NKey seed, `.creds` file) and TLS with a custom CA
-//! or client certificate; S3 through the standard AWS chain.
+//! How sluice reaches its servers, shared by the consumer, the gateway and
+//! the `sluice` CLI so all take the same flags: NATS with any of its auth
+//! methods (user/password, token, NKey seed, `.creds` file) and TLS with a
+//! custom CA or client certificate; S3 through the standard AWS chain; an
+//! OpenTelemetry collector over OTLP/HTTP (`otlp`).
+
+pub mod otlp;
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -121,6 +121,10 @@ pub struct BatchRecord {
     /// Lines that failed alone at validation (known before any chunk runs).
     pub failed_at_validation: u64,
     pub lease: Option<Lease>,
+    /// The batch's trace (its create request's span): its chunk jobs and
+    /// the driver's spans join it (`traces.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 impl BatchRecord {

@@ -4,10 +4,10 @@
 
 use std::collections::HashSet;
 
-use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
+use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
@@ -19,6 +19,7 @@ use crate::objects::{self, ObjectWriter};
 use crate::openai::Endpoint;
 use crate::records;
 use crate::state::{AppState, now};
+use crate::traces::RequestTrace;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -35,6 +36,7 @@ struct CreateBatch {
 pub async fn create(
     State(state): State<AppState>,
     Tenant(tenant): Tenant,
+    Extension(trace): Extension<RequestTrace>,
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
     let request: CreateBatch = serde_json::from_slice(&body)
@@ -101,6 +103,7 @@ pub async fn create(
         chunks: Vec::new(),
         failed_at_validation: 0,
         lease: None,
+        traceparent: Some(trace.0),
     };
     // The marker first: a batch whose record exists is always driven.
     state

@@ -82,6 +82,19 @@ pub struct Config {
     #[arg(long, env = "SLUICE_PRESIGN_SECS", default_value_t = 7 * 24 * 3600)]
     pub presign_secs: u64,
 
+    /// OTLP/HTTP endpoint to export traces to (e.g. http://otel-collector:4318;
+    /// spans go to <endpoint>/v1/traces). Unset: no traces are exported.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+    /// OTLP/HTTP encoding.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_PROTOCOL",
+        value_enum,
+        default_value = "http/protobuf"
+    )]
+    pub otlp_protocol: sluice_connect::otlp::OtlpProtocol,
+
     /// Log filter (tracing's EnvFilter syntax).
     #[arg(long, env = "RUST_LOG", default_value = "info")]
     pub log_filter: String,

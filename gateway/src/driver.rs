@@ -5,8 +5,8 @@
 //!    not a request fails the batch (with its line number), a request that
 //!    cannot run is kept for the error file, and runnable lines are grouped
 //!    into chunk jobs (consecutive lines of one model) whose inputs go to S3.
-//!    The chunks are published as ordinary jobs, each id `<batch>-c<n>` also
-//!    its `Nats-Msg-Id`, and a chunk that already has a status record is not
+//!    The chunks are published as ordinary jobs, each id (`<batch>-e<n>` for
+//!    embeddings, `-g<n>` for generations) also its `Nats-Msg-Id`, and a chunk that already has a status record is not
 //!    published again: re-driving a batch after a crash never doubles work.
 //! 2. `in_progress` / `cancelling`: read the chunks' status records. A chunk
 //!    that failed as a whole is split into one job per line, so a bad line
@@ -20,10 +20,11 @@
 //! change is a compare-and-swap that is right whoever makes it first.
 
 use std::collections::{HashMap, HashSet};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, bail};
 use aws_sdk_s3::presigning::PresigningConfig;
+use opentelemetry::KeyValue;
 use serde_json::Value;
 use sluice_schemas::{
     ErrorCode, Generation, Input, InputFormat, Job, JobState, ObjectRef, OutputOptions,
@@ -35,6 +36,7 @@ use crate::files::FileRecord;
 use crate::objects::{self, Line as RawLine, ObjectWriter, next_line};
 use crate::openai::{self, Line, Request, RequestError};
 use crate::state::{AppState, now};
+use crate::traces::at_unix;
 
 /// Most validation errors kept on a failed batch.
 const MAX_ERRORS: usize = 100;
@@ -200,6 +202,7 @@ async fn validate(state: &AppState, batch: BatchRecord) -> Result<()> {
     if !lease(state, &batch.id, &[BatchStatus::Validating]).await? {
         return Ok(());
     }
+    let began = SystemTime::now();
     let mut renewal = Renewal::new();
     let mut input = InputLines::open(state, &batch).await?;
     let mut errors: Vec<BatchError> = Vec::new();
@@ -328,7 +331,7 @@ async fn validate(state: &AppState, batch: BatchRecord) -> Result<()> {
         for c in &chunks {
             let _ = objects::delete(&state.s3, state.bucket(), &state.chunk_key(&c.job_id)).await;
         }
-        state
+        let ended = state
             .records
             .update::<BatchRecord, _>(&BatchRecord::key(&batch.id), |b| {
                 VALIDATING.contains(&b.status).then(|| BatchRecord {
@@ -340,6 +343,19 @@ async fn validate(state: &AppState, batch: BatchRecord) -> Result<()> {
                 })
             })
             .await?;
+        if let Some(ended) = ended {
+            trace_step(
+                state,
+                &ended,
+                "sluice.openai_batch.validate",
+                began,
+                vec![KeyValue::new(
+                    "sluice.openai_batch.errors",
+                    error_count as i64,
+                )],
+            );
+            trace_end(state, &ended);
+        }
         return state
             .records
             .delete(&BatchRecord::active_key(&batch.id))
@@ -369,7 +385,7 @@ async fn validate(state: &AppState, batch: BatchRecord) -> Result<()> {
         completed: 0,
         failed,
     };
-    state
+    let moved = state
         .records
         .update::<BatchRecord, _>(&BatchRecord::key(&batch.id), |b| {
             VALIDATING.contains(&b.status).then(|| BatchRecord {
@@ -387,6 +403,19 @@ async fn validate(state: &AppState, batch: BatchRecord) -> Result<()> {
             })
         })
         .await?;
+    if let Some(moved) = moved {
+        trace_step(
+            state,
+            &moved,
+            "sluice.openai_batch.validate",
+            began,
+            vec![
+                KeyValue::new("sluice.openai_batch.requests", total as i64),
+                KeyValue::new("sluice.openai_batch.chunks", chunks.len() as i64),
+                KeyValue::new("sluice.openai_batch.failed", failed as i64),
+            ],
+        );
+    }
     tracing::info!(
         batch = batch.id,
         requests = total,
@@ -395,6 +424,43 @@ async fn validate(state: &AppState, batch: BatchRecord) -> Result<()> {
         "batch in progress"
     );
     Ok(())
+}
+
+/// Records one of the driver's steps, from `began` to now, in the batch's trace.
+fn trace_step(
+    state: &AppState,
+    batch: &BatchRecord,
+    name: &'static str,
+    began: SystemTime,
+    mut attributes: Vec<KeyValue>,
+) {
+    attributes.push(KeyValue::new("sluice.openai_batch.id", batch.id.clone()));
+    state.traces.batch_step(
+        batch.traceparent.as_deref(),
+        name,
+        began,
+        SystemTime::now(),
+        attributes,
+    );
+}
+
+/// Records the batch's own span, from its creation to now, once it has ended.
+fn trace_end(state: &AppState, batch: &BatchRecord) {
+    let counts = &batch.request_counts;
+    trace_step(
+        state,
+        batch,
+        "sluice.openai_batch",
+        at_unix(batch.created_at),
+        vec![
+            KeyValue::new("sluice.tenant", batch.tenant.clone()),
+            KeyValue::new("sluice.openai_batch.endpoint", batch.endpoint.clone()),
+            KeyValue::new("sluice.openai_batch.status", batch.status.as_str()),
+            KeyValue::new("sluice.openai_batch.total", counts.total as i64),
+            KeyValue::new("sluice.openai_batch.completed", counts.completed as i64),
+            KeyValue::new("sluice.openai_batch.failed", counts.failed as i64),
+        ],
+    );
 }
 
 /// Chunk job ids end in `-e<n>` (embed) or `-g<n>` (generate).
@@ -481,7 +547,7 @@ async fn publish(state: &AppState, batch: &BatchRecord, chunk: &Chunk, job_id: &
         &state.statuses,
         &job,
         &reply_to,
-        None,
+        batch.traceparent.as_deref(),
     )
     .await?;
     Ok(())
@@ -766,6 +832,7 @@ async fn finalize(state: &AppState, batch: BatchRecord) -> Result<()> {
         return Ok(());
     }
     let started = Instant::now();
+    let began = SystemTime::now();
     let mut renewal = Renewal::new();
     let ending = if batch.cancelling_at.is_some() {
         BatchStatus::Cancelled
@@ -938,10 +1005,18 @@ async fn finalize(state: &AppState, batch: BatchRecord) -> Result<()> {
             })
         })
         .await?;
-    if finished.is_some() {
+    if let Some(finished) = finished {
         state
             .metrics
             .batch_ended(ending, completed, failed, Some(started.elapsed()));
+        trace_step(
+            state,
+            &finished,
+            "sluice.openai_batch.finalize",
+            began,
+            Vec::new(),
+        );
+        trace_end(state, &finished);
         tracing::info!(batch = batch.id, status = ?ending, completed, failed, "batch finalized");
         state
             .records

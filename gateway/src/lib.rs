@@ -20,6 +20,7 @@ pub mod objects;
 pub mod openai;
 pub mod records;
 pub mod state;
+pub mod traces;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -61,23 +62,37 @@ pub fn router(state: AppState) -> Router {
         )
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
-            count_request,
+            observe_request,
         ))
         .with_state(state)
 }
 
-/// Counts each request by its route (the pattern, not the path) and status.
-async fn count_request(
+/// Counts each request by its route (the pattern, not the path) and status,
+/// and records its server span (`traces.rs`), whose `traceparent` the
+/// handlers find in the request's extensions.
+async fn observe_request(
     State(state): State<AppState>,
-    request: axum::extract::Request,
+    mut request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     let route = request
         .extensions()
         .get::<axum::extract::MatchedPath>()
         .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    let parent = request
+        .headers()
+        .get(sluice_schemas::names::headers::TRACEPARENT)
+        .and_then(|v| v.to_str().ok());
+    let span = state
+        .traces
+        .request(request.method().as_str(), &route, parent);
+    request
+        .extensions_mut()
+        .insert(traces::RequestTrace(span.traceparent().to_string()));
     let response = next.run(request).await;
-    state.metrics.request(&route, response.status().as_u16());
+    let status = response.status().as_u16();
+    state.metrics.request(&route, status);
+    span.end(status);
     response
 }
 
@@ -86,12 +101,22 @@ pub struct Running {
     pub addr: SocketAddr,
     server: tokio::task::JoinHandle<()>,
     driver: tokio::task::JoinHandle<()>,
+    traces: traces::Traces,
 }
 
 impl Running {
+    /// Stops serving and driving at once (every fact is in NATS and S3:
+    /// nothing is lost); spans not yet exported are dropped.
     pub fn stop(self) {
         self.server.abort();
         self.driver.abort();
+    }
+
+    /// `stop`, then exports the spans still buffered.
+    pub async fn shutdown(self) {
+        let traces = self.traces.clone();
+        self.stop();
+        let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;
     }
 }
 
@@ -112,6 +137,16 @@ pub async fn start(config: Config) -> Result<Running> {
     let gateway_kv = open_bucket(&js, &topology.gateway_bucket).await?;
     let status_kv = open_bucket(&js, &topology.status_bucket).await?;
     let s3 = config.s3.client().await;
+    let traces = match config.otlp_endpoint.clone() {
+        // The exporter's HTTP client is a blocking one: build it off the runtime.
+        Some(endpoint) => {
+            let protocol = config.otlp_protocol;
+            tokio::task::spawn_blocking(move || traces::Traces::otlp(&endpoint, protocol))
+                .await
+                .context("tracing set-up panicked")??
+        }
+        None => traces::Traces::disabled(),
+    };
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
@@ -127,6 +162,7 @@ pub async fn start(config: Config) -> Result<Running> {
         owner: format!("gateway-{}", uuid::Uuid::new_v4().simple()),
         busy: state::Busy::default(),
         metrics: Default::default(),
+        traces: traces.clone(),
     };
     let driver = driver::spawn(state.clone());
     let app = router(state);
@@ -140,6 +176,7 @@ pub async fn start(config: Config) -> Result<Running> {
         addr,
         server,
         driver,
+        traces,
     })
 }
 
@@ -161,6 +198,6 @@ pub async fn run(config: Config) -> Result<()> {
         _ = tokio::signal::ctrl_c() => {}
     }
     tracing::info!("stopping");
-    running.stop();
+    running.shutdown().await;
     Ok(())
 }

@@ -26,6 +26,7 @@ pub struct AppState {
     /// Batches this process is advancing now.
     pub busy: Busy,
     pub metrics: Arc<crate::metrics::Metrics>,
+    pub traces: crate::traces::Traces,
 }
 
 impl AppState {

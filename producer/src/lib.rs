@@ -16,6 +16,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod batch;
 pub mod dlq;
 pub mod provision;
 pub mod watch;

@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use base64::Engine;
 use clap::{Parser, Subcommand};
+use sluice_producer::batch::{self, GatewayClient};
 use sluice_producer::dlq::Filter;
 use sluice_producer::provision::{self, Settings};
 use sluice_producer::watch::{Counts, Watcher};
@@ -24,7 +25,7 @@ use sluice_schemas::{
     version,
     about = "Submit inference jobs to sluice and follow them.",
     after_help = "Exit codes: 0 success; 1 a job failed or got no answer in time; \
-2 bad usage, bad input, or NATS/S3 unreachable; 3 no such job, or not cancelled \
+2 bad usage, bad input, or NATS/S3 unreachable; 3 no such job or batch, or not cancelled \
 (already finished).\n\nS3 credentials come from the standard AWS chain \
 (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, instance or IRSA role)."
 )]
@@ -121,6 +122,57 @@ enum Command {
     /// Browse and replay the dead-letter stream.
     #[command(subcommand)]
     Dlq(DlqCommand),
+    /// OpenAI batches on a sluice-gateway (its HTTP API, with a tenant's key).
+    #[command(subcommand)]
+    Batch(BatchCommand),
+}
+
+#[derive(Subcommand)]
+enum BatchCommand {
+    /// Show a batch: status, line counts, output and error files.
+    Show {
+        id: String,
+        #[command(flatten)]
+        gateway: GatewayArgs,
+    },
+    /// Make a new batch of only the failed lines of an ended batch (the
+    /// custom_ids in its error file), on the same endpoint, and print it.
+    RetryFailed {
+        id: String,
+        /// The new batch's completion window (default: the original's).
+        #[arg(long)]
+        completion_window: Option<String>,
+        #[command(flatten)]
+        gateway: GatewayArgs,
+    },
+}
+
+#[derive(clap::Args)]
+struct GatewayArgs {
+    /// The gateway's base URL, as given to the OpenAI SDK.
+    #[arg(
+        long,
+        env = "SLUICE_GATEWAY_URL",
+        default_value = "http://127.0.0.1:8080/v1"
+    )]
+    gateway_url: String,
+    /// The tenant's API key (default: $OPENAI_API_KEY, as the SDK reads it).
+    #[arg(long, env = "SLUICE_API_KEY", hide_env_values = true)]
+    api_key: Option<sluice_schemas::Secret>,
+}
+
+impl GatewayArgs {
+    fn client(&self) -> Result<GatewayClient> {
+        let key = match &self.api_key {
+            Some(k) => k.expose().to_string(),
+            None => std::env::var("OPENAI_API_KEY").map_err(|_| {
+                anyhow::anyhow!(
+                    "no API key: pass --api-key, or set SLUICE_API_KEY or OPENAI_API_KEY"
+                )
+            })?,
+        };
+        Ok(GatewayClient::new(&self.gateway_url, &key))
+    }
 }
 
 #[derive(Subcommand)]
@@ -153,6 +205,37 @@ enum DlqCommand {
         #[arg(long)]
         refresh_urls: bool,
     },
+}
+
+async fn batch_command(cmd: BatchCommand, json: bool) -> Result<ExitCode> {
+    let answer = match &cmd {
+        BatchCommand::Show { id, gateway } => gateway.client()?.batch(id).await,
+        BatchCommand::RetryFailed {
+            id,
+            completion_window,
+            gateway,
+        } => {
+            gateway
+                .client()?
+                .retry_failed(id, completion_window.as_deref())
+                .await
+        }
+    };
+    match answer {
+        Ok(b) => {
+            if json {
+                println!("{b}");
+            } else {
+                println!("{}", batch::describe(&b));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) if e.is_not_found() => {
+            eprintln!("sluice: {e}");
+            Ok(ExitCode::from(3))
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 fn parse_filter(code: Option<String>, since: Option<String>) -> Result<Filter> {
@@ -312,6 +395,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let p = Producer::connect(&config).await?;
             dlq(&p, cmd, cli.json).await
         }
+        Command::Batch(cmd) => batch_command(cmd, cli.json).await,
         Command::Submit {
             task,
             paths,

@@ -15,7 +15,8 @@ use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use super::stats::{
     BY_CODE, HISTOGRAMS, MetricKind, OtelHistograms, Readings, SCALARS, Stats, otlp_name,
 };
-use super::trace::{OtlpProtocol, otlp_resource, otlp_target};
+use super::trace::OtlpProtocol;
+use sluice_connect::otlp::{resource, target};
 
 pub struct OtlpMetrics {
     provider: SdkMeterProvider,
@@ -33,7 +34,7 @@ impl OtlpMetrics {
         stats: Arc<Stats>,
         now: ReadNow,
     ) -> anyhow::Result<OtlpMetrics> {
-        let (builder, url) = otlp_target(
+        let (builder, url) = target(
             opentelemetry_otlp::MetricExporter::builder().with_http(),
             endpoint,
             "metrics",
@@ -47,7 +48,7 @@ impl OtlpMetrics {
             .build();
         let provider = SdkMeterProvider::builder()
             .with_reader(reader)
-            .with_resource(otlp_resource())
+            .with_resource(resource("sluice-consumer"))
             .build();
         let meter = provider.meter("sluice-consumer");
         register(&meter, &stats, now);

@@ -11,51 +11,16 @@
 //! `inference` span covering its batches.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Instant, SystemTime};
 
 use opentelemetry::trace::{
-    Link, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId, TraceState,
-    Tracer as _, TracerProvider as _,
+    Link, SpanContext, SpanKind, Status, TraceContextExt, Tracer as _, TracerProvider as _,
 };
 use opentelemetry::{Context, KeyValue};
-use opentelemetry_otlp::{Protocol, WithExportConfig};
 use opentelemetry_sdk::trace::{SdkTracerProvider, Tracer};
 
-/// The OTLP/HTTP encoding.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum OtlpProtocol {
-    #[value(name = "http/protobuf")]
-    HttpProtobuf,
-    #[value(name = "http/json")]
-    HttpJson,
-}
-
-/// Points an OTLP/HTTP exporter builder at `<endpoint>/v1/<signal>`; returns
-/// it and that URL (for error messages).
-pub fn otlp_target<B: WithExportConfig>(
-    builder: B,
-    endpoint: &str,
-    signal: &str,
-    protocol: OtlpProtocol,
-) -> (B, String) {
-    let url = format!("{}/v1/{signal}", endpoint.trim_end_matches('/'));
-    let builder = builder
-        .with_protocol(match protocol {
-            OtlpProtocol::HttpProtobuf => Protocol::HttpBinary,
-            OtlpProtocol::HttpJson => Protocol::HttpJson,
-        })
-        .with_endpoint(url.clone())
-        .with_timeout(Duration::from_secs(10));
-    (builder, url)
-}
-
-/// What every exported span and metric says about its source.
-pub fn otlp_resource() -> opentelemetry_sdk::Resource {
-    opentelemetry_sdk::Resource::builder()
-        .with_service_name("sluice-consumer")
-        .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
-        .build()
-}
+pub use sluice_connect::otlp::OtlpProtocol;
+use sluice_connect::otlp::span_context as parse_traceparent;
 
 /// The consumer's tracer: disabled (the default) or exporting over OTLP.
 #[derive(Clone, Default)]
@@ -75,19 +40,8 @@ impl Tracing {
 
     /// Exports spans in batches to `<endpoint>/v1/traces`.
     pub fn otlp(endpoint: &str, protocol: OtlpProtocol) -> anyhow::Result<Tracing> {
-        let (builder, url) = otlp_target(
-            opentelemetry_otlp::SpanExporter::builder().with_http(),
-            endpoint,
-            "traces",
-            protocol,
-        );
-        let exporter = builder
-            .build()
-            .map_err(|e| anyhow::anyhow!("cannot set up OTLP export to {url}: {e}"))?;
-        let provider = SdkTracerProvider::builder()
-            .with_batch_exporter(exporter)
-            .with_resource(otlp_resource())
-            .build();
+        let provider =
+            sluice_connect::otlp::tracer_provider(endpoint, protocol, "sluice-consumer")?;
         let tracer = provider.tracer("sluice-consumer");
         Ok(Tracing {
             inner: Some(Arc::new(Exporting { provider, tracer })),
@@ -214,19 +168,6 @@ impl JobTrace {
     }
 }
 
-/// `00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>`; None when malformed
-/// (the job then starts a new trace).
-pub fn parse_traceparent(value: &str) -> Option<SpanContext> {
-    let tp = sluice_schemas::TraceParent::parse(value)?;
-    Some(SpanContext::new(
-        TraceId::from_hex(tp.trace_id).ok()?,
-        SpanId::from_hex(tp.parent_id).ok()?,
-        TraceFlags::new(tp.flags),
-        true,
-        TraceState::default(),
-    ))
-}
-
 /// The wall-clock time of a monotonic instant (for span timestamps).
 fn system_time(at: Instant) -> SystemTime {
     let now = Instant::now();
@@ -242,30 +183,6 @@ fn system_time(at: Instant) -> SystemTime {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-
-    #[test]
-    fn traceparent_parsing_takes_valid_headers_and_refuses_the_rest() {
-        let sc =
-            parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap();
-        assert_eq!(
-            sc.trace_id().to_string(),
-            "4bf92f3577b34da6a3ce929d0e0e4736"
-        );
-        assert_eq!(sc.span_id().to_string(), "00f067aa0ba902b7");
-        assert!(sc.is_sampled() && sc.is_remote());
-        for bad in [
-            "",
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
-            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
-            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-            "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
-            "00-xyz92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
-        ] {
-            assert!(parse_traceparent(bad).is_none(), "{bad:?}");
-        }
-    }
 
     #[test]
     fn disabled_tracing_records_nothing() {

@@ -665,6 +665,79 @@ async fn expired_and_cancelled_batches_answer_every_line_and_run_nothing() {
         json!({"total": 25, "completed": 25, "failed": 0}),
         "{retry}"
     );
+    // The same from the CLI, for the cancelled batch: `sluice batch
+    // retry-failed`, then `sluice batch show` once it has run.
+    let url = format!("http://{}/v1", gateway.addr);
+    let run = batch_cli(
+        &d,
+        &url,
+        &[
+            "--json",
+            "batch",
+            "retry-failed",
+            cancelled_id,
+            "--api-key",
+            KEY_A,
+        ],
+    )
+    .await;
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let retry: Value = serde_json::from_str(run.stdout.trim()).unwrap();
+    assert_eq!(retry["metadata"]["retry_failed_of"], cancelled["id"]);
+    let retry_id = retry["id"].as_str().unwrap();
+    let done = api.wait(KEY_A, retry_id, Duration::from_secs(120)).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let run = batch_cli(&d, &url, &["batch", "show", retry_id, "--api-key", KEY_A]).await;
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(
+        run.stdout.starts_with(&format!(
+            "{retry_id}: completed (25 lines: 25 completed, 0 failed); output file-"
+        )),
+        "{}",
+        run.stdout
+    );
+    // Errors the user sees: another tenant's batch is no batch (exit 3), an
+    // unknown key is refused (exit 2), and so is a window over 7 days.
+    let run = batch_cli(
+        &d,
+        &url,
+        &["batch", "retry-failed", cancelled_id, "--api-key", KEY_B],
+    )
+    .await;
+    assert_eq!(run.code, Some(3), "{}", run.stderr);
+    assert!(run.stderr.contains("No such batch"), "{}", run.stderr);
+    let run = batch_cli(
+        &d,
+        &url,
+        &["batch", "show", retry_id, "--api-key", "sk-nobody"],
+    )
+    .await;
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("401, invalid_api_key"),
+        "{}",
+        run.stderr
+    );
+    let run = batch_cli(&d, &url, &["batch", "show", retry_id]).await;
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    assert!(run.stderr.contains("no API key"), "{}", run.stderr);
+    let run = batch_cli(
+        &d,
+        &url,
+        &[
+            "batch",
+            "retry-failed",
+            cancelled_id,
+            "--completion-window",
+            "9d",
+            "--api-key",
+            KEY_A,
+        ],
+    )
+    .await;
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    assert!(run.stderr.contains("at most 7 days"), "{}", run.stderr);
+
     // Only a final batch, with its own input file, can be retried.
     let (status, body) = api
         .post(
@@ -683,6 +756,13 @@ async fn expired_and_cancelled_batches_answer_every_line_and_run_nothing() {
         "{body}"
     );
     gateway.stop();
+}
+
+/// `sluice ARGS --gateway-url URL`.
+async fn batch_cli(d: &Deployment, url: &str, args: &[&str]) -> sluice_tests::deploy::CliRun {
+    let mut all = args.to_vec();
+    all.extend(["--gateway-url", url]);
+    d.cli(&all, None, Duration::from_secs(60)).await
 }
 
 /// Faults (issue #18): SIGKILL the gateway and one of two consumers in the
@@ -762,4 +842,106 @@ async fn a_batch_survives_sigkill_of_its_gateway_and_a_consumer() {
     assert_eq!(seen.len(), 5000);
     assert_eq!(d.jobs_in_stream_settled(0).await, 0);
     second.stop();
+}
+
+/// Traces (issue #18): a batch is one trace. Its create request's server
+/// span continues the caller's `traceparent`; the driver's validate and
+/// finalize spans, the batch's own span and every chunk job's `sluice.job`
+/// span on the consumer are its children, exported over OTLP by both.
+#[tokio::test]
+async fn a_batch_is_one_trace_from_its_create_request_to_its_chunk_jobs() {
+    const TRACE_ID: &str = "6e0c63257de34c926f9efcd03927272e";
+    const CALLER_SPAN: &str = "1f2e3d4c5b6a7988";
+    let receiver = sluice_tests::otlp::OtlpReceiver::start().await.unwrap();
+    let otlp = [
+        format!("--otlp-endpoint={}", receiver.endpoint),
+        "--otlp-protocol=http/json".to_string(),
+    ];
+    let d = Deployment::start().await.unwrap();
+    let consumer = d
+        .start_consumer(&[otlp[0].as_str(), otlp[1].as_str()])
+        .await
+        .unwrap();
+    let gateway = d
+        .start_gateway(
+            KEYS,
+            &[otlp[0].as_str(), otlp[1].as_str(), "--chunk-lines=3"],
+        )
+        .await
+        .unwrap();
+    let api = Api::new(gateway.addr);
+    let lines: Vec<Value> = (0..7)
+        .map(|i| embed_line(&format!("t{i}"), json!(format!("traced text {i}")), false))
+        .collect();
+    let (status, file) = api.upload(KEY_A, &to_jsonl(&lines)).await;
+    assert_eq!(status, 200, "{file}");
+    let create = api
+        .http
+        .post(format!("{}/batches", api.base))
+        .header("content-type", "application/json")
+        .header("traceparent", format!("00-{TRACE_ID}-{CALLER_SPAN}-01"))
+        .body(
+            json!({"input_file_id": file["id"], "endpoint": "/v1/embeddings",
+                   "completion_window": "24h"})
+            .to_string(),
+        );
+    let (status, batch) = api.send(create, Some(KEY_A)).await;
+    assert_eq!(status, 200, "{batch}");
+    let id = batch["id"].as_str().unwrap();
+    let done = api.wait(KEY_A, id, Duration::from_secs(120)).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    // Shutting down flushes what each batch exporter still holds.
+    gateway.shutdown().await;
+    consumer.shutdown(Duration::from_secs(10)).await.unwrap();
+
+    let spans = receiver.spans();
+    let in_trace: Vec<_> = spans.iter().filter(|s| s.trace_id == TRACE_ID).collect();
+    let create = in_trace
+        .iter()
+        .find(|s| s.name == "POST /v1/batches")
+        .unwrap_or_else(|| panic!("no create span in the caller's trace: {spans:#?}"));
+    assert_eq!(create.parent_span_id, CALLER_SPAN);
+    assert_eq!(create.service_name, "sluice-gateway");
+    let attributes = create.attributes.to_string();
+    assert!(
+        attributes.contains("http.response.status_code"),
+        "{attributes}"
+    );
+    let children: Vec<_> = in_trace
+        .iter()
+        .filter(|s| s.parent_span_id == create.span_id)
+        .collect();
+    let named = |name: &str| children.iter().filter(|s| s.name == name).count();
+    assert_eq!(named("sluice.openai_batch.validate"), 1, "{children:#?}");
+    assert_eq!(named("sluice.openai_batch.finalize"), 1, "{children:#?}");
+    let whole = children
+        .iter()
+        .find(|s| s.name == "sluice.openai_batch")
+        .unwrap_or_else(|| panic!("no batch span: {children:#?}"));
+    let attributes = whole.attributes.to_string();
+    assert!(
+        attributes.contains(id) && attributes.contains("completed"),
+        "{attributes}"
+    );
+    // Three chunks of at most 3 lines: three jobs, each in the batch's trace.
+    let jobs: Vec<_> = children
+        .iter()
+        .filter(|s| s.name == "sluice.job" && s.service_name == "sluice-consumer")
+        .collect();
+    assert_eq!(jobs.len(), 3, "{children:#?}");
+    for c in 0..3 {
+        let chunk = format!("{id}-e{c}");
+        assert!(
+            jobs.iter()
+                .any(|s| s.attributes.to_string().contains(&chunk)),
+            "no job span for {chunk}: {jobs:#?}"
+        );
+    }
+    // Other requests are spans of their own, named by their route.
+    assert!(
+        spans
+            .iter()
+            .any(|s| s.name == "GET /v1/batches/{id}" && s.service_name == "sluice-gateway"),
+        "no span for the polls"
+    );
 }
