@@ -59,7 +59,7 @@ async fn main() -> Result<()> {
         },
     };
 
-    let (mut through, mut alone) = (Vec::new(), Vec::new());
+    let (mut through, mut alone, mut steps) = (Vec::new(), Vec::new(), Vec::new());
     let mut tokens = 0u64;
     for round in 1..=rounds {
         let d = Deployment::start().await?;
@@ -72,7 +72,7 @@ async fn main() -> Result<()> {
         let gateway = d.start_gateway(KEYS, &[]).await?;
         let base = format!("http://{}/v1", gateway.addr);
         let start = Instant::now();
-        let (output, used) = run_batch(&base, &requests_path, dir.path()).await?;
+        let (output, used, phases) = run_batch(&base, &requests_path, dir.path()).await?;
         let secs = start.elapsed().as_secs_f64();
         ensure!(output == n, "{output} of {n} lines answered");
         tokens = used;
@@ -80,6 +80,7 @@ async fn main() -> Result<()> {
         consumer.shutdown(Duration::from_secs(10)).await?;
         drop(d);
         through.push(secs);
+        steps.push(phases);
         eprintln!("round {round}: through the gateway {secs:.2} s");
 
         let args = model_args.clone();
@@ -89,6 +90,7 @@ async fn main() -> Result<()> {
         alone.push(secs);
         eprintln!("round {round}: sluice-consumer embed {secs:.2} s");
     }
+    let through_by_round = through.clone();
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
@@ -108,6 +110,23 @@ async fn main() -> Result<()> {
         tokens as f64 / g,
         a / g
     );
+
+    println!();
+    println!("| round | upload | validate, publish | run | finalize | download | total |");
+    println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for (i, p) in steps.iter().enumerate() {
+        println!(
+            "| {} | {:.2} s | {} s | {} s | {} s | {:.2} s | {:.2} s |",
+            i + 1,
+            p.upload,
+            p.validate,
+            p.run,
+            p.finalize,
+            p.download,
+            through_by_round[i]
+        );
+    }
+    println!();
 
     // The gateway's memory while a large file streams in and back out.
     let big = dir.path().join("big.jsonl");
@@ -176,8 +195,20 @@ async fn main() -> Result<()> {
 }
 
 /// Uploads, creates the batch, polls, downloads the output: (lines answered, tokens).
-async fn run_batch(base: &str, requests: &Path, dir: &Path) -> Result<(usize, u64)> {
+/// Where one batch's time went: seconds measured here for the transfers, the
+/// batch object's timestamps (whole seconds) for the gateway's steps.
+struct Phases {
+    upload: f64,
+    validate: i64,
+    run: i64,
+    finalize: i64,
+    download: f64,
+}
+
+async fn run_batch(base: &str, requests: &Path, dir: &Path) -> Result<(usize, u64, Phases)> {
+    let start = Instant::now();
     let file = upload(base, requests).await?;
+    let upload_secs = start.elapsed().as_secs_f64();
     let http = reqwest::Client::new();
     let create = json!({"input_file_id": file["id"], "endpoint": "/v1/embeddings", "completion_window": "24h"});
     let batch: Value = serde_json::from_slice(
@@ -206,7 +237,9 @@ async fn run_batch(base: &str, requests: &Path, dir: &Path) -> Result<(usize, u6
             _ => {}
         }
     };
+    let at = |name: &str| batch[name].as_i64().unwrap_or(0);
     let out = dir.join("output.jsonl");
+    let start = Instant::now();
     curl(&[
         "-fsS",
         "-o",
@@ -219,6 +252,13 @@ async fn run_batch(base: &str, requests: &Path, dir: &Path) -> Result<(usize, u6
         ),
     ])
     .await?;
+    let phases = Phases {
+        upload: upload_secs,
+        validate: at("in_progress_at") - at("created_at"),
+        run: at("finalizing_at") - at("in_progress_at"),
+        finalize: at("completed_at") - at("finalizing_at"),
+        download: start.elapsed().as_secs_f64(),
+    };
     let text = std::fs::read_to_string(&out)?;
     let mut tokens = 0;
     let mut lines = 0;
@@ -229,7 +269,7 @@ async fn run_batch(base: &str, requests: &Path, dir: &Path) -> Result<(usize, u6
             .unwrap_or(0);
         lines += 1;
     }
-    Ok((lines, tokens))
+    Ok((lines, tokens, phases))
 }
 
 /// `POST /v1/files` with curl, streamed from disk as the SDKs do.
