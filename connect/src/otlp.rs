@@ -68,6 +68,33 @@ pub fn tracer_provider(
         .build())
 }
 
+/// A meter provider of `service` that pushes every `interval` (and once
+/// more on shutdown) to `<endpoint>/v1/metrics`. Its HTTP client blocks:
+/// build it (and shut it down) off the async runtime.
+pub fn meter_provider(
+    endpoint: &str,
+    protocol: OtlpProtocol,
+    interval: Duration,
+    service: &'static str,
+) -> anyhow::Result<opentelemetry_sdk::metrics::SdkMeterProvider> {
+    let (builder, url) = target(
+        opentelemetry_otlp::MetricExporter::builder().with_http(),
+        endpoint,
+        "metrics",
+        protocol,
+    );
+    let exporter = builder
+        .build()
+        .map_err(|e| anyhow::anyhow!("cannot set up OTLP metrics export to {url}: {e}"))?;
+    let reader = opentelemetry_sdk::metrics::PeriodicReader::builder(exporter)
+        .with_interval(interval)
+        .build();
+    Ok(opentelemetry_sdk::metrics::SdkMeterProvider::builder()
+        .with_reader(reader)
+        .with_resource(resource(service))
+        .build())
+}
+
 /// `00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>` as a remote span
 /// context; None when malformed (the work then starts a new trace).
 pub fn span_context(traceparent: &str) -> Option<SpanContext> {

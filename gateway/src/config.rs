@@ -82,8 +82,10 @@ pub struct Config {
     #[arg(long, env = "SLUICE_PRESIGN_SECS", default_value_t = 7 * 24 * 3600)]
     pub presign_secs: u64,
 
-    /// OTLP/HTTP endpoint to export traces to (e.g. http://otel-collector:4318;
-    /// spans go to <endpoint>/v1/traces). Unset: no traces are exported.
+    /// OTLP/HTTP endpoint to export traces and metrics to (e.g.
+    /// http://otel-collector:4318; spans go to <endpoint>/v1/traces, metrics
+    /// to <endpoint>/v1/metrics). Unset: no traces are recorded and metrics
+    /// are only served on /metrics.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
     /// OTLP/HTTP encoding.
@@ -94,6 +96,9 @@ pub struct Config {
         default_value = "http/protobuf"
     )]
     pub otlp_protocol: sluice_connect::otlp::OtlpProtocol,
+    /// With --otlp-endpoint: seconds between metric pushes (to <endpoint>/v1/metrics).
+    #[arg(long, env = "SLUICE_OTLP_METRICS_INTERVAL_SECS", default_value_t = 15)]
+    pub otlp_metrics_interval_secs: u64,
 
     /// Log filter (tracing's EnvFilter syntax).
     #[arg(long, env = "RUST_LOG", default_value = "info")]

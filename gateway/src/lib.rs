@@ -102,21 +102,28 @@ pub struct Running {
     server: tokio::task::JoinHandle<()>,
     driver: tokio::task::JoinHandle<()>,
     traces: traces::Traces,
+    otlp_metrics: Option<Arc<metrics::OtlpMetrics>>,
 }
 
 impl Running {
     /// Stops serving and driving at once (every fact is in NATS and S3:
-    /// nothing is lost); spans not yet exported are dropped.
+    /// nothing is lost); spans and metrics not yet exported are dropped.
     pub fn stop(self) {
         self.server.abort();
         self.driver.abort();
     }
 
-    /// `stop`, then exports the spans still buffered.
+    /// `stop`, then exports the spans still buffered and the metrics once more.
     pub async fn shutdown(self) {
-        let traces = self.traces.clone();
+        let (traces, metrics) = (self.traces.clone(), self.otlp_metrics.clone());
         self.stop();
-        let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;
+        let _ = tokio::task::spawn_blocking(move || {
+            traces.shutdown();
+            if let Some(m) = metrics {
+                m.shutdown();
+            }
+        })
+        .await;
     }
 }
 
@@ -137,15 +144,22 @@ pub async fn start(config: Config) -> Result<Running> {
     let gateway_kv = open_bucket(&js, &topology.gateway_bucket).await?;
     let status_kv = open_bucket(&js, &topology.status_bucket).await?;
     let s3 = config.s3.client().await;
-    let traces = match config.otlp_endpoint.clone() {
-        // The exporter's HTTP client is a blocking one: build it off the runtime.
+    let metrics = Arc::new(metrics::Metrics::default());
+    let (traces, otlp_metrics) = match config.otlp_endpoint.clone() {
+        // The exporters' HTTP client is a blocking one: build them off the runtime.
         Some(endpoint) => {
             let protocol = config.otlp_protocol;
-            tokio::task::spawn_blocking(move || traces::Traces::otlp(&endpoint, protocol))
-                .await
-                .context("tracing set-up panicked")??
+            let interval = Duration::from_secs(config.otlp_metrics_interval_secs.max(1));
+            let metrics = Arc::clone(&metrics);
+            tokio::task::spawn_blocking(move || -> Result<_> {
+                let traces = traces::Traces::otlp(&endpoint, protocol)?;
+                let pushed = metrics::OtlpMetrics::start(&endpoint, protocol, interval, &metrics)?;
+                Ok((traces, Some(Arc::new(pushed))))
+            })
+            .await
+            .context("OTLP set-up panicked")??
         }
-        None => traces::Traces::disabled(),
+        None => (traces::Traces::disabled(), None),
     };
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -161,7 +175,7 @@ pub async fn start(config: Config) -> Result<Running> {
         s3,
         owner: format!("gateway-{}", uuid::Uuid::new_v4().simple()),
         busy: state::Busy::default(),
-        metrics: Default::default(),
+        metrics,
         traces: traces.clone(),
     };
     let driver = driver::spawn(state.clone());
@@ -177,6 +191,7 @@ pub async fn start(config: Config) -> Result<Running> {
         server,
         driver,
         traces,
+        otlp_metrics,
     })
 }
 

@@ -1,18 +1,40 @@
 //! The gateway's Prometheus metrics, on the consumer's conventions
 //! (`sluice_` prefix, `_total` counters, every series from the start where
 //! its labels are known): requests by route and status, batches by the
-//! status they ended in, lines by outcome, finalization time.
+//! status they ended in, lines by outcome, finalization time. Served on
+//! `/metrics` and, with `--otlp-endpoint`, pushed over OTLP/HTTP too
+//! ([`OtlpMetrics`]; names without `_total`, as the consumer's).
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use opentelemetry::KeyValue;
+use opentelemetry::metrics::{Histogram, MeterProvider as _};
+use opentelemetry_sdk::metrics::SdkMeterProvider;
+use sluice_connect::otlp::OtlpProtocol;
+
 use crate::batch_record::BatchStatus;
+
+const REQUESTS: &str = "HTTP requests by route and status.";
+const BATCHES_CREATED: &str = "Batches created through this gateway.";
+const BATCHES_ENDED: &str = "Batches this gateway ended, by final status.";
+const LINES: &str = "Request lines of the batches this gateway ended, by outcome.";
+const FINALIZE: &str = "Time to write a batch's output and error files.";
+const FINAL_STATUSES: [BatchStatus; 4] = [
+    BatchStatus::Completed,
+    BatchStatus::Failed,
+    BatchStatus::Expired,
+    BatchStatus::Cancelled,
+];
+const OUTCOMES: [&str; 2] = ["completed", "failed"];
 
 #[derive(Default)]
 pub struct Metrics {
     inner: Mutex<Inner>,
+    /// The finalization histogram of the OTLP push, once it has started.
+    otel_finalize: OnceLock<Histogram<f64>>,
 }
 
 #[derive(Default)]
@@ -54,37 +76,151 @@ impl Metrics {
                 m.finalize_count += 1;
             }
         });
+        if let (Some(h), Some(took)) = (self.otel_finalize.get(), took) {
+            h.record(took.as_secs_f64(), &[]);
+        }
     }
 
     /// Prometheus text format.
     pub fn render(&self) -> String {
         self.with(|m| {
             let mut out = String::new();
-            let _ = writeln!(out, "# HELP sluice_gateway_requests_total HTTP requests by route and status.");
+            let _ = writeln!(out, "# HELP sluice_gateway_requests_total {REQUESTS}");
             let _ = writeln!(out, "# TYPE sluice_gateway_requests_total counter");
             for ((route, status), n) in &m.requests {
-                let _ = writeln!(out, "sluice_gateway_requests_total{{route=\"{route}\",status=\"{status}\"}} {n}");
+                let _ = writeln!(
+                    out,
+                    "sluice_gateway_requests_total{{route=\"{route}\",status=\"{status}\"}} {n}"
+                );
             }
-            let _ = writeln!(out, "# HELP sluice_gateway_batches_created_total Batches created through this gateway.");
+            let _ = writeln!(
+                out,
+                "# HELP sluice_gateway_batches_created_total {BATCHES_CREATED}"
+            );
             let _ = writeln!(out, "# TYPE sluice_gateway_batches_created_total counter");
-            let _ = writeln!(out, "sluice_gateway_batches_created_total {}", m.batches_created);
-            let _ = writeln!(out, "# HELP sluice_gateway_batches_ended_total Batches this gateway ended, by final status.");
+            let _ = writeln!(
+                out,
+                "sluice_gateway_batches_created_total {}",
+                m.batches_created
+            );
+            let _ = writeln!(
+                out,
+                "# HELP sluice_gateway_batches_ended_total {BATCHES_ENDED}"
+            );
             let _ = writeln!(out, "# TYPE sluice_gateway_batches_ended_total counter");
-            for status in [BatchStatus::Completed, BatchStatus::Failed, BatchStatus::Expired, BatchStatus::Cancelled] {
+            for status in FINAL_STATUSES {
                 let n = m.batches_ended.get(status.as_str()).copied().unwrap_or(0);
-                let _ = writeln!(out, "sluice_gateway_batches_ended_total{{status=\"{}\"}} {n}", status.as_str());
+                let _ = writeln!(
+                    out,
+                    "sluice_gateway_batches_ended_total{{status=\"{}\"}} {n}",
+                    status.as_str()
+                );
             }
-            let _ = writeln!(out, "# HELP sluice_gateway_lines_total Request lines of the batches this gateway ended, by outcome.");
+            let _ = writeln!(out, "# HELP sluice_gateway_lines_total {LINES}");
             let _ = writeln!(out, "# TYPE sluice_gateway_lines_total counter");
-            for outcome in ["completed", "failed"] {
+            for outcome in OUTCOMES {
                 let n = m.lines.get(outcome).copied().unwrap_or(0);
-                let _ = writeln!(out, "sluice_gateway_lines_total{{outcome=\"{outcome}\"}} {n}");
+                let _ = writeln!(
+                    out,
+                    "sluice_gateway_lines_total{{outcome=\"{outcome}\"}} {n}"
+                );
             }
-            let _ = writeln!(out, "# HELP sluice_gateway_finalize_seconds Time to write a batch's output and error files.");
+            let _ = writeln!(out, "# HELP sluice_gateway_finalize_seconds {FINALIZE}");
             let _ = writeln!(out, "# TYPE sluice_gateway_finalize_seconds summary");
-            let _ = writeln!(out, "sluice_gateway_finalize_seconds_sum {}", m.finalize_seconds_sum);
-            let _ = writeln!(out, "sluice_gateway_finalize_seconds_count {}", m.finalize_count);
+            let _ = writeln!(
+                out,
+                "sluice_gateway_finalize_seconds_sum {}",
+                m.finalize_seconds_sum
+            );
+            let _ = writeln!(
+                out,
+                "sluice_gateway_finalize_seconds_count {}",
+                m.finalize_count
+            );
             out
         })
+    }
+}
+
+/// The gateway's counters pushed over OTLP/HTTP, observed at each export,
+/// and its finalization time as a histogram.
+pub struct OtlpMetrics {
+    provider: SdkMeterProvider,
+}
+
+impl OtlpMetrics {
+    /// Starts pushing to `<endpoint>/v1/metrics` every `interval`. Its HTTP
+    /// client blocks: call this (and `shutdown`) off the async runtime.
+    pub fn start(
+        endpoint: &str,
+        protocol: OtlpProtocol,
+        interval: Duration,
+        metrics: &Arc<Metrics>,
+    ) -> anyhow::Result<OtlpMetrics> {
+        let provider =
+            sluice_connect::otlp::meter_provider(endpoint, protocol, interval, "sluice-gateway")?;
+        let meter = provider.meter("sluice-gateway");
+        let m = Arc::clone(metrics);
+        meter
+            .u64_observable_counter("sluice_gateway_requests")
+            .with_description(REQUESTS)
+            .with_callback(move |o| {
+                m.with(|m| {
+                    for ((route, status), n) in &m.requests {
+                        let labels = [
+                            KeyValue::new("route", route.clone()),
+                            KeyValue::new("status", status.to_string()),
+                        ];
+                        o.observe(*n, &labels);
+                    }
+                })
+            })
+            .build();
+        let m = Arc::clone(metrics);
+        meter
+            .u64_observable_counter("sluice_gateway_batches_created")
+            .with_description(BATCHES_CREATED)
+            .with_callback(move |o| o.observe(m.with(|m| m.batches_created), &[]))
+            .build();
+        let m = Arc::clone(metrics);
+        meter
+            .u64_observable_counter("sluice_gateway_batches_ended")
+            .with_description(BATCHES_ENDED)
+            .with_callback(move |o| {
+                m.with(|m| {
+                    for status in FINAL_STATUSES {
+                        let n = m.batches_ended.get(status.as_str()).copied().unwrap_or(0);
+                        o.observe(n, &[KeyValue::new("status", status.as_str())]);
+                    }
+                })
+            })
+            .build();
+        let m = Arc::clone(metrics);
+        meter
+            .u64_observable_counter("sluice_gateway_lines")
+            .with_description(LINES)
+            .with_callback(move |o| {
+                m.with(|m| {
+                    for outcome in OUTCOMES {
+                        let n = m.lines.get(outcome).copied().unwrap_or(0);
+                        o.observe(n, &[KeyValue::new("outcome", outcome)]);
+                    }
+                })
+            })
+            .build();
+        let finalize = meter
+            .f64_histogram("sluice_gateway_finalize_seconds")
+            .with_description(FINALIZE)
+            .with_unit("s")
+            .build();
+        let _ = metrics.otel_finalize.set(finalize);
+        Ok(OtlpMetrics { provider })
+    }
+
+    /// Pushes a last time and stops; call once, on shutdown, off the runtime.
+    pub fn shutdown(&self) {
+        if let Err(e) = self.provider.shutdown() {
+            tracing::warn!(error = %e, "flushing metrics on shutdown failed");
+        }
     }
 }

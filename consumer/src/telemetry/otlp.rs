@@ -10,13 +10,12 @@ use std::time::Duration;
 
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::{Meter, MeterProvider as _};
-use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
+use opentelemetry_sdk::metrics::SdkMeterProvider;
 
 use super::stats::{
     BY_CODE, HISTOGRAMS, MetricKind, OtelHistograms, Readings, SCALARS, Stats, otlp_name,
 };
 use super::trace::OtlpProtocol;
-use sluice_connect::otlp::{resource, target};
 
 pub struct OtlpMetrics {
     provider: SdkMeterProvider,
@@ -34,22 +33,8 @@ impl OtlpMetrics {
         stats: Arc<Stats>,
         now: ReadNow,
     ) -> anyhow::Result<OtlpMetrics> {
-        let (builder, url) = target(
-            opentelemetry_otlp::MetricExporter::builder().with_http(),
-            endpoint,
-            "metrics",
-            protocol,
-        );
-        let exporter = builder
-            .build()
-            .map_err(|e| anyhow::anyhow!("cannot set up OTLP metrics export to {url}: {e}"))?;
-        let reader = PeriodicReader::builder(exporter)
-            .with_interval(interval)
-            .build();
-        let provider = SdkMeterProvider::builder()
-            .with_reader(reader)
-            .with_resource(resource("sluice-consumer"))
-            .build();
+        let provider =
+            sluice_connect::otlp::meter_provider(endpoint, protocol, interval, "sluice-consumer")?;
         let meter = provider.meter("sluice-consumer");
         register(&meter, &stats, now);
         let histogram = |name: &str| {

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use sluice_schemas::JobState;
 use sluice_tests::deploy::Deployment;
 use sluice_tests::fixtures::{cosine, minilm_reference};
-use sluice_tests::repo_root;
+use sluice_tests::{models_dir, repo_root};
 
 const KEY_A: &str = "sk-team-a-0123456789";
 const KEY_B: &str = "sk-team-b-0123456789";
@@ -90,29 +90,57 @@ async fn run_sdk_batch(
 /// Runs an SDK example with the gateway's URL and a key: its last line of
 /// output, the final batch object.
 async fn run_example(mut cmd: tokio::process::Command, base_url: &str, key: &str) -> Value {
-    let run = cmd
-        .env("OPENAI_BASE_URL", base_url)
-        .env("OPENAI_API_KEY", key)
-        .kill_on_drop(true)
-        .output();
-    let run = tokio::time::timeout(Duration::from_secs(300), run)
-        .await
-        .expect("the batch ran past 300 s")
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    assert!(
-        run.status.success(),
-        "{}\n{stdout}\n{}",
-        run.status,
-        String::from_utf8_lossy(&run.stderr)
-    );
+    cmd.env("OPENAI_BASE_URL", base_url)
+        .env("OPENAI_API_KEY", key);
+    let stdout = run_ok(cmd, "the batch").await;
     serde_json::from_str(stdout.trim().lines().last().unwrap_or_default()).unwrap()
 }
 
+/// Runs `cmd` to its end (at most 300 s), checks that it succeeded, and
+/// returns its output.
+async fn run_ok(mut cmd: tokio::process::Command, what: &str) -> String {
+    let run = cmd.kill_on_drop(true).output();
+    let run = tokio::time::timeout(Duration::from_secs(300), run)
+        .await
+        .unwrap_or_else(|_| panic!("{what} ran past 300 s"))
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout).to_string();
+    assert!(
+        run.status.success(),
+        "{what}: {}\n{stdout}\n{}",
+        run.status,
+        String::from_utf8_lossy(&run.stderr)
+    );
+    stdout
+}
+
+/// The vectors the offline command, `sluice-consumer embed`, gives `texts`.
+async fn offline_vectors(texts: &[&str]) -> Vec<Vec<f32>> {
+    let dir = tempfile::tempdir().unwrap();
+    let (input, output) = (
+        dir.path().join("texts.jsonl"),
+        dir.path().join("vectors.npy"),
+    );
+    let body: String = texts.iter().map(|t| json!(t).to_string() + "\n").collect();
+    std::fs::write(&input, body).unwrap();
+    let model_dir = models_dir().join("all-minilm-l6-v2");
+    let mut cmd = tokio::process::Command::new(sluice_tests::deploy::consumer_binary().unwrap());
+    cmd.arg("embed")
+        .arg(format!("--input={}", input.display()))
+        .arg(format!("--output={}", output.display()))
+        .arg(format!("--model-dir={}", model_dir.display()));
+    run_ok(cmd, "sluice-consumer embed").await;
+    let (rows, dim, values) =
+        sluice_schemas::npy::decode_f32(&std::fs::read(&output).unwrap()).unwrap();
+    assert_eq!(rows, texts.len());
+    values.chunks(dim).map(<[f32]>::to_vec).collect()
+}
+
 /// The official Node SDK (`examples/node/batch.mjs`) runs a small batch the
-/// same way: every line answered, the vectors sentence-transformers'.
+/// same way: every line answered, the vectors sentence-transformers'. Then
+/// the README's Python snippet runs the same lines.
 #[tokio::test]
-async fn the_openai_node_sdk_runs_a_small_batch_on_sluice() {
+async fn the_openai_node_sdk_and_the_readme_snippet_run_a_small_batch_on_sluice() {
     let d = Deployment::start().await.unwrap();
     let _embed = d.start_consumer(&[]).await.unwrap();
     let gateway = d.start_gateway(KEYS, &[]).await.unwrap();
@@ -145,12 +173,50 @@ async fn the_openai_node_sdk_runs_a_small_batch_on_sluice() {
         let c = cosine(v, &reference.items[i].embedding);
         assert!(c >= 0.999, "n{i}: cosine {c}");
     }
+
+    // The README's Python snippet, as written but for its URL and key, on
+    // the same lines: it leaves every answer in output.jsonl.
+    let snippet = readme_snippet(&format!("http://{}/v1", gateway.addr), KEY_A);
+    let cwd = tempfile::tempdir().unwrap();
+    std::fs::write(cwd.path().join("requests.jsonl"), to_jsonl(&lines)).unwrap();
+    let mut cmd = tokio::process::Command::new(repo_root().join(".sluice/pyenv/bin/python"));
+    cmd.arg("-c").arg(&snippet).current_dir(cwd.path());
+    run_ok(cmd, &format!("the README snippet\n{snippet}\n")).await;
+    let output = read_jsonl(&cwd.path().join("output.jsonl"));
+    let answered: HashSet<&str> = output
+        .iter()
+        .map(|l| l["custom_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(answered.len(), reference.items.len());
+    assert_eq!(output.len(), reference.items.len());
     gateway.stop();
+}
+
+/// The Python snippet of the README's "Run your OpenAI batch files on
+/// sluice", its base URL and key replaced by these.
+fn readme_snippet(base_url: &str, key: &str) -> String {
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
+    let section = readme
+        .split("## Run your OpenAI batch files on sluice")
+        .nth(1)
+        .expect("README.md has no section \"Run your OpenAI batch files on sluice\"");
+    let code = section
+        .split("```python\n")
+        .nth(1)
+        .and_then(|s| s.split("```").next())
+        .expect("the section has no Python snippet");
+    let (url, readme_key) = ("http://127.0.0.1:8080/v1", "sk-my-team-key-1234");
+    assert!(
+        code.contains(url) && code.contains(readme_key),
+        "the snippet no longer uses {url} and {readme_key}:\n{code}"
+    );
+    code.replace(url, base_url).replace(readme_key, key)
 }
 
 /// The acceptance path of issue #18: a file of embedding and chat lines,
 /// uploaded, run and downloaded by the official SDK. Every custom_id is
-/// answered once; the vectors equal sentence-transformers'; chat answers
+/// answered once; the vectors equal the offline command's (cosine >= 0.9999)
+/// and sentence-transformers' (>= 0.999); chat answers
 /// carry usage; the two lines that cannot run fail alone.
 #[tokio::test]
 async fn the_openai_sdk_runs_a_batch_of_embeddings_and_chats_on_sluice() {
@@ -220,6 +286,7 @@ async fn the_openai_sdk_runs_a_batch_of_embeddings_and_chats_on_sluice() {
 
     let output = read_jsonl(&out);
     let failed = read_jsonl(&errors);
+    let offline = offline_vectors(&texts).await;
     assert_eq!(batch["status"], "completed", "{batch}");
     assert_eq!(
         batch["request_counts"],
@@ -259,6 +326,8 @@ async fn the_openai_sdk_runs_a_batch_of_embeddings_and_chats_on_sluice() {
             for (v, &p) in vs.iter().zip(picks) {
                 let c = cosine(v, &reference.items[p].embedding);
                 assert!(c >= 0.999, "{id}: cosine {c} to sentence-transformers");
+                let c = cosine(v, &offline[p]);
+                assert!(c >= 0.9999, "{id}: cosine {c} to sluice-consumer embed");
             }
             let expected: usize = picks
                 .iter()
@@ -847,7 +916,8 @@ async fn a_batch_survives_sigkill_of_its_gateway_and_a_consumer() {
 /// Traces (issue #18): a batch is one trace. Its create request's server
 /// span continues the caller's `traceparent`; the driver's validate and
 /// finalize spans, the batch's own span and every chunk job's `sluice.job`
-/// span on the consumer are its children, exported over OTLP by both.
+/// span on the consumer are its children, exported over OTLP by both. The
+/// gateway's metrics are pushed over OTLP too.
 #[tokio::test]
 async fn a_batch_is_one_trace_from_its_create_request_to_its_chunk_jobs() {
     const TRACE_ID: &str = "6e0c63257de34c926f9efcd03927272e";
@@ -944,4 +1014,31 @@ async fn a_batch_is_one_trace_from_its_create_request_to_its_chunk_jobs() {
             .any(|s| s.name == "GET /v1/batches/{id}" && s.service_name == "sluice-gateway"),
         "no span for the polls"
     );
+
+    // The gateway's metrics went out over OTLP too (pushed once more on
+    // shutdown), named as on /metrics without `_total`.
+    let ended = receiver
+        .metric("sluice_gateway_batches_ended")
+        .unwrap_or_else(|| panic!("no sluice_gateway_batches_ended metric exported"));
+    assert_eq!(
+        ended.value(Some(("status", "completed"))),
+        Some(1.0),
+        "{ended:?}"
+    );
+    let lines = receiver.metric("sluice_gateway_lines").unwrap();
+    assert_eq!(
+        lines.value(Some(("outcome", "completed"))),
+        Some(7.0),
+        "{lines:?}"
+    );
+    let created = receiver.metric("sluice_gateway_batches_created").unwrap();
+    assert_eq!(created.value(None), Some(1.0), "{created:?}");
+    let requests = receiver.metric("sluice_gateway_requests").unwrap();
+    assert_eq!(
+        requests.value(Some(("route", "/v1/batches"))),
+        Some(1.0),
+        "{requests:?}"
+    );
+    let finalize = receiver.metric("sluice_gateway_finalize_seconds").unwrap();
+    assert_eq!(finalize.value(None), Some(1.0), "{finalize:?}");
 }
