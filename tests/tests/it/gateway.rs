@@ -1042,3 +1042,89 @@ async fn a_batch_is_one_trace_from_its_create_request_to_its_chunk_jobs() {
     let finalize = receiver.metric("sluice_gateway_finalize_seconds").unwrap();
     assert_eq!(finalize.value(None), Some(1.0), "{finalize:?}");
 }
+
+/// deploy/nats/permissions.conf as shipped: a gateway with only the gateway
+/// role's permissions (and a consumer with the consumer's) validates,
+/// publishes, follows, cancels, lists and finalizes batches.
+#[tokio::test]
+async fn the_shipped_permissions_let_the_gateway_run_and_cancel_batches() {
+    let permissions =
+        std::fs::read_to_string(repo_root().join("deploy/nats/permissions.conf")).unwrap();
+    let servers = sluice_tests::Servers::start_with_nats_config(Some(&permissions))
+        .await
+        .unwrap();
+    let admin = sluice_connect::NatsAuth {
+        nats_user: Some("admin".into()),
+        nats_password: Some(sluice_schemas::Secret::new("change-me")),
+        ..Default::default()
+    };
+    // `sluice init` as admin, with the standard names the file is written for.
+    let d = Deployment::start_named(servers, Vec::new(), admin, Default::default(), "")
+        .await
+        .unwrap();
+    let gateway = d
+        .start_gateway(
+            KEYS,
+            &[
+                "--nats-user=gateway",
+                "--nats-password=change-me",
+                "--chunk-lines=4",
+            ],
+        )
+        .await
+        .unwrap();
+    let api = Api::new(gateway.addr);
+    let lines: Vec<Value> = (0..10)
+        .map(|i| {
+            embed_line(
+                &format!("p{i}"),
+                json!(format!("permitted text {i}")),
+                false,
+            )
+        })
+        .collect();
+
+    // With no consumer yet, a batch's chunks wait in the stream: cancel it.
+    let waiting = api.batch(KEY_A, &to_jsonl(&lines), "24h").await;
+    let waiting_id = waiting["id"].as_str().unwrap();
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, b) = api.get(&format!("/batches/{waiting_id}"), KEY_A).await;
+        if b["status"] == "in_progress" {
+            break;
+        }
+        assert!(Instant::now() < until, "never in progress: {b}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (status, body) = api
+        .post(&format!("/batches/{waiting_id}/cancel"), KEY_A, json!({}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let cancelled = api.wait(KEY_A, waiting_id, Duration::from_secs(60)).await;
+    assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+    assert_eq!(
+        cancelled["request_counts"],
+        json!({"total": 10, "completed": 0, "failed": 10})
+    );
+
+    // A consumer with its own role runs the next one to the end.
+    let consumer = d
+        .start_consumer(&["--nats-user=consumer", "--nats-password=change-me"])
+        .await
+        .unwrap();
+    let run = api.batch(KEY_A, &to_jsonl(&lines), "24h").await;
+    let done = api
+        .wait(KEY_A, run["id"].as_str().unwrap(), Duration::from_secs(120))
+        .await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(
+        done["request_counts"],
+        json!({"total": 10, "completed": 10, "failed": 0})
+    );
+    assert_eq!(api.content(KEY_A, &done["output_file_id"]).await.len(), 10);
+    let (status, list) = api.get("/batches", KEY_A).await;
+    assert_eq!(status, 200, "{list}");
+    assert_eq!(list["data"].as_array().map(Vec::len), Some(2), "{list}");
+    gateway.stop();
+    consumer.shutdown(Duration::from_secs(10)).await.unwrap();
+}
