@@ -18,6 +18,54 @@ pub enum OtlpProtocol {
     HttpJson,
 }
 
+/// The OTLP flags every sluice binary takes, flattened into its config.
+#[derive(Debug, Clone, clap::Args)]
+pub struct OtlpArgs {
+    /// OTLP/HTTP endpoint to export traces and metrics to (e.g.
+    /// http://otel-collector:4318; spans go to <endpoint>/v1/traces, metrics
+    /// to <endpoint>/v1/metrics). Unset: no traces are recorded and metrics
+    /// are only served on /metrics.
+    #[arg(long = "otlp-endpoint", env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub endpoint: Option<String>,
+    /// OTLP/HTTP encoding.
+    #[arg(
+        long = "otlp-protocol",
+        env = "OTEL_EXPORTER_OTLP_PROTOCOL",
+        value_enum,
+        default_value = "http/protobuf"
+    )]
+    pub protocol: OtlpProtocol,
+    /// With --otlp-endpoint: seconds between metric pushes (to <endpoint>/v1/metrics).
+    #[arg(
+        long = "otlp-metrics-interval-secs",
+        env = "SLUICE_OTLP_METRICS_INTERVAL_SECS",
+        default_value_t = 15
+    )]
+    pub metrics_interval_secs: u64,
+}
+
+impl OtlpArgs {
+    /// The key a bad endpoint is reported under.
+    pub const ENDPOINT_KEY: &'static str =
+        "otlp_endpoint (--otlp-endpoint / OTEL_EXPORTER_OTLP_ENDPOINT)";
+    /// What to do about a bad endpoint.
+    pub const ENDPOINT_FIX: &'static str =
+        "must be an http:// or https:// URL such as http://otel-collector:4318";
+
+    /// The endpoint, if it is set and is not an http(s) URL with a host.
+    pub fn bad_endpoint(&self) -> Option<&str> {
+        let endpoint = self.endpoint.as_deref()?;
+        let ok = url::Url::parse(endpoint)
+            .is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some());
+        (!ok).then_some(endpoint)
+    }
+
+    /// Time between metric pushes (at least a second).
+    pub fn metrics_interval(&self) -> Duration {
+        Duration::from_secs(self.metrics_interval_secs.max(1))
+    }
+}
+
 /// Points an OTLP/HTTP exporter builder at `<endpoint>/v1/<signal>`; returns
 /// it and that URL (for error messages).
 pub fn target<B: WithExportConfig>(
@@ -122,6 +170,26 @@ pub fn traceparent(span: &SpanContext) -> String {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn otlp_endpoints_must_be_http_urls_with_a_host() {
+        let args = |endpoint: Option<&str>| OtlpArgs {
+            endpoint: endpoint.map(str::to_owned),
+            protocol: OtlpProtocol::HttpProtobuf,
+            metrics_interval_secs: 0,
+        };
+        for good in [
+            None,
+            Some("http://otel:4318"),
+            Some("https://10.0.0.1:4318/"),
+        ] {
+            assert_eq!(args(good).bad_endpoint(), None, "{good:?}");
+        }
+        for bad in ["otel:4318", "grpc://otel:4317", "http://", ""] {
+            assert_eq!(args(Some(bad)).bad_endpoint(), Some(bad));
+        }
+        assert_eq!(args(None).metrics_interval(), Duration::from_secs(1));
+    }
 
     #[test]
     fn traceparent_parsing_takes_valid_headers_and_refuses_the_rest() {

@@ -204,23 +204,8 @@ pub struct Config {
     /// Log format.
     #[arg(long, env = "SLUICE_LOG_FORMAT", value_enum, default_value = "human")]
     pub log_format: LogFormat,
-    /// OTLP/HTTP endpoint to export traces and metrics to (e.g.
-    /// http://otel-collector:4318; spans go to <endpoint>/v1/traces, metrics
-    /// to <endpoint>/v1/metrics). Unset: no traces are recorded and metrics
-    /// are only served on /metrics.
-    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
-    pub otlp_endpoint: Option<String>,
-    /// OTLP/HTTP encoding.
-    #[arg(
-        long,
-        env = "OTEL_EXPORTER_OTLP_PROTOCOL",
-        value_enum,
-        default_value = "http/protobuf"
-    )]
-    pub otlp_protocol: crate::telemetry::OtlpProtocol,
-    /// With --otlp-endpoint: seconds between metric pushes (to <endpoint>/v1/metrics).
-    #[arg(long, env = "SLUICE_OTLP_METRICS_INTERVAL_SECS", default_value_t = 15)]
-    pub otlp_metrics_interval_secs: u64,
+    #[command(flatten)]
+    pub otlp: sluice_connect::otlp::OtlpArgs,
 }
 
 /// A config error: which key, which value, and what to do.
@@ -362,16 +347,12 @@ impl Config {
                 "must be positive; leave it unset to size the budget from free memory",
             ));
         }
-        if let Some(endpoint) = &self.otlp_endpoint {
-            let ok = url::Url::parse(endpoint)
-                .is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some());
-            if !ok {
-                return Err(bad(
-                    "otlp_endpoint (--otlp-endpoint / OTEL_EXPORTER_OTLP_ENDPOINT)",
-                    endpoint,
-                    "must be an http:// or https:// URL such as http://otel-collector:4318",
-                ));
-            }
+        if let Some(endpoint) = self.otlp.bad_endpoint() {
+            return Err(bad(
+                sluice_connect::otlp::OtlpArgs::ENDPOINT_KEY,
+                endpoint,
+                sluice_connect::otlp::OtlpArgs::ENDPOINT_FIX,
+            ));
         }
         if !self.namespace.is_empty() && !sluice_schemas::names::is_valid_job_id(&self.namespace) {
             return Err(bad(

@@ -68,10 +68,10 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     crate::alloc::tune();
     let topology = config.topology();
     let task = config.task();
-    let tracing = match config.otlp_endpoint.clone() {
+    let tracing = match config.otlp.endpoint.clone() {
         // The exporter's HTTP client is a blocking one: build it off the runtime.
         Some(endpoint) => {
-            let protocol = config.otlp_protocol;
+            let protocol = config.otlp.protocol;
             tokio::task::spawn_blocking(move || Tracing::otlp(&endpoint, protocol))
                 .await
                 .context("tracing set-up panicked")??
@@ -194,11 +194,11 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         nats: nats.clone(),
         device,
     };
-    let otlp_metrics = match config.otlp_endpoint.clone() {
+    let otlp_metrics = match config.otlp.endpoint.clone() {
         Some(endpoint) => {
             let (protocol, stats, state) =
-                (config.otlp_protocol, Arc::clone(&stats), http_state.clone());
-            let interval = Duration::from_secs(config.otlp_metrics_interval_secs.max(1));
+                (config.otlp.protocol, Arc::clone(&stats), http_state.clone());
+            let interval = config.otlp.metrics_interval();
             Some(
                 tokio::task::spawn_blocking(move || {
                     OtlpMetrics::start(

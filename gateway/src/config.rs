@@ -82,23 +82,8 @@ pub struct Config {
     #[arg(long, env = "SLUICE_PRESIGN_SECS", default_value_t = 7 * 24 * 3600)]
     pub presign_secs: u64,
 
-    /// OTLP/HTTP endpoint to export traces and metrics to (e.g.
-    /// http://otel-collector:4318; spans go to <endpoint>/v1/traces, metrics
-    /// to <endpoint>/v1/metrics). Unset: no traces are recorded and metrics
-    /// are only served on /metrics.
-    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
-    pub otlp_endpoint: Option<String>,
-    /// OTLP/HTTP encoding.
-    #[arg(
-        long,
-        env = "OTEL_EXPORTER_OTLP_PROTOCOL",
-        value_enum,
-        default_value = "http/protobuf"
-    )]
-    pub otlp_protocol: sluice_connect::otlp::OtlpProtocol,
-    /// With --otlp-endpoint: seconds between metric pushes (to <endpoint>/v1/metrics).
-    #[arg(long, env = "SLUICE_OTLP_METRICS_INTERVAL_SECS", default_value_t = 15)]
-    pub otlp_metrics_interval_secs: u64,
+    #[command(flatten)]
+    pub otlp: sluice_connect::otlp::OtlpArgs,
 
     /// Log filter (tracing's EnvFilter syntax).
     #[arg(long, env = "RUST_LOG", default_value = "info")]
@@ -121,6 +106,13 @@ impl Config {
             bail!("--chunk-lines, --chunk-texts and --chunk-prompts must be at least 1");
         }
         self.s3.check().map_err(anyhow::Error::msg)?;
+        if let Some(endpoint) = self.otlp.bad_endpoint() {
+            bail!(
+                "invalid config: {} = {endpoint}: {}",
+                sluice_connect::otlp::OtlpArgs::ENDPOINT_KEY,
+                sluice_connect::otlp::OtlpArgs::ENDPOINT_FIX
+            );
+        }
         if self
             .embed_models
             .iter()

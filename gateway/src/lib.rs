@@ -145,11 +145,11 @@ pub async fn start(config: Config) -> Result<Running> {
     let status_kv = open_bucket(&js, &topology.status_bucket).await?;
     let s3 = config.s3.client().await;
     let metrics = Arc::new(metrics::Metrics::default());
-    let (traces, otlp_metrics) = match config.otlp_endpoint.clone() {
+    let (traces, otlp_metrics) = match config.otlp.endpoint.clone() {
         // The exporters' HTTP client is a blocking one: build them off the runtime.
         Some(endpoint) => {
-            let protocol = config.otlp_protocol;
-            let interval = Duration::from_secs(config.otlp_metrics_interval_secs.max(1));
+            let protocol = config.otlp.protocol;
+            let interval = config.otlp.metrics_interval();
             let metrics = Arc::clone(&metrics);
             tokio::task::spawn_blocking(move || -> Result<_> {
                 let traces = traces::Traces::otlp(&endpoint, protocol)?;
