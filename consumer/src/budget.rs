@@ -175,12 +175,14 @@ pub fn device_headroom_bytes(device: &candle_core::Device) -> Result<u64, Headro
     match device {
         candle_core::Device::Cpu => cpu_headroom_bytes(),
         #[cfg(feature = "cuda")]
-        candle_core::Device::Cuda(_) => {
-            use candle_core::cuda_backend::cudarc::driver::result::mem_get_info;
-            mem_get_info()
-                .map(|(free, _total)| free as u64)
-                .map_err(|e| HeadroomError::Cuda(e.to_string()))
-        }
+        // cuMemGetInfo answers for the context current on the calling
+        // thread: the device's own call binds its context first.
+        candle_core::Device::Cuda(cuda) => cuda
+            .cuda_stream()
+            .context()
+            .mem_get_info()
+            .map(|(free, _total)| free as u64)
+            .map_err(|e| HeadroomError::Cuda(e.to_string())),
         #[allow(unreachable_patterns)]
         other => Err(HeadroomError::Unsupported(format!("{other:?}"))),
     }

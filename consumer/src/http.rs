@@ -9,8 +9,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::budget::{Budget, peak_resident_bytes, resident_bytes};
-use crate::telemetry::{MemoryFigures, Readings, Stats};
+use crate::budget::Budget;
+use crate::memory::MemoryProbe;
+use crate::telemetry::{Readings, Stats};
 
 #[derive(Clone)]
 pub struct State {
@@ -21,6 +22,7 @@ pub struct State {
     pub nats: async_nats::Client,
     /// "cpu" or "cuda:N".
     pub device: String,
+    pub memory: MemoryProbe,
 }
 
 /// Binds `addr` and serves in the background; returns the bound address.
@@ -108,30 +110,25 @@ impl State {
     pub fn readings(&self) -> Readings {
         Readings {
             budget: self.budget.snapshot(),
-            memory: memory_figures(),
+            memory: self.memory.read(),
             ready: readiness(self).is_ok(),
         }
     }
 }
 
-fn memory_figures() -> MemoryFigures {
-    MemoryFigures {
-        allocated_bytes: resident_bytes().unwrap_or(0),
-        peak_bytes: peak_resident_bytes().unwrap_or(0),
-    }
-}
-
 fn memory_json(state: &State) -> serde_json::Value {
     let b = state.budget.snapshot();
-    let m = memory_figures();
+    let m = state.memory.read();
     serde_json::json!({
         "device": state.device,
         "budget_bytes": b.limit_bytes,
         "reserved_bytes": b.reserved_bytes,
         "peak_reserved_bytes": b.peak_reserved_bytes,
-        "allocated_bytes": m.allocated_bytes,
-        "peak_bytes": m.peak_bytes,
-        "resident_bytes": m.allocated_bytes,
+        "host_resident_bytes": m.host_resident_bytes,
+        "host_peak_resident_bytes": m.host_peak_resident_bytes,
+        // The GPU's memory from its driver (null on the CPU): the whole
+        // device, other processes included.
+        "device_memory": m.device,
         "jobs_in_flight": state.stats.jobs_in_flight.load(Ordering::Relaxed),
         "tokens_in_flight": state.stats.tokens_in_flight.load(Ordering::Relaxed),
     })

@@ -21,6 +21,7 @@ pub mod error;
 pub mod fetch;
 pub mod http;
 pub mod job;
+pub mod memory;
 pub mod model;
 pub mod offline;
 pub mod output;

@@ -85,7 +85,9 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         cost,
         budget,
         device,
+        memory,
     } = engine::start(&config, &stats, &tracing)?;
+    memory.sample_in_background();
 
     let nats = sluice_connect::connect_nats(
         &config.nats_url,
@@ -193,6 +195,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         ready: Arc::clone(&ready),
         nats: nats.clone(),
         device,
+        memory,
     };
     let otlp_metrics = match config.otlp.endpoint.clone() {
         Some(endpoint) => {

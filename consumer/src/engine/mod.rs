@@ -3,10 +3,12 @@
 //! really cost) and run them (the payload, and the stage times). `embed`
 //! batches items of many jobs by token sum for one executor thread;
 //! `generate` hands sequences to a continuous-batching generation thread.
-//! `startup` holds what both tasks' start-up shares.
+//! `startup` holds what both tasks' start-up shares; `placement` says where
+//! each part runs on the configured device (logged at start-up).
 
 pub mod embed;
 pub mod generate;
+pub mod placement;
 pub mod startup;
 
 use std::sync::Arc;
@@ -39,8 +41,11 @@ pub fn start(
     stats: &Arc<Stats>,
     tracing: &Tracing,
 ) -> anyhow::Result<startup::Started<Engine>> {
-    Ok(match config.task() {
+    let started = match config.task() {
         Task::Embed => embed::start(config, stats, tracing)?.map_engine(Engine::Embed),
         Task::Generate => generate::start(config, stats)?.map_engine(Engine::Generate),
-    })
+    };
+    let plan = placement::plan(config.task(), &config.model, config.generate.weights);
+    placement::log(&started.device, &plan);
+    Ok(started)
 }

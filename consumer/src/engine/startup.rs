@@ -5,6 +5,7 @@ use candle_core::Device;
 
 use crate::budget::{Budget, JobCost, device_headroom_bytes};
 use crate::config::{Config, DeviceKind, ModelConfig};
+use crate::memory::MemoryProbe;
 
 /// What the task-specific half of start-up hands the rest.
 pub struct Started<E> {
@@ -15,6 +16,8 @@ pub struct Started<E> {
     pub budget: Budget,
     /// The device's name for logs and status, e.g. `cpu` or `cuda:0`.
     pub device: String,
+    /// Reads the memory where the model runs.
+    pub memory: MemoryProbe,
 }
 
 impl<E> Started<E> {
@@ -26,6 +29,7 @@ impl<E> Started<E> {
             cost: self.cost,
             budget: self.budget,
             device: self.device,
+            memory: self.memory,
         }
     }
 }

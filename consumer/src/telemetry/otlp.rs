@@ -71,7 +71,8 @@ fn register(meter: &Meter, stats: &Arc<Stats>, now: ReadNow) {
         let (stats, now) = (Arc::clone(stats), Arc::clone(&now));
         let name = otlp_name(m.name);
         let unit = if m.bytes { "By" } else { "" };
-        let read = m.read;
+        let (read, device_only) = (m.read, m.device_only);
+        let present = move |now: &Readings| !device_only || now.memory.device.is_some();
         match m.kind {
             MetricKind::Counter => {
                 // Counts are whole numbers.
@@ -79,7 +80,12 @@ fn register(meter: &Meter, stats: &Arc<Stats>, now: ReadNow) {
                     .u64_observable_counter(name)
                     .with_description(m.help)
                     .with_unit(unit)
-                    .with_callback(move |o| o.observe(read(&stats, &now()) as u64, &[]))
+                    .with_callback(move |o| {
+                        let now = now();
+                        if present(&now) {
+                            o.observe(read(&stats, &now) as u64, &[]);
+                        }
+                    })
                     .build();
             }
             MetricKind::Gauge => {
@@ -87,7 +93,12 @@ fn register(meter: &Meter, stats: &Arc<Stats>, now: ReadNow) {
                     .f64_observable_gauge(name)
                     .with_description(m.help)
                     .with_unit(unit)
-                    .with_callback(move |o| o.observe(read(&stats, &now()), &[]))
+                    .with_callback(move |o| {
+                        let now = now();
+                        if present(&now) {
+                            o.observe(read(&stats, &now), &[]);
+                        }
+                    })
                     .build();
             }
         }

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use sluice_schemas::{ErrorCode, Timings};
 
 use crate::budget::BudgetSnapshot;
+use crate::memory::{DeviceMemory, MemoryFigures};
 
 /// Histograms recorded as events happen, when metrics are also pushed over
 /// OTLP (`super::otlp` makes them and sets them once, at start-up).
@@ -315,7 +316,7 @@ impl Stats {
     /// The Prometheus text exposition of every metric.
     pub fn render_prometheus(&self, now: &Readings) -> String {
         let mut out = String::new();
-        for m in SCALARS {
+        for m in SCALARS.iter().filter(|m| m.present(now)) {
             let (name, kind) = (m.name, m.kind.as_str());
             let _ = writeln!(
                 out,
@@ -380,6 +381,15 @@ pub struct Scalar {
     pub bytes: bool,
     pub help: &'static str,
     pub read: fn(&Stats, &Readings) -> f64,
+    /// Only there when the model runs on a GPU (`Readings::memory.device`).
+    pub device_only: bool,
+}
+
+impl Scalar {
+    /// Whether the metric has a value in `now` (device metrics on a GPU only).
+    pub fn present(&self, now: &Readings) -> bool {
+        !self.device_only || now.memory.device.is_some()
+    }
 }
 
 /// The OTLP name of a Prometheus metric: without `_total`, which a
@@ -411,6 +421,7 @@ const fn counter(
         bytes: false,
         help,
         read,
+        device_only: false,
     }
 }
 
@@ -425,6 +436,7 @@ const fn gauge(
         bytes: false,
         help,
         read,
+        device_only: false,
     }
 }
 
@@ -439,6 +451,7 @@ const fn bytes_gauge(
         bytes: true,
         help,
         read,
+        device_only: false,
     }
 }
 
@@ -570,16 +583,50 @@ pub const SCALARS: &[Scalar] = &[
         |_, r| r.budget.peak_reserved_bytes as f64,
     ),
     bytes_gauge(
-        "sluice_memory_allocated_bytes",
-        "The process's resident set (host RSS) now; on CUDA this is host memory, not device memory.",
-        |_, r| r.memory.allocated_bytes as f64,
+        "sluice_host_resident_bytes",
+        "The process's resident set in host memory (RSS) now.",
+        |_, r| r.memory.host_resident_bytes as f64,
     ),
     bytes_gauge(
-        "sluice_memory_peak_bytes",
-        "The process's peak resident set (host RSS); on CUDA this is host memory, not device memory.",
-        |_, r| r.memory.peak_bytes as f64,
+        "sluice_host_resident_peak_bytes",
+        "The process's highest resident set in host memory (RSS high-water mark).",
+        |_, r| r.memory.host_peak_resident_bytes as f64,
+    ),
+    device_gauge(
+        "sluice_device_memory_used_bytes",
+        "--device cuda: the GPU's memory in use now (cuMemGetInfo total - free; the whole device, other processes included).",
+        |_, r| device_bytes(r, |d| d.used_bytes),
+    ),
+    device_gauge(
+        "sluice_device_memory_used_peak_bytes",
+        "--device cuda: the highest GPU memory in use seen (read every 100 ms and at each scrape).",
+        |_, r| device_bytes(r, |d| d.peak_used_bytes),
+    ),
+    device_gauge(
+        "sluice_device_memory_total_bytes",
+        "--device cuda: the GPU's memory in all.",
+        |_, r| device_bytes(r, |d| d.total_bytes),
     ),
 ];
+
+const fn device_gauge(
+    name: &'static str,
+    help: &'static str,
+    read: fn(&Stats, &Readings) -> f64,
+) -> Scalar {
+    Scalar {
+        name,
+        kind: MetricKind::Gauge,
+        bytes: true,
+        help,
+        read,
+        device_only: true,
+    }
+}
+
+fn device_bytes(now: &Readings, field: fn(&DeviceMemory) -> u64) -> f64 {
+    now.memory.device.as_ref().map_or(0.0, |d| field(d) as f64)
+}
 
 /// A counter with one series per error code.
 pub struct ByCode {
@@ -650,12 +697,6 @@ fn all_codes(
         .collect()
 }
 
-/// Memory figures read at scrape time.
-pub struct MemoryFigures {
-    pub allocated_bytes: u64,
-    pub peak_bytes: u64,
-}
-
 /// Counts a job's tokens as in flight until dropped.
 pub struct TokensInFlight<'a> {
     stats: &'a Stats,
@@ -704,8 +745,9 @@ mod tests {
         let text = stats.render_prometheus(&Readings {
             budget,
             memory: MemoryFigures {
-                allocated_bytes: 1,
-                peak_bytes: 2,
+                host_resident_bytes: 1,
+                host_peak_resident_bytes: 2,
+                device: None,
             },
             ready: true,
         });
@@ -722,6 +764,37 @@ mod tests {
         }
         assert!(text.contains("sluice_ready 1"));
         assert!(text.contains("sluice_budget_bytes 100"));
+        assert!(text.contains("sluice_host_resident_peak_bytes 2"));
+        assert!(
+            !text.contains("sluice_device_memory"),
+            "no GPU, no device series"
+        );
+    }
+
+    #[test]
+    fn on_a_gpu_the_device_memory_is_exported_beside_the_hosts() {
+        let text = Stats::default().render_prometheus(&Readings {
+            budget: crate::budget::Budget::new(100).snapshot(),
+            memory: MemoryFigures {
+                host_resident_bytes: 1,
+                host_peak_resident_bytes: 2,
+                device: Some(DeviceMemory {
+                    used_bytes: 30,
+                    peak_used_bytes: 40,
+                    free_bytes: 70,
+                    total_bytes: 100,
+                }),
+            },
+            ready: true,
+        });
+        for line in [
+            "sluice_host_resident_bytes 1",
+            "sluice_device_memory_used_bytes 30",
+            "sluice_device_memory_used_peak_bytes 40",
+            "sluice_device_memory_total_bytes 100",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing");
+        }
     }
 }
 
@@ -756,8 +829,14 @@ mod dashboard_tests {
         let exported = Stats::default().render_prometheus(&Readings {
             budget: crate::budget::Budget::new(1).snapshot(),
             memory: MemoryFigures {
-                allocated_bytes: 0,
-                peak_bytes: 0,
+                host_resident_bytes: 0,
+                host_peak_resident_bytes: 0,
+                device: Some(DeviceMemory {
+                    used_bytes: 0,
+                    peak_used_bytes: 0,
+                    free_bytes: 0,
+                    total_bytes: 0,
+                }),
             },
             ready: true,
         });

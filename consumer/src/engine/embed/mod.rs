@@ -154,6 +154,7 @@ pub fn start(
         model_thread: executor,
         cost,
         budget,
+        memory: crate::memory::MemoryProbe::for_device(&loaded.device),
         device,
     })
 }

@@ -195,6 +195,7 @@ pub fn start(config: &Config, stats: &Arc<Stats>) -> anyhow::Result<Started<Gene
         model_thread: executor,
         cost,
         budget,
+        memory: crate::memory::MemoryProbe::for_device(&device),
         device: device_name(&device),
     })
 }

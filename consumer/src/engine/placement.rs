@@ -1,0 +1,200 @@
+//! Where each part of a task's work runs on the configured device, decided
+//! from the config alone (so it is tested without a GPU) and logged at
+//! start-up: a CUDA consumer never does work on the host without saying so.
+//!
+//! On CUDA, embeddings run candle-transformers' BERT on padded batches (the
+//! packed forward in `model/bert.rs` is x86 host code), and generation runs
+//! the candle llama step with candle's quantized matmul on the device (the
+//! host step in `model/llama.rs` is CPU-only). What stays on the host there:
+//! tokenizing (always), sampling (the step's logits are copied back each
+//! step), and, with `--weights q8_0`, the requantization at load (candle
+//! quantizes on the host and uploads the blocks).
+
+use sluice_schemas::Task;
+
+use crate::config::{DeviceKind, ModelConfig};
+use crate::model::EmbedWeights;
+use crate::model::llama::WeightFormat;
+
+/// Where a part runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Runs {
+    Device,
+    Host,
+}
+
+/// One part of the work and where it runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Part {
+    pub part: &'static str,
+    pub runs: Runs,
+    pub how: &'static str,
+    /// Host work on a GPU build that the knobs could move to the device, or
+    /// a knob the device ignores: logged as a warning.
+    pub warn: bool,
+}
+
+/// The plan for `task` as configured.
+pub fn plan(task: Task, model: &ModelConfig, weights: WeightFormat) -> Vec<Part> {
+    match task {
+        Task::Embed => embed(model.device, model.embed_weights),
+        Task::Generate => generate(model.device, weights),
+    }
+}
+
+fn part(part: &'static str, runs: Runs, how: &'static str) -> Part {
+    Part {
+        part,
+        runs,
+        how,
+        warn: false,
+    }
+}
+
+fn warning(part: &'static str, runs: Runs, how: &'static str) -> Part {
+    Part {
+        warn: true,
+        ..self::part(part, runs, how)
+    }
+}
+
+fn embed(device: DeviceKind, weights: EmbedWeights) -> Vec<Part> {
+    let tokenize = part("tokenize", Runs::Host, "the tokenizers crate");
+    match device {
+        DeviceKind::Cpu => vec![
+            tokenize,
+            part(
+                "forward",
+                Runs::Host,
+                "sluice's packed BERT forward (no padding) on the CPU kernels, or candle-transformers' BERT where it cannot run",
+            ),
+            part("pool", Runs::Host, "mean pooling over the packed rows"),
+        ],
+        DeviceKind::Cuda => {
+            let mut parts = vec![
+                tokenize,
+                part(
+                    "forward",
+                    Runs::Device,
+                    "candle-transformers' BERT on padded batches, f32",
+                ),
+                part(
+                    "pool",
+                    Runs::Device,
+                    "masked mean pooling; the vectors are copied to the host",
+                ),
+            ];
+            if weights == EmbedWeights::Bf16 {
+                parts.push(part(
+                    "--embed-weights",
+                    Runs::Device,
+                    "bf16 applies to the CPU forward only; CUDA runs f32 weights",
+                ));
+            }
+            parts
+        }
+    }
+}
+
+fn generate(device: DeviceKind, weights: WeightFormat) -> Vec<Part> {
+    let tokenize = part("tokenize", Runs::Host, "the GGUF's own BPE tokenizer");
+    match device {
+        DeviceKind::Cpu => vec![
+            tokenize,
+            part(
+                "step",
+                Runs::Host,
+                "sluice's host step (int8 dot products over Q8_0 / Q4_1 blocks), or the candle step where the weights do not fit it",
+            ),
+            part("sample", Runs::Host, "greedy or top-p over the logits"),
+        ],
+        DeviceKind::Cuda => {
+            let mut parts = vec![
+                tokenize,
+                part(
+                    "step",
+                    Runs::Device,
+                    "the candle llama step: candle's quantized matmul (dense f32 with --weights f32), attention against device KV caches",
+                ),
+                part(
+                    "sample",
+                    Runs::Host,
+                    "each step's logits are copied to the host and sampled there",
+                ),
+            ];
+            if weights == WeightFormat::Q8_0 {
+                parts.push(warning(
+                    "load",
+                    Runs::Host,
+                    "--weights q8_0 requantizes on the host at load (candle quantizes on the CPU, then uploads); --weights as-stored keeps the GGUF's blocks",
+                ));
+            }
+            parts
+        }
+    }
+}
+
+/// Logs the plan, one line a part: host work on a GPU at `info` when it is
+/// by design, at `warn` when a knob could move it or the device ignores it.
+pub fn log(device: &str, parts: &[Part]) {
+    for p in parts {
+        let runs = match p.runs {
+            Runs::Device => device,
+            Runs::Host => "host",
+        };
+        if p.warn {
+            tracing::warn!(device, part = p.part, runs, "{}", p.how);
+        } else {
+            tracing::info!(device, part = p.part, runs, "{}", p.how);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runs(parts: &[Part], name: &str) -> Runs {
+        match parts.iter().find(|p| p.part == name) {
+            Some(p) => p.runs,
+            None => panic!("no part {name} in {parts:?}"),
+        }
+    }
+
+    #[test]
+    fn on_a_cpu_everything_runs_on_the_host_and_nothing_warns() {
+        for parts in [
+            embed(DeviceKind::Cpu, EmbedWeights::Bf16),
+            generate(DeviceKind::Cpu, WeightFormat::Q8_0),
+        ] {
+            assert!(parts.iter().all(|p| p.runs == Runs::Host && !p.warn));
+        }
+    }
+
+    #[test]
+    fn on_cuda_the_models_run_on_the_device_and_host_work_is_named() {
+        let e = embed(DeviceKind::Cuda, EmbedWeights::Bf16);
+        assert_eq!(runs(&e, "forward"), Runs::Device);
+        assert_eq!(runs(&e, "pool"), Runs::Device);
+        assert_eq!(runs(&e, "tokenize"), Runs::Host);
+        assert!(
+            e.iter()
+                .any(|p| p.part == "--embed-weights" && p.how.contains("CPU forward only"))
+        );
+        assert!(
+            !embed(DeviceKind::Cuda, EmbedWeights::F32)
+                .iter()
+                .any(|p| p.part == "--embed-weights")
+        );
+
+        let g = generate(DeviceKind::Cuda, WeightFormat::Q8_0);
+        assert_eq!(runs(&g, "step"), Runs::Device);
+        assert_eq!(runs(&g, "sample"), Runs::Host);
+        let load = g.iter().find(|p| p.part == "load");
+        assert!(load.is_some_and(|p| p.warn && p.runs == Runs::Host));
+        for w in [WeightFormat::AsStored, WeightFormat::F32] {
+            let g = generate(DeviceKind::Cuda, w);
+            assert!(!g.iter().any(|p| p.warn), "{w:?}: {g:?}");
+        }
+    }
+}
