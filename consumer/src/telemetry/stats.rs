@@ -615,12 +615,8 @@ const fn device_gauge(
     read: fn(&Stats, &Readings) -> f64,
 ) -> Scalar {
     Scalar {
-        name,
-        kind: MetricKind::Gauge,
-        bytes: true,
-        help,
-        read,
         device_only: true,
+        ..bytes_gauge(name, help, read)
     }
 }
 
