@@ -16,6 +16,7 @@
 pub mod alloc;
 pub mod budget;
 pub mod config;
+pub mod device_check;
 pub mod engine;
 pub mod error;
 pub mod fetch;

@@ -2,6 +2,7 @@
 
 use clap::{Parser, Subcommand};
 use sluice_consumer::config::{Config, LogFormat};
+use sluice_consumer::device_check::{self, DeviceCheckArgs};
 use sluice_consumer::offline::{EmbedArgs, embed_file};
 
 #[derive(Parser)]
@@ -22,6 +23,22 @@ struct Cli {
 enum Command {
     /// Run the model alone on a local JSONL file and write a .npy (no NATS, no S3).
     Embed(EmbedArgs),
+    /// Check a device from a bundle of scripts/device-bundle: budget, embeddings
+    /// against the reference, throughput, decode tokens/s, peak memory (one table).
+    DeviceCheck(DeviceCheckArgs),
+    /// Write a device bundle's model files (scripts/device-bundle runs it).
+    #[command(hide = true)]
+    DeviceBundleModels {
+        /// The MiniLM folder to copy with f16 weights.
+        #[arg(long)]
+        minilm: std::path::PathBuf,
+        /// The GGUF whose header (metadata, tokenizer, tensor shapes) to copy.
+        #[arg(long)]
+        gguf: std::path::PathBuf,
+        /// The bundle folder.
+        #[arg(long)]
+        out: std::path::PathBuf,
+    },
 }
 
 #[tokio::main]
@@ -32,6 +49,20 @@ async fn main() -> anyhow::Result<()> {
             sluice_consumer::init_logging(LogFormat::Human);
             let report = tokio::task::spawn_blocking(move || embed_file(&args)).await??;
             println!("{}", serde_json::to_string(&report)?);
+            Ok(())
+        }
+        Some(Command::DeviceCheck(args)) => {
+            sluice_consumer::init_logging(LogFormat::Human);
+            let report = tokio::task::spawn_blocking(move || device_check::run(&args)).await??;
+            print!("{}", report.table());
+            if !report.passed() {
+                anyhow::bail!("device-check: a check failed (the table says which)");
+            }
+            Ok(())
+        }
+        Some(Command::DeviceBundleModels { minilm, gguf, out }) => {
+            device_check::write_minilm_f16(&minilm, &out.join(device_check::BUNDLE_MINILM))?;
+            device_check::write_gguf_header(&gguf, &out.join(device_check::BUNDLE_LLAMA_HEADER))?;
             Ok(())
         }
         None => {

@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 
 use crate::config::ModelConfig;
 use crate::engine::embed::batcher::{BatchItem, Queue};
-use crate::engine::embed::{l2_normalize, load_embedding_model};
+use crate::engine::embed::{LoadedModel, l2_normalize, load_embedding_model};
 use crate::fetch;
 use sluice_schemas::npy;
 
@@ -59,8 +59,26 @@ pub fn embed_file(args: &EmbedArgs) -> anyhow::Result<EmbedReport> {
             Item::Prompt(_) => None, // an embed input holds texts only
         })
         .collect();
-    let n = texts.len();
+    let (vectors, report) = embed_texts(&loaded, texts, args.model.max_batch_tokens)?;
+    let vectors = if args.normalize {
+        vectors.into_iter().map(l2_normalize).collect()
+    } else {
+        vectors
+    };
+    let dim = loaded.model.dim();
+    std::fs::write(&args.output, npy::encode_f32(&vectors, dim))
+        .with_context(|| format!("cannot write {}", args.output.display()))?;
+    Ok(report)
+}
 
+/// Embeds `texts` (not normalized) through the service's batcher queue at
+/// `max_batch_tokens`; the vectors in input order, and what it measured.
+pub fn embed_texts(
+    loaded: &LoadedModel,
+    texts: Vec<String>,
+    max_batch_tokens: usize,
+) -> anyhow::Result<(Vec<Vec<f32>>, EmbedReport)> {
+    let n = texts.len();
     let start = Instant::now();
     let tokenized = loaded.tokenizer.encode(texts, true)?;
     let tokenize_secs = start.elapsed().as_secs_f64();
@@ -83,7 +101,7 @@ pub fn embed_file(args: &EmbedArgs) -> anyhow::Result<EmbedReport> {
     let mut padded_tokens = 0u64;
     let model_start = Instant::now();
     while !queue.is_empty() {
-        let batch = queue.next_batch(args.model.max_batch_tokens);
+        let batch = queue.next_batch(max_batch_tokens);
         let longest = batch.iter().map(|i| i.ids.len()).max().unwrap_or(0);
         padded_tokens += (batch.len() * longest) as u64;
         let seqs: Vec<&[u32]> = batch.iter().map(|i| i.ids.as_slice()).collect();
@@ -94,13 +112,7 @@ pub fn embed_file(args: &EmbedArgs) -> anyhow::Result<EmbedReport> {
         batches += 1;
     }
     let model_secs = model_start.elapsed().as_secs_f64();
-    if args.normalize {
-        vectors = vectors.into_iter().map(l2_normalize).collect();
-    }
-    let dim = loaded.model.dim();
-    std::fs::write(&args.output, npy::encode_f32(&vectors, dim))
-        .with_context(|| format!("cannot write {}", args.output.display()))?;
-    Ok(EmbedReport {
+    let report = EmbedReport {
         forward: loaded.model.forward_name(),
         texts: n,
         real_tokens,
@@ -109,5 +121,6 @@ pub fn embed_file(args: &EmbedArgs) -> anyhow::Result<EmbedReport> {
         tokenize_secs,
         model_secs,
         total_secs: start.elapsed().as_secs_f64(),
-    })
+    };
+    Ok((vectors, report))
 }

@@ -12,39 +12,6 @@ use std::time::Instant;
 
 use sluice_kernels::encoder::{F32Kernels, PackedLinear};
 
-fn cpu() -> String {
-    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let field = |name: &str| {
-        info.lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_once(':'))
-            .map(|(_, v)| v.trim().to_string())
-            .unwrap_or_default()
-    };
-    let flags = field("flags");
-    let wanted = [
-        "avx2",
-        "fma",
-        "avx512f",
-        "avx512bw",
-        "avx512vl",
-        "avx512_vnni",
-        "avx512_bf16",
-        "amx_tile",
-    ];
-    let have: Vec<&str> = wanted
-        .into_iter()
-        .filter(|f| flags.split_whitespace().any(|x| x == *f))
-        .collect();
-    format!(
-        "{} (family {} model {}), flags: {}",
-        field("model name"),
-        field("cpu family"),
-        field("model\t"),
-        have.join(" ")
-    )
-}
-
 /// Best of `rounds` timings of `f`, in seconds.
 fn best(rounds: usize, mut f: impl FnMut()) -> f64 {
     (0..rounds)
@@ -68,7 +35,7 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(2048);
     let threads = rayon::current_num_threads();
-    println!("cpu: {}", cpu());
+    println!("cpu: {}", sluice_kernels::cpu::describe());
     println!(
         "kernel level chosen: {} ({} rayon threads)",
         F32Kernels::current().name(),

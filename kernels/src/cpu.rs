@@ -129,6 +129,42 @@ pub fn levels() -> Vec<KernelLevel> {
     .collect()
 }
 
+/// The host CPU as a figure should name it: its model, family and model
+/// numbers, and the SIMD flags the kernels care about (from `/proc/cpuinfo`;
+/// empty fields where it cannot be read).
+pub fn describe() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |name: &str| {
+        info.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_string())
+            .unwrap_or_default()
+    };
+    let flags = field("flags");
+    let wanted = [
+        "avx2",
+        "fma",
+        "avx512f",
+        "avx512bw",
+        "avx512vl",
+        "avx512_vnni",
+        "avx512_bf16",
+        "amx_tile",
+    ];
+    let have: Vec<&str> = wanted
+        .into_iter()
+        .filter(|f| flags.split_whitespace().any(|x| x == *f))
+        .collect();
+    format!(
+        "{} (family {} model {}), flags: {}",
+        field("model name"),
+        field("cpu family"),
+        field("model\t"),
+        have.join(" ")
+    )
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

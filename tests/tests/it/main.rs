@@ -4,6 +4,7 @@ mod architecture;
 mod auth;
 mod cli;
 mod deploy_files;
+mod device_check;
 mod embed;
 mod encoder;
 mod failures;
