@@ -164,7 +164,9 @@ pub struct Config {
     #[arg(long, env = "SLUICE_FETCH_TIMEOUT_SECS", default_value_t = 30)]
     pub fetch_timeout_secs: u64,
     /// Hosts (`host` or `host:port`) input URLs may point at, comma-separated.
-    /// Empty: any host except link-local and cloud metadata addresses.
+    /// Empty: any host on a public address. Loopback, private, unique-local,
+    /// CGNAT and unspecified addresses are refused unless the host is listed
+    /// here (or is the S3 endpoint); checked on the address connected to.
     #[arg(long, env = "SLUICE_INPUT_ALLOW_HOSTS", value_delimiter = ',')]
     pub input_allow_hosts: Vec<String>,
     /// Allow input URLs on link-local addresses (169.254.0.0/16, fe80::/10),

@@ -155,6 +155,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         cost,
         fetcher: Fetcher::new(FetchPolicy {
             allow_hosts: config.input_allow_hosts.clone(),
+            trusted_hosts: s3_endpoint_host(&config),
             allow_link_local: config.input_allow_link_local,
             max_bytes: config.max_input_bytes,
             timeout: Duration::from_secs(config.fetch_timeout_secs),
@@ -352,4 +353,24 @@ async fn admit(
         while jobs.join_next().await.is_some() {}
     }
     Ok(())
+}
+
+/// The S3 endpoint's `host:port` (inputs there are allowed whatever its
+/// address); none for AWS's default endpoint, which is public.
+fn s3_endpoint_host(config: &Config) -> Vec<String> {
+    config
+        .s3
+        .s3_endpoint
+        .as_deref()
+        .and_then(|e| url::Url::parse(e).ok())
+        .and_then(|u| {
+            let host = u.host_str()?.trim_start_matches('[').trim_end_matches(']');
+            Some(format!(
+                "{}:{}",
+                host.to_ascii_lowercase(),
+                u.port_or_known_default()?
+            ))
+        })
+        .into_iter()
+        .collect()
 }

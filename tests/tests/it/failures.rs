@@ -52,6 +52,23 @@ fn url_input(url: String) -> Input {
     }
 }
 
+fn by_job_id(
+    results: Vec<sluice_schemas::JobResult>,
+) -> HashMap<String, sluice_schemas::JobResult> {
+    results
+        .into_iter()
+        .map(|r| (r.job_id.clone().unwrap_or_default(), r))
+        .collect()
+}
+
+fn assert_ok(by_id: &HashMap<String, sluice_schemas::JobResult>, id: &str) {
+    assert!(
+        matches!(by_id[id].outcome, Outcome::Ok { .. }),
+        "{id}: {:?}",
+        by_id[id].outcome
+    );
+}
+
 async fn dlq_codes(d: &Deployment) -> HashMap<String, ErrorCode> {
     d.producer
         .dead_letters(&Filter::default())
@@ -237,15 +254,8 @@ async fn each_bad_input_gets_its_code_a_result_and_a_dead_letter() {
         .unwrap();
 
     let got = wait_results(&mut results, expected.len() + 1, Duration::from_secs(120)).await;
-    let by_id: HashMap<_, _> = got
-        .into_iter()
-        .map(|r| (r.job_id.clone().unwrap_or_default(), r))
-        .collect();
-    assert!(
-        matches!(by_id["fine-1"].outcome, Outcome::Ok { .. }),
-        "{:?}",
-        by_id["fine-1"].outcome
-    );
+    let by_id = by_job_id(got);
+    assert_ok(&by_id, "fine-1");
     let dlq = dlq_codes(&d).await;
     for (id, code) in &expected {
         let r = by_id
@@ -286,6 +296,70 @@ async fn each_bad_input_gets_its_code_a_result_and_a_dead_letter() {
     consumer.shutdown(Duration::from_secs(10)).await.unwrap();
 }
 
+/// Closed by default: with no `--input-allow-hosts`, an input at another
+/// loopback port (the NATS server's own), by address or by a name that
+/// resolves to loopback, is refused with `input_not_allowed`, answered and
+/// dead-lettered; inputs on the consumer's own S3 endpoint, loopback too,
+/// are fetched.
+#[tokio::test]
+async fn internal_addresses_are_refused_by_default_but_the_s3_endpoint_is_not() {
+    let d = Deployment::start().await.unwrap();
+    let consumer = d.start_consumer(&[]).await.unwrap();
+    let mut results = d.producer.subscribe_results().await.unwrap();
+    let p = &d.producer;
+    upload(&d, "in/good.jsonl", b"\"hello\"\n".to_vec()).await;
+    let good = presign(&d, "in/good.jsonl").await;
+    let nats = d.servers.nats.port;
+    let refused = [
+        ("nats-ip-1", format!("http://127.0.0.1:{nats}/varz")),
+        ("nats-name-1", format!("http://localhost:{nats}/varz")),
+        ("private-1", "http://10.255.0.1/in.jsonl".to_string()),
+    ];
+    p.submit(&p.embed_job("s3-1", vec![url_input(good)]))
+        .await
+        .unwrap();
+    for (id, url) in &refused {
+        p.submit(&p.embed_job(id, vec![url_input(url.clone())]))
+            .await
+            .unwrap();
+    }
+    let got = wait_results(&mut results, 1 + refused.len(), Duration::from_secs(60)).await;
+    let by_id = by_job_id(got);
+    assert_ok(&by_id, "s3-1");
+    let dlq = dlq_codes(&d).await;
+    for (id, _) in &refused {
+        let Outcome::Error { error } = &by_id[*id].outcome else {
+            panic!("{id}: fetched, expected input_not_allowed")
+        };
+        eprintln!("{id}: {} {}", error.code, error.message);
+        assert_eq!(
+            error.code,
+            ErrorCode::InputNotAllowed,
+            "{id}: {}",
+            error.message
+        );
+        assert!(
+            error.message.contains("input_allow_hosts"),
+            "{}",
+            error.message
+        );
+        assert_eq!(dlq.get(*id), Some(&ErrorCode::InputNotAllowed), "{id}");
+        let status = p.status(id).await.unwrap().unwrap();
+        assert_eq!(status.state, JobState::Failed, "{id}");
+    }
+    let Outcome::Error { error } = &by_id["nats-name-1"].outcome else {
+        unreachable!()
+    };
+    assert!(
+        error.message.contains("localhost resolves to") && error.message.contains("loopback"),
+        "{}",
+        error.message
+    );
+    assert_eq!(dlq.len(), refused.len(), "{dlq:?}");
+    assert_eq!(d.jobs_in_stream_settled(0).await, 0, "nothing left behind");
+    consumer.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
 #[tokio::test]
 async fn poison_job_is_dead_lettered_after_max_deliver_and_replays_once_fixed() {
     let d = Deployment::start_with(Settings {
@@ -294,8 +368,13 @@ async fn poison_job_is_dead_lettered_after_max_deliver_and_replays_once_fixed() 
     })
     .await
     .unwrap();
+    // Loopback listed: the input below is at a loopback port.
     let consumer = d
-        .start_consumer(&["--retry-base-ms=100", "--retry-max-ms=300"])
+        .start_consumer(&[
+            "--retry-base-ms=100",
+            "--retry-max-ms=300",
+            "--input-allow-hosts=127.0.0.1",
+        ])
         .await
         .unwrap();
     let mut results = d.producer.subscribe_results().await.unwrap();
