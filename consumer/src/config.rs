@@ -198,6 +198,18 @@ pub struct Config {
     /// On SIGTERM/SIGINT, how long in-flight jobs may take to finish, in seconds.
     #[arg(long, env = "SLUICE_DRAIN_TIMEOUT_SECS", default_value_t = 30)]
     pub drain_timeout_secs: u64,
+    /// Recycle the process after about this many jobs (+-10% jitter, so a
+    /// fleet does not restart at once): drain as on SIGTERM and exit 0 for
+    /// the supervisor to start a fresh one. 0: never.
+    #[arg(long, env = "SLUICE_RECYCLE_AFTER_JOBS", default_value_t = 0)]
+    pub recycle_after_jobs: u64,
+    /// Recycle after about this many seconds (+-10% jitter). 0: never.
+    #[arg(long, env = "SLUICE_RECYCLE_AFTER_SECS", default_value_t = 0)]
+    pub recycle_after_secs: u64,
+    /// Recycle once memory (host RSS; on CUDA, the device's memory in use)
+    /// has grown this many MiB over its level after warm-up. 0: never.
+    #[arg(long, env = "SLUICE_RECYCLE_RSS_GROWTH_MIB", default_value_t = 0)]
+    pub recycle_rss_growth_mib: u64,
 
     /// Address of the HTTP endpoint (`/healthz`, `/readyz`, `/metrics`,
     /// `/debug/memory`). Port 0 picks one.
@@ -421,7 +433,7 @@ impl Config {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     #![allow(clippy::unwrap_used)]
     use clap::Parser;
 
@@ -433,7 +445,8 @@ mod tests {
         config: Config,
     }
 
-    fn config(args: &[&str]) -> Config {
+    /// The config these flags give (the other modules' tests use it too).
+    pub(crate) fn config(args: &[&str]) -> Config {
         let mut all = vec!["sluice-consumer"];
         all.extend_from_slice(args);
         Cli::try_parse_from(all).unwrap().config

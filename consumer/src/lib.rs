@@ -26,6 +26,7 @@ pub mod memory;
 pub mod model;
 pub mod offline;
 pub mod output;
+pub mod recycle;
 pub mod service;
 pub mod shared;
 pub mod telemetry;
@@ -35,16 +36,35 @@ use std::time::Duration;
 pub use config::{Config, ModelConfig};
 pub use service::{Running, start};
 
-/// Runs the consumer until SIGTERM or SIGINT, then drains and returns.
+/// Runs the consumer until SIGTERM or SIGINT, or until a recycle limit is
+/// reached (`recycle.rs`), then drains and returns.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let drain = Duration::from_secs(config.drain_timeout_secs);
     let running = start(config).await?;
+    let recycle = running.recycle.clone();
     tracing::info!(http = %running.http_addr, "consuming");
-    shutdown_signal().await;
-    tracing::info!(
-        drain_secs = drain.as_secs(),
-        "stopping: draining in-flight jobs"
-    );
+    if recycle.any() {
+        tracing::info!(
+            after_jobs = recycle.after_jobs,
+            after_secs = recycle.after.map(|d| d.as_secs()),
+            growth_mib = recycle.growth_bytes.map(|b| b >> 20),
+            "recycle limits (jitter applied)"
+        );
+    }
+    tokio::select! {
+        _ = shutdown_signal() => {
+            tracing::info!(drain_secs = drain.as_secs(), "stopping: draining in-flight jobs");
+        }
+        reason = recycle.reached(&running.stats, &running.memory) => {
+            running.stats.record_recycle(reason);
+            tracing::info!(
+                reason = reason.as_str(),
+                jobs = running.stats.jobs_finished.load(std::sync::atomic::Ordering::Relaxed),
+                drain_secs = drain.as_secs(),
+                "recycling: draining in-flight jobs, then exiting 0 for the supervisor to start a fresh process"
+            );
+        }
+    }
     running.shutdown(drain).await
 }
 

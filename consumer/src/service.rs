@@ -27,6 +27,10 @@ pub struct Running {
     pub stats: Arc<Stats>,
     pub budget: Budget,
     pub http_addr: std::net::SocketAddr,
+    /// Reads the memory where the model runs.
+    pub memory: crate::memory::MemoryProbe,
+    /// When this process recycles itself (jitter applied).
+    pub recycle: crate::recycle::Limits,
     stop: watch::Sender<Option<Duration>>,
     admission: tokio::task::JoinHandle<anyhow::Result<()>>,
     executor: std::thread::JoinHandle<()>,
@@ -196,7 +200,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         ready: Arc::clone(&ready),
         nats: nats.clone(),
         device,
-        memory,
+        memory: memory.clone(),
     };
     let otlp_metrics = match config.otlp.endpoint.clone() {
         Some(endpoint) => {
@@ -223,6 +227,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         .await
         .with_context(|| format!("cannot listen on {} (--http-addr)", config.http_addr))?;
 
+    let recycle = crate::recycle::Limits::new(&config, crate::recycle::process_seed());
     let (stop, stop_rx) = watch::channel(None);
     let admission = tokio::spawn(admit(
         shared,
@@ -231,6 +236,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         PullPlan {
             max_messages: config.pull_max_messages,
             expires: Duration::from_millis(config.pull_expires_ms),
+            job_limit: recycle.after_jobs,
         },
         stop_rx,
     ));
@@ -238,6 +244,8 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         stats,
         budget,
         http_addr,
+        memory,
+        recycle,
         stop,
         admission,
         executor,
@@ -250,6 +258,8 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
 struct PullPlan {
     max_messages: usize,
     expires: Duration,
+    /// Jobs this process takes in all before it recycles (`recycle.rs`).
+    job_limit: Option<u64>,
 }
 
 /// Admission: reserve a job's worst case for each message before asking for
@@ -266,16 +276,28 @@ async fn admit(
     let mut jobs = JoinSet::new();
     let (abort_tx, abort) = watch::channel(false);
     let mut backoff = Duration::from_millis(100);
+    let mut taken = 0u64;
     'pulling: while stop.borrow().is_none() {
         // Reap finished job tasks.
         while jobs.try_join_next().is_some() {}
+        let left = plan.job_limit.map(|limit| limit.saturating_sub(taken));
+        if left == Some(0) {
+            // Recycling: take nothing more; `run` stops us once the jobs
+            // taken have finished.
+            let _ = stop.changed().await;
+            break 'pulling;
+        }
+        let most = left.map_or(plan.max_messages, |l| {
+            plan.max_messages
+                .min(usize::try_from(l).unwrap_or(usize::MAX))
+        });
         let asked_at = Instant::now();
         let first = tokio::select! {
             r = budget.reserve(worst) => r,
             _ = stop.changed() => break 'pulling,
         };
         let mut reservations = vec![first];
-        while reservations.len() < plan.max_messages {
+        while reservations.len() < most {
             match budget.try_reserve(worst) {
                 Some(r) => reservations.push(r),
                 None => break,
@@ -323,12 +345,14 @@ async fn admit(
                         continue;
                     };
                     shared.stats.jobs_in_flight.fetch_add(1, Ordering::Relaxed);
+                    taken += 1;
                     let shared = Arc::clone(&shared);
                     let abort = abort.clone();
                     jobs.spawn(async move {
                         let stats = Arc::clone(&shared.stats);
                         job::handle(shared, msg, reservation, asked_at, abort).await;
                         stats.jobs_in_flight.fetch_sub(1, Ordering::Relaxed);
+                        stats.jobs_finished.fetch_add(1, Ordering::Relaxed);
                     });
                 }
                 Some(Err(e)) => {

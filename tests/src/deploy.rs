@@ -515,4 +515,9 @@ impl ConsumerProcess {
     pub fn terminate(&mut self, grace: Duration) -> Option<std::process::ExitStatus> {
         self.process.terminate(grace)
     }
+
+    /// Its exit status, once it has exited by itself.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.process.exited()
+    }
 }

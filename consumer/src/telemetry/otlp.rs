@@ -13,7 +13,8 @@ use opentelemetry::metrics::{Meter, MeterProvider as _};
 use opentelemetry_sdk::metrics::SdkMeterProvider;
 
 use super::stats::{
-    BY_CODE, HISTOGRAMS, MetricKind, OtelHistograms, Readings, SCALARS, Stats, otlp_name,
+    BY_CODE, HISTOGRAMS, MetricKind, OtelHistograms, RECYCLES_HELP, RECYCLES_NAME, Readings,
+    SCALARS, Stats, otlp_name,
 };
 use super::trace::OtlpProtocol;
 
@@ -102,6 +103,18 @@ fn register(meter: &Meter, stats: &Arc<Stats>, now: ReadNow) {
                     .build();
             }
         }
+    }
+    {
+        let stats = Arc::clone(stats);
+        meter
+            .u64_observable_counter(otlp_name(RECYCLES_NAME))
+            .with_description(RECYCLES_HELP)
+            .with_callback(move |o| {
+                for (reason, n) in stats.recycles() {
+                    o.observe(n, &[KeyValue::new("reason", reason.as_str())]);
+                }
+            })
+            .build();
     }
     for m in BY_CODE {
         let stats = Arc::clone(stats);

@@ -14,6 +14,7 @@ use sluice_schemas::{ErrorCode, Timings};
 
 use crate::budget::BudgetSnapshot;
 use crate::memory::{DeviceMemory, MemoryFigures};
+use crate::recycle::Reason;
 
 /// Histograms recorded as events happen, when metrics are also pushed over
 /// OTLP (`super::otlp` makes them and sets them once, at start-up).
@@ -143,6 +144,10 @@ pub struct Stats {
     pub items_done: AtomicU64,
     pub tokens_done: AtomicU64,
     pub jobs_in_flight: AtomicU64,
+    /// Jobs this process took and finished, whatever the outcome.
+    pub jobs_finished: AtomicU64,
+    /// Times this process recycled itself, by `recycle::Reason` (at most once).
+    recycles: [AtomicU64; 3],
     /// Real tokens of tokenized jobs not yet settled.
     pub tokens_in_flight: AtomicU64,
     pub batch_items_histogram: Histogram,
@@ -182,6 +187,8 @@ impl Default for Stats {
             items_done: AtomicU64::new(0),
             tokens_done: AtomicU64::new(0),
             jobs_in_flight: AtomicU64::new(0),
+            jobs_finished: AtomicU64::new(0),
+            recycles: Default::default(),
             tokens_in_flight: AtomicU64::new(0),
             batch_items_histogram: Histogram::new(BATCH_ITEMS),
             batch_padded_tokens_histogram: Histogram::new(BATCH_TOKENS),
@@ -313,6 +320,18 @@ impl Stats {
         counts
     }
 
+    pub fn record_recycle(&self, reason: Reason) {
+        self.recycles[reason as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Recycles by reason, every reason listed.
+    pub fn recycles(&self) -> Vec<(Reason, u64)> {
+        Reason::ALL
+            .iter()
+            .map(|r| (*r, self.recycles[*r as usize].load(Ordering::Relaxed)))
+            .collect()
+    }
+
     /// The Prometheus text exposition of every metric.
     pub fn render_prometheus(&self, now: &Readings) -> String {
         let mut out = String::new();
@@ -331,6 +350,11 @@ impl Stats {
             for (code, n) in (m.read)(self) {
                 let _ = writeln!(out, "{name}{{code=\"{}\"}} {n}", code.as_str());
             }
+        }
+        let name = RECYCLES_NAME;
+        let _ = writeln!(out, "# HELP {name} {RECYCLES_HELP}\n# TYPE {name} counter");
+        for (reason, n) in self.recycles() {
+            let _ = writeln!(out, "{name}{{reason=\"{}\"}} {n}", reason.as_str());
         }
         for m in HISTOGRAMS {
             let name = m.name;
@@ -624,6 +648,11 @@ fn device_bytes(now: &Readings, field: fn(&DeviceMemory) -> u64) -> f64 {
     now.memory.device.as_ref().map_or(0.0, |d| field(d) as f64)
 }
 
+/// Recycles by reason (`recycle.rs`); pushed over OTLP once more as the
+/// process exits.
+pub const RECYCLES_NAME: &str = "sluice_recycles_total";
+pub const RECYCLES_HELP: &str = "Times this process recycled itself (drained and exited 0 for its supervisor), by reason: jobs, age or memory.";
+
 /// A counter with one series per error code.
 pub struct ByCode {
     pub name: &'static str,
@@ -761,6 +790,9 @@ mod tests {
         assert!(text.contains("sluice_ready 1"));
         assert!(text.contains("sluice_budget_bytes 100"));
         assert!(text.contains("sluice_host_resident_peak_bytes 2"));
+        for reason in ["jobs", "age", "memory"] {
+            assert!(text.contains(&format!("sluice_recycles_total{{reason=\"{reason}\"}} 0")));
+        }
         assert!(
             !text.contains("sluice_device_memory"),
             "no GPU, no device series"
@@ -803,6 +835,7 @@ mod name_tests {
     fn otlp_names_are_unique() {
         let mut names: Vec<String> = SCALARS.iter().map(|m| otlp_name(m.name)).collect();
         names.extend(BY_CODE.iter().map(|m| otlp_name(m.name)));
+        names.push(otlp_name(RECYCLES_NAME));
         names.extend(HISTOGRAMS.iter().map(|m| m.name.to_string()));
         let count = names.len();
         names.sort();

@@ -16,4 +16,5 @@ mod generate_jobs;
 mod harness;
 mod observability;
 mod publishers;
+mod recycle;
 mod status;
