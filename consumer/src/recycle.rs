@@ -15,26 +15,8 @@ use crate::config::Config;
 use crate::memory::MemoryProbe;
 use crate::telemetry::Stats;
 
-/// Why a process recycled itself (the `reason` label of
-/// `sluice_recycles_total`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reason {
-    Jobs,
-    Age,
-    Memory,
-}
-
-impl Reason {
-    pub const ALL: [Reason; 3] = [Reason::Jobs, Reason::Age, Reason::Memory];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Reason::Jobs => "jobs",
-            Reason::Age => "age",
-            Reason::Memory => "memory",
-        }
-    }
-}
+/// Why a process recycled itself: kept with the metrics that count it.
+pub use crate::telemetry::RecycleReason as Reason;
 
 /// The limits of one process, jitter applied.
 #[derive(Debug, Clone, PartialEq, Eq)]

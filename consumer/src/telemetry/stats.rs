@@ -14,7 +14,6 @@ use sluice_schemas::{ErrorCode, Timings};
 
 use crate::budget::BudgetSnapshot;
 use crate::memory::{DeviceMemory, MemoryFigures};
-use crate::recycle::Reason;
 
 /// Histograms recorded as events happen, when metrics are also pushed over
 /// OTLP (`super::otlp` makes them and sets them once, at start-up).
@@ -146,7 +145,7 @@ pub struct Stats {
     pub jobs_in_flight: AtomicU64,
     /// Jobs this process took and finished, whatever the outcome.
     pub jobs_finished: AtomicU64,
-    /// Times this process recycled itself, by `recycle::Reason` (at most once).
+    /// Times this process recycled itself, by [`RecycleReason`] (at most once).
     recycles: [AtomicU64; 3],
     /// Real tokens of tokenized jobs not yet settled.
     pub tokens_in_flight: AtomicU64,
@@ -320,13 +319,13 @@ impl Stats {
         counts
     }
 
-    pub fn record_recycle(&self, reason: Reason) {
+    pub fn record_recycle(&self, reason: RecycleReason) {
         self.recycles[reason as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Recycles by reason, every reason listed.
-    pub fn recycles(&self) -> Vec<(Reason, u64)> {
-        Reason::ALL
+    pub fn recycles(&self) -> Vec<(RecycleReason, u64)> {
+        RecycleReason::ALL
             .iter()
             .map(|r| (*r, self.recycles[*r as usize].load(Ordering::Relaxed)))
             .collect()
@@ -646,6 +645,31 @@ const fn device_gauge(
 
 fn device_bytes(now: &Readings, field: fn(&DeviceMemory) -> u64) -> f64 {
     now.memory.device.as_ref().map_or(0.0, |d| field(d) as f64)
+}
+
+/// Why a process recycled itself (the `reason` label of
+/// `sluice_recycles_total`; `recycle.rs` decides).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecycleReason {
+    Jobs,
+    Age,
+    Memory,
+}
+
+impl RecycleReason {
+    pub const ALL: [RecycleReason; 3] = [
+        RecycleReason::Jobs,
+        RecycleReason::Age,
+        RecycleReason::Memory,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecycleReason::Jobs => "jobs",
+            RecycleReason::Age => "age",
+            RecycleReason::Memory => "memory",
+        }
+    }
 }
 
 /// Recycles by reason (`recycle.rs`); pushed over OTLP once more as the
