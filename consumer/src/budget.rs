@@ -234,8 +234,22 @@ pub fn peak_resident_bytes() -> Option<u64> {
     proc_status_bytes("VmHWM:")
 }
 
+/// The resident set size and its high-water mark, from one read of
+/// `/proc/self/status`.
+pub fn resident_and_peak_bytes() -> (Option<u64>, Option<u64>) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    (
+        status_field_bytes(&status, "VmRSS:"),
+        status_field_bytes(&status, "VmHWM:"),
+    )
+}
+
 fn proc_status_bytes(field: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status_field_bytes(&status, field)
+}
+
+fn status_field_bytes(status: &str, field: &str) -> Option<u64> {
     status
         .lines()
         .find_map(|l| l.strip_prefix(field))

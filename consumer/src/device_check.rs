@@ -143,11 +143,7 @@ struct PeakSampler {
 }
 
 fn used_now(probe: &MemoryProbe) -> u64 {
-    let m = probe.read();
-    match m.device {
-        Some(d) => d.used_bytes,
-        None => m.host_resident_bytes,
-    }
+    probe.read().model_side_bytes()
 }
 
 impl PeakSampler {
@@ -355,10 +351,12 @@ pub fn write_gguf_header(gguf: &Path, out: &Path) -> anyhow::Result<()> {
         std::fs::File::open(gguf).with_context(|| format!("cannot open {}", gguf.display()))?;
     let content = gguf_file::Content::read(&mut file)
         .with_context(|| format!("{} is not a GGUF file", gguf.display()))?;
-    let bytes = std::fs::read(gguf)?;
-    let end = usize::try_from(content.tensor_data_offset)?.min(bytes.len());
-    std::fs::write(out, &bytes[..end])
-        .with_context(|| format!("cannot write {}", out.display()))?;
+    use std::io::{Read, Seek};
+    file.rewind()?;
+    let mut header = Vec::new();
+    file.take(content.tensor_data_offset)
+        .read_to_end(&mut header)?;
+    std::fs::write(out, &header).with_context(|| format!("cannot write {}", out.display()))?;
     Ok(())
 }
 

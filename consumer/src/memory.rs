@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::budget::{peak_resident_bytes, resident_bytes};
+use crate::budget::resident_and_peak_bytes;
 
 /// Memory figures at one moment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,6 +21,15 @@ pub struct MemoryFigures {
     /// The device's memory; None on the CPU (or when the driver could not
     /// be read).
     pub device: Option<DeviceMemory>,
+}
+
+impl MemoryFigures {
+    /// The memory in use where the model runs: the GPU's on a device, else
+    /// host RSS.
+    pub fn model_side_bytes(&self) -> u64 {
+        self.device
+            .map_or(self.host_resident_bytes, |d| d.used_bytes)
+    }
 }
 
 /// A GPU's memory as its driver reports it.
@@ -97,9 +106,10 @@ impl MemoryProbe {
 
     /// The figures now (and the device's peak brought up to date).
     pub fn read(&self) -> MemoryFigures {
+        let (resident, peak) = resident_and_peak_bytes();
         MemoryFigures {
-            host_resident_bytes: resident_bytes().unwrap_or(0),
-            host_peak_resident_bytes: peak_resident_bytes().unwrap_or(0),
+            host_resident_bytes: resident.unwrap_or(0),
+            host_peak_resident_bytes: peak.unwrap_or(0),
             device: self.device.as_deref().and_then(DeviceProbe::read),
         }
     }

@@ -51,10 +51,7 @@ impl Limits {
         if !self.any() {
             return std::future::pending().await;
         }
-        let used = |m: &MemoryProbe| {
-            let now = m.read();
-            now.device.map_or(now.host_resident_bytes, |d| d.used_bytes)
-        };
+        let used = |m: &MemoryProbe| m.read().model_side_bytes();
         let (started, baseline) = (Instant::now(), used(memory));
         let mut tick = tokio::time::interval(Duration::from_millis(200));
         loop {

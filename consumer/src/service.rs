@@ -387,14 +387,8 @@ fn s3_endpoint_host(config: &Config) -> Vec<String> {
         .s3_endpoint
         .as_deref()
         .and_then(|e| url::Url::parse(e).ok())
-        .and_then(|u| {
-            let host = u.host_str()?.trim_start_matches('[').trim_end_matches(']');
-            Some(format!(
-                "{}:{}",
-                host.to_ascii_lowercase(),
-                u.port_or_known_default()?
-            ))
-        })
+        .and_then(|u| crate::fetch::host_and_port(&u))
+        .map(|(host, port)| format!("{host}:{port}"))
         .into_iter()
         .collect()
 }

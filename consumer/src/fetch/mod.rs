@@ -197,14 +197,9 @@ impl Fetcher {
                 "scheme {scheme:?} is not allowed; use http or https"
             )));
         }
-        let Some(host) = url.host_str() else {
+        let Some((host, port)) = host_and_port(url) else {
             return Err(not_allowed("the URL has no host".into()));
         };
-        let host = host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_ascii_lowercase();
-        let port = url.port_or_known_default().unwrap_or(0);
         let with_port = format!("{host}:{port}");
         let matches = |list: &[String]| {
             list.iter()
@@ -244,6 +239,18 @@ impl Fetcher {
             &self.public
         })
     }
+}
+
+/// A URL's host (lowercase, IPv6 without brackets) and port (the scheme's
+/// default when it names none; 0 when it has none): how the allow-list and
+/// the trusted S3 endpoint are matched.
+pub fn host_and_port(url: &url::Url) -> Option<(String, u16)> {
+    let host = url
+        .host_str()?
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_ascii_lowercase();
+    Some((host, url.port_or_known_default().unwrap_or(0)))
 }
 
 /// The policy's refusal, when the resolver refused the URL's host.
