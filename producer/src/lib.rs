@@ -218,6 +218,47 @@ impl Producer {
         .await
     }
 
+    /// Publishes many jobs with up to `window` of them in flight at once
+    /// (each its publish, its ack, then its `queued` status write, as
+    /// [`Producer::submit_with`]), instead of one round trip after another.
+    /// Yields one [`Submitted`] per job, in the order given, each only once
+    /// its publish ack is in: a job is never reported submitted before the
+    /// stream stored it. `submissions` is read lazily, no further ahead than
+    /// the window; stop reading the stream to stop submitting (jobs already in
+    /// flight may still be stored: drain it to learn which).
+    pub async fn submit_pipelined<I>(
+        &self,
+        submissions: I,
+        window: usize,
+    ) -> Result<impl futures::Stream<Item = Submitted> + '_>
+    where
+        I: IntoIterator<Item = Submission>,
+        I::IntoIter: Send + 'static,
+    {
+        let statuses = self.statuses().await?;
+        Ok(futures::stream::iter(submissions)
+            .map(move |s| {
+                let statuses = statuses.clone();
+                async move {
+                    let ack = publish(
+                        &self.js,
+                        &self.topology,
+                        &statuses,
+                        &s.job,
+                        &s.reply_to,
+                        s.traceparent.as_deref(),
+                    )
+                    .await;
+                    Submitted {
+                        job_id: s.job.id,
+                        traceparent: s.traceparent,
+                        ack,
+                    }
+                }
+            })
+            .buffered(window.max(1)))
+    }
+
     /// The status records, written only through their named transitions
     /// (the same store the consumer uses).
     pub async fn statuses(&self) -> Result<sluice_status::StatusStore> {
@@ -268,6 +309,42 @@ impl Producer {
             None => Ok(None),
         }
     }
+}
+
+/// The default number of jobs [`Producer::submit_pipelined`] keeps in flight:
+/// enough to hide a loopback or LAN round trip behind the next publishes,
+/// small enough that a failing server is noticed within one window.
+pub const DEFAULT_SUBMIT_WINDOW: usize = 256;
+
+/// A job ready to publish: where its result goes and the trace it joins.
+#[derive(Debug, Clone)]
+pub struct Submission {
+    pub job: Job,
+    pub reply_to: String,
+    pub traceparent: Option<String>,
+}
+
+impl Submission {
+    /// `job` answered on its standard result subject, starting a new trace
+    /// unless `traceparent` continues one.
+    pub fn new(topology: &Topology, job: Job, traceparent: Option<String>) -> Submission {
+        Submission {
+            reply_to: topology.result_subject(&job.id),
+            traceparent: Some(traceparent.unwrap_or_else(new_traceparent)),
+            job,
+        }
+    }
+}
+
+/// What became of one job of [`Producer::submit_pipelined`].
+#[derive(Debug)]
+pub struct Submitted {
+    pub job_id: String,
+    pub traceparent: Option<String>,
+    /// The stream's ack (`duplicate` when the id was seen within the
+    /// duplicate window), or why the job was not stored or its status not
+    /// written.
+    pub ack: Result<jetstream::publish::PublishAck>,
 }
 
 /// Publishes `job` through JetStream (its id as `Nats-Msg-Id`, so a second

@@ -13,7 +13,7 @@ use sluice_producer::batch::{self, GatewayClient};
 use sluice_producer::dlq::Filter;
 use sluice_producer::provision::{self, Settings};
 use sluice_producer::watch::{Counts, Watcher};
-use sluice_producer::{Producer, ProducerConfig, new_traceparent, trace_id_of};
+use sluice_producer::{Producer, ProducerConfig, trace_id_of};
 use sluice_schemas::{
     ErrorCode, Input, InputFormat, JobResult, JobState, JsonlError, Outcome, Output, S3Output,
     StatusRecord, Task,
@@ -105,6 +105,19 @@ enum Command {
         /// default: a new trace per job, whose id is printed.
         #[arg(long, env = "TRACEPARENT")]
         traceparent: Option<String>,
+        /// Carry each input's items in the job message itself instead of
+        /// uploading it to S3 (for small inputs: a job must fit the NATS
+        /// server's max_payload, 1 MiB by default).
+        #[arg(long)]
+        inline: bool,
+        /// One job per line of each input, carried inline (implies --inline).
+        #[arg(long)]
+        each_line: bool,
+        /// Jobs in flight at once: published and not yet acknowledged by the
+        /// stream. A job is reported submitted only after its ack.
+        #[arg(long, env = "SLUICE_SUBMIT_WINDOW", default_value_t = sluice_producer::DEFAULT_SUBMIT_WINDOW as u32,
+              value_parser = clap::value_parser!(u32).range(1..=65536))]
+        window: u32,
     },
     /// Show a job's status record.
     Status { id: String },
@@ -406,6 +419,9 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             timeout_secs,
             download,
             traceparent,
+            inline,
+            each_line,
+            window,
         } => {
             let model = model.unwrap_or_else(|| task.default_model().to_string());
             let config = ProducerConfig { model, ..config };
@@ -415,17 +431,18 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     "nothing to submit: give JSONL files, directories, \"-\" for stdin, or --url"
                 );
             }
-            if id.is_some() && inputs.len() + urls.len() != 1 {
-                bail!(
-                    "--id applies to a single input; {} given",
-                    inputs.len() + urls.len()
-                );
-            }
             for (name, body) in &inputs {
                 check_jsonl(task, name, body)?;
             }
             for url in &urls {
                 check_url(url)?;
+            }
+            if (inline || each_line) && !urls.is_empty() {
+                bail!("--inline and --each-line apply to files and stdin, not to --url inputs");
+            }
+            let sources = job_sources(inputs, urls, inline || each_line, each_line)?;
+            if id.is_some() && sources.len() != 1 {
+                bail!("--id applies to a single job; {} given", sources.len());
             }
             if let Some(tp) = &traceparent
                 && !is_traceparent(tp)
@@ -440,40 +457,16 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             } else {
                 None
             };
-            let mut ids = Vec::new();
-            for (name, body) in inputs {
-                let job_id = id
-                    .clone()
-                    .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
-                let input = p
-                    .upload_input(&format!("{job_id}.jsonl"), body)
-                    .await
-                    .with_context(|| format!("uploading {name}"))?;
-                let tp = traceparent.clone().unwrap_or_else(new_traceparent);
-                let job = p.job(task, &job_id, vec![input]);
-                let ack = p
-                    .submit_with(&job, &p.topology.result_subject(&job_id), Some(&tp))
-                    .await?;
-                report_submit(cli.json, &job_id, &name, &ack, &tp);
-                ids.push(job_id);
-            }
-            for url in urls {
-                let job_id = id
-                    .clone()
-                    .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
-                let input = Input::Url {
-                    url: url.clone(),
-                    format: InputFormat::Jsonl,
-                    object: None,
-                };
-                let tp = traceparent.clone().unwrap_or_else(new_traceparent);
-                let job = p.job(task, &job_id, vec![input]);
-                let ack = p
-                    .submit_with(&job, &p.topology.result_subject(&job_id), Some(&tp))
-                    .await?;
-                report_submit(cli.json, &job_id, "url", &ack, &tp);
-                ids.push(job_id);
-            }
+            let ids = submit_sources(
+                &p,
+                task,
+                sources,
+                id,
+                traceparent,
+                window as usize,
+                cli.json,
+            )
+            .await?;
             let Some(results) = results.as_mut() else {
                 return Ok(ExitCode::SUCCESS);
             };
@@ -865,6 +858,156 @@ async fn download_output(
     let path = dir.join(format!("{id}.{extension}"));
     std::fs::write(&path, &bytes).with_context(|| format!("cannot write {}", path.display()))?;
     Ok(())
+}
+
+/// Where one job's items come from.
+enum JobSource {
+    /// A file's bytes, uploaded to S3 and fetched by the consumer.
+    Upload { name: String, body: Vec<u8> },
+    /// Items carried in the job message.
+    Inline {
+        name: String,
+        items: Vec<serde_json::Value>,
+    },
+    /// An already-presigned URL.
+    Url(String),
+}
+
+impl JobSource {
+    fn name(&self) -> &str {
+        match self {
+            JobSource::Upload { name, .. } | JobSource::Inline { name, .. } => name,
+            JobSource::Url(_) => "url",
+        }
+    }
+}
+
+/// The jobs the command line asks for: one per input (uploaded, or inline),
+/// one per line with `each_line`, one per URL. Inputs are checked already.
+fn job_sources(
+    inputs: Vec<(String, Vec<u8>)>,
+    urls: Vec<String>,
+    inline: bool,
+    each_line: bool,
+) -> Result<Vec<JobSource>> {
+    let mut sources = Vec::new();
+    for (name, body) in inputs {
+        if !inline {
+            sources.push(JobSource::Upload { name, body });
+            continue;
+        }
+        let text = std::str::from_utf8(&body).with_context(|| format!("{name}: not UTF-8"))?;
+        let mut items = Vec::new();
+        for (n, line) in text.lines().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            let item: serde_json::Value = serde_json::from_str(line)
+                .with_context(|| format!("{name}: line {}: not JSON", n + 1))?;
+            if each_line {
+                sources.push(JobSource::Inline {
+                    name: format!("{name}:{}", n + 1),
+                    items: vec![item],
+                });
+            } else {
+                items.push(item);
+            }
+        }
+        if !each_line {
+            sources.push(JobSource::Inline { name, items });
+        }
+    }
+    sources.extend(urls.into_iter().map(JobSource::Url));
+    Ok(sources)
+}
+
+/// Uploads what must be uploaded (8 at a time), then publishes every job
+/// through [`Producer::submit_pipelined`], printing each as its ack comes in.
+/// Returns the ids of the jobs submitted; fails, after reporting those that
+/// were stored, at the first job that was not.
+async fn submit_sources(
+    p: &Producer,
+    task: Task,
+    sources: Vec<JobSource>,
+    id: Option<String>,
+    traceparent: Option<String>,
+    window: usize,
+    json: bool,
+) -> Result<Vec<String>> {
+    use futures::StreamExt;
+    let max_payload = p.nats.server_info().max_payload;
+    let jobs: Vec<(String, sluice_schemas::Job)> = futures::stream::iter(sources)
+        .map(|source| {
+            let job_id = id
+                .clone()
+                .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+            async move {
+                let name = source.name().to_string();
+                let input = match source {
+                    JobSource::Upload { name, body } => p
+                        .upload_input(&format!("{job_id}.jsonl"), body)
+                        .await
+                        .with_context(|| format!("uploading {name}"))?,
+                    JobSource::Inline { items, .. } => Input::Inline { items },
+                    JobSource::Url(url) => Input::Url {
+                        url,
+                        format: InputFormat::Jsonl,
+                        object: None,
+                    },
+                };
+                let job = p.job(task, &job_id, vec![input]);
+                Ok::<_, anyhow::Error>((name, job))
+            }
+        })
+        .buffered(8)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<_>>()?;
+    // Checked before anything is published: all or nothing on this count.
+    for (name, job) in &jobs {
+        let size = job.to_bytes().len();
+        if size > max_payload {
+            bail!(
+                "{name}: the job is {size} bytes with its items inline, over the NATS server's \
+                 max_payload of {max_payload}; submit it without --inline/--each-line (uploaded to S3)"
+            );
+        }
+    }
+    let (names, submissions): (Vec<String>, Vec<_>) = jobs
+        .into_iter()
+        .map(|(name, job)| {
+            let s = sluice_producer::Submission::new(&p.topology, job, traceparent.clone());
+            (name, s)
+        })
+        .unzip();
+    let mut submitted = p.submit_pipelined(submissions, window).await?;
+    let mut ids = Vec::with_capacity(names.len());
+    let mut first_error = None;
+    let mut names = names.into_iter();
+    while let Some(s) = submitted.next().await {
+        let name = names.next().unwrap_or_default();
+        match s.ack {
+            Ok(ack) => {
+                report_submit(
+                    json,
+                    &s.job_id,
+                    &name,
+                    &ack,
+                    s.traceparent.as_deref().unwrap_or(""),
+                );
+                ids.push(s.job_id);
+            }
+            Err(e) if first_error.is_none() => {
+                first_error = Some(e.context(format!("{}: {name} was not submitted", s.job_id)))
+            }
+            Err(_) => {}
+        }
+    }
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(ids),
+    }
 }
 
 fn report_submit(

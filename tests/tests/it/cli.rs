@@ -349,7 +349,7 @@ async fn bad_usage_gets_a_clear_message_a_nonzero_exit_and_publishes_nothing() {
                 good.to_str().unwrap(),
                 good.to_str().unwrap(),
             ],
-            "--id applies to a single input",
+            "--id applies to a single job",
         ),
         (
             vec!["dlq", "ls", "--code", "nope"],
@@ -447,4 +447,135 @@ async fn init_upgrades_an_unfiltered_consumer_in_place() {
         };
         assert_eq!(c.num_pending, pending, "{task}");
     }
+}
+
+/// `--each-line` makes one inline job per line and publishes them pipelined:
+/// every job is stored once, reported once (after its ack) and answered; an
+/// input too big to travel inline, and a stream that is not there, are clear
+/// errors with nothing reported submitted.
+#[tokio::test]
+async fn many_small_jobs_are_submitted_pipelined_and_each_answered_once() {
+    let d = Deployment::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let many = dir.path().join("many.jsonl");
+    std::fs::write(&many, jsonl(&texts(1000, "line"))).unwrap();
+
+    let run = d
+        .cli(
+            &[
+                "submit",
+                "--json",
+                "--each-line",
+                "--window",
+                "64",
+                many.to_str().unwrap(),
+            ],
+            None,
+            T,
+        )
+        .await;
+    assert_eq!(run.code, Some(0), "{run:?}");
+    let events = run.json_lines();
+    assert_eq!(events.len(), 1000, "{}", run.stderr);
+    let mut sequences: Vec<u64> = events
+        .iter()
+        .map(|e| e["sequence"].as_u64().unwrap())
+        .collect();
+    sequences.sort();
+    assert_eq!(
+        sequences,
+        (1..=1000).collect::<Vec<u64>>(),
+        "each job stored once"
+    );
+    let ids: std::collections::HashSet<&str> = events
+        .iter()
+        .map(|e| e["job_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 1000);
+    assert_eq!(events[0]["input"], format!("{}:1", many.display()));
+    assert_eq!(
+        events[999]["input"],
+        format!("{}:1000", many.display()),
+        "reported in order"
+    );
+    assert_eq!(d.jobs_in_stream().await, 1000);
+    let watch = d.cli(&["watch", "--once", "--json"], None, T).await;
+    assert_eq!(watch.json_lines()[0]["queued"], 1000, "{watch:?}");
+
+    // One inline job of three items, answered; then all 1,000 are answered.
+    let _consumer = d.start_consumer(&[]).await.unwrap();
+    let three = dir.path().join("three.jsonl");
+    std::fs::write(&three, jsonl(&texts(3, "inline"))).unwrap();
+    let run = d
+        .cli(
+            &[
+                "submit",
+                "--json",
+                "--wait",
+                "--inline",
+                three.to_str().unwrap(),
+            ],
+            None,
+            T,
+        )
+        .await;
+    assert_eq!(run.code, Some(0), "{run:?}");
+    let lines = run.json_lines();
+    assert_eq!(lines[0]["event"], "submitted", "{run:?}");
+    assert_eq!(lines[1]["status"], "ok", "{run:?}");
+    assert_eq!(lines[1]["usage"]["items"], 3, "{run:?}");
+    let watch = read_until(
+        Duration::from_secs(180),
+        || d.cli(&["watch", "--once", "--json"], None, T),
+        |w| w.json_lines().first().is_some_and(|c| c["done"] == 1001),
+    )
+    .await;
+    let c = &watch.json_lines()[0];
+    assert_eq!(c["done"], 1001, "{watch:?}");
+    assert_eq!(c["failed"], 0, "{watch:?}");
+    assert_eq!(c["dead_lettered"], 0, "{watch:?}");
+
+    // Too big to carry inline: refused before anything is published.
+    let big = dir.path().join("big.jsonl");
+    std::fs::write(&big, jsonl(&["x".repeat(1_200_000)])).unwrap();
+    let before = d.jobs_in_stream().await;
+    let run = d
+        .cli(&["submit", "--inline", big.to_str().unwrap()], None, T)
+        .await;
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert!(
+        run.stderr.contains("over the NATS server's max_payload"),
+        "{run:?}"
+    );
+    assert!(run.stderr.contains("without --inline"), "{run:?}");
+    let run = d
+        .cli(
+            &[
+                "submit",
+                "--each-line",
+                "--url",
+                "https://example.com/x.jsonl",
+            ],
+            None,
+            T,
+        )
+        .await;
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert!(run.stderr.contains("not to --url inputs"), "{run:?}");
+    assert_eq!(d.jobs_in_stream().await, before, "nothing was published");
+
+    // The job stream gone (deleted under a running deployment): every publish
+    // fails; the first failure is the error, and no job is reported submitted.
+    d.producer
+        .js
+        .delete_stream(&d.producer.topology.job_stream)
+        .await
+        .unwrap();
+    let run = d
+        .cli(&["submit", "--each-line", three.to_str().unwrap()], None, T)
+        .await;
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert!(run.stdout.is_empty(), "nothing reported submitted: {run:?}");
+    assert!(run.stderr.contains("was not submitted"), "{run:?}");
+    assert!(run.stderr.contains("no stream found"), "{run:?}");
 }
