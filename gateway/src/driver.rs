@@ -517,6 +517,11 @@ async fn publish(state: &AppState, batch: &BatchRecord, chunk: &Chunk, job_id: &
         .await
         .with_context(|| format!("presigning {key}"))?;
     let deadline = time::OffsetDateTime::from_unix_timestamp(batch.expires_at).ok();
+    if deadline.is_some_and(|d| d <= time::OffsetDateTime::now_utc()) {
+        // The window ended: the job would only expire in the queue. Without
+        // a record, `progress` stops it and counts its lines as not run.
+        return Ok(());
+    }
     let job = Job {
         version: VERSION,
         id: job_id.to_string(),
@@ -633,7 +638,7 @@ async fn progress(state: &AppState, batch: BatchRecord) -> Result<()> {
     let (mut completed, mut failed) = (0u64, batch.failed_at_validation);
     for chunk in &mut chunks {
         if chunk.state == ChunkState::Pending {
-            let record = state.statuses.get(&chunk.job_id).await?;
+            let record = state.statuses.view(&chunk.job_id).await?;
             chunk.state = match record.as_ref().map(|r| r.state) {
                 Some(JobState::Done) => ChunkState::Done,
                 Some(JobState::Failed)
@@ -643,7 +648,8 @@ async fn progress(state: &AppState, batch: BatchRecord) -> Result<()> {
                     ChunkState::Split
                 }
                 Some(JobState::Failed) => ChunkState::Failed,
-                Some(JobState::Cancelled) => ChunkState::NotRun,
+                // Its deadline (the batch's window) passed in the queue.
+                Some(JobState::Cancelled | JobState::Expired) => ChunkState::NotRun,
                 Some(JobState::Queued | JobState::Running) | None => {
                     if record.is_none() && !cancelling && !expired {
                         // Its publish was lost (a crash between writing and
@@ -668,16 +674,16 @@ async fn progress(state: &AppState, batch: BatchRecord) -> Result<()> {
                     runnable_lines(state, &batch, chunk.first_line, chunk.last_line).await?
                 {
                     let job_id = line_job(&chunk.job_id, line);
-                    let mut record = state.statuses.get(&job_id).await?;
+                    let mut record = state.statuses.view(&job_id).await?;
                     if record.as_ref().is_none_or(|r| !r.state.is_final())
                         && stop(state, &job_id, expired, cancelling).await?
                     {
-                        record = state.statuses.get(&job_id).await?;
+                        record = state.statuses.view(&job_id).await?;
                     }
                     match record.map(|r| r.state) {
                         Some(JobState::Done) => completed += 1,
                         Some(JobState::Failed) => failed += 1,
-                        Some(JobState::Cancelled) => {}
+                        Some(JobState::Cancelled | JobState::Expired) => {}
                         _ => all_final = false,
                     }
                 }
@@ -904,7 +910,7 @@ async fn finalize(state: &AppState, batch: BatchRecord) -> Result<()> {
             if chunk.state != ChunkState::Split {
                 statuses.clear();
             }
-            statuses.insert(job_id.clone(), state.statuses.get(&job_id).await?);
+            statuses.insert(job_id.clone(), state.statuses.view(&job_id).await?);
         }
         let record = statuses.get(&job_id).cloned().flatten();
         match record.as_ref().map(|r| r.state) {

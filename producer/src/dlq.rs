@@ -96,6 +96,22 @@ impl Producer {
             .decode(&letter.payload_base64)
             .with_context(|| format!("dead letter {dlq_seq} has an invalid payload"))?;
         let mut refreshed_urls = 0;
+        // A job with a deadline goes back with the time it has left as its
+        // TTL; one whose deadline has passed would only expire again.
+        let ttl = match serde_json::from_slice::<Job>(&payload)
+            .ok()
+            .and_then(|j| j.deadline)
+        {
+            Some(deadline) => Some(
+                crate::ttl_until(deadline, time::OffsetDateTime::now_utc()).with_context(|| {
+                    format!(
+                        "dead letter {dlq_seq} (job {}) was not replayed: it would only expire again",
+                        letter.job_id.as_deref().unwrap_or("?")
+                    )
+                })?,
+            ),
+            None => None,
+        };
         let payload = match serde_json::from_slice::<Job>(&payload) {
             Ok(mut job) if refresh_urls => {
                 for input in &mut job.inputs {
@@ -129,7 +145,9 @@ impl Producer {
         }
         let mut h = HeaderMap::new();
         for (name, values) in &letter.headers {
-            if name.eq_ignore_ascii_case(headers::MSG_ID) {
+            if name.eq_ignore_ascii_case(headers::MSG_ID)
+                || name.eq_ignore_ascii_case(headers::MESSAGE_TTL)
+            {
                 continue;
             }
             for v in values {
@@ -141,6 +159,9 @@ impl Producer {
             letter.job_id.as_deref().unwrap_or("unknown")
         );
         h.insert(headers::MSG_ID, msg_id.as_str());
+        if let Some(ttl) = ttl {
+            h.insert(headers::MESSAGE_TTL, format!("{ttl}s").as_str());
+        }
         let ack = self
             .js
             .publish_with_headers(letter.original_subject.clone(), h, payload.into())

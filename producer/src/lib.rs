@@ -297,15 +297,17 @@ impl Producer {
             .await
     }
 
-    /// The job's status record, if the consumer (or submit) wrote one.
+    /// The job's status record, if the consumer (or submit) wrote one, as
+    /// read now (a `queued` record past its deadline reads `expired`: see
+    /// [`StatusRecord::as_of`]).
     pub async fn status(&self, job_id: &str) -> Result<Option<StatusRecord>> {
         let store = self.status_store().await?;
         match store.get(job_id).await? {
-            Some(bytes) => {
-                Ok(Some(serde_json::from_slice(&bytes).with_context(|| {
-                    format!("the status record of {job_id} is not valid")
-                })?))
-            }
+            Some(bytes) => Ok(Some(
+                serde_json::from_slice::<StatusRecord>(&bytes)
+                    .with_context(|| format!("the status record of {job_id} is not valid"))?
+                    .as_of(time::OffsetDateTime::now_utc()),
+            )),
             None => Ok(None),
         }
     }
@@ -351,6 +353,14 @@ pub struct Submitted {
 /// publish within the duplicate window is dropped by the server) and, unless
 /// it was a duplicate, records it `queued` (unless it already has a record:
 /// a fast consumer may have marked it running; that record wins).
+///
+/// A job with a `deadline` also carries it as a per-message TTL
+/// (`Nats-TTL`, whole seconds rounded up): the stream removes the job at its
+/// deadline without a consumer pulling it, and its `queued` record (which
+/// keeps the deadline) reads as `expired`. A job whose deadline has already
+/// passed is refused here. On a stream created before sluice asked for
+/// `allow_msg_ttl` (until `sluice init` upgrades it) the job is published
+/// again without the TTL: consumers still refuse it after its deadline.
 pub async fn publish(
     js: &jetstream::Context,
     topology: &Topology,
@@ -359,6 +369,13 @@ pub async fn publish(
     reply_to: &str,
     traceparent: Option<&str>,
 ) -> Result<jetstream::publish::PublishAck> {
+    let ttl = match job.deadline {
+        Some(deadline) => Some(
+            ttl_until(deadline, time::OffsetDateTime::now_utc())
+                .with_context(|| format!("job {} was not published", job.id))?,
+        ),
+        None => None,
+    };
     let mut h = HeaderMap::new();
     h.insert(headers::MSG_ID, job.id.as_str());
     h.insert(headers::REPLY_TO, reply_to);
@@ -366,19 +383,73 @@ pub async fn publish(
         h.insert(headers::TRACEPARENT, tp);
     }
     let subject = topology.job_subject(&job.task);
-    let ack = js
-        .publish_with_headers(subject.clone(), h, job.to_bytes().into())
-        .await
-        .with_context(|| format!("cannot publish to {subject}"))?
-        .await
-        .with_context(|| format!("the job stream did not store the job on {subject}"))?;
+    let payload = bytes::Bytes::from(job.to_bytes());
+    let store = |h: HeaderMap| async {
+        js.publish_with_headers(subject.clone(), h, payload.clone())
+            .await
+            .with_context(|| format!("cannot publish to {subject}"))?
+            .await
+            .with_context(|| format!("the job stream did not store the job on {subject}"))
+    };
+    let ack = match ttl {
+        Some(ttl) => {
+            let mut with_ttl = h.clone();
+            with_ttl.insert(headers::MESSAGE_TTL, format!("{ttl}s").as_str());
+            match store(with_ttl).await {
+                Err(e) if is_ttl_disabled(&e) => {
+                    warn_ttl_disabled(&topology.job_stream);
+                    store(h).await?
+                }
+                other => other?,
+            }
+        }
+        None => store(h).await?,
+    };
     if !ack.duplicate {
         statuses
-            .queue(&job.id, ack.sequence)
+            .queue(&job.id, ack.sequence, job.deadline)
             .await
             .with_context(|| format!("cannot record job {} as queued", job.id))?;
     }
     Ok(ack)
+}
+
+/// The per-message TTL, in whole seconds, that removes a job stored `now`
+/// at `deadline` (rounded up: never before it); an error if it has passed.
+pub fn ttl_until(deadline: time::OffsetDateTime, now: time::OffsetDateTime) -> Result<u64> {
+    let left = deadline - now;
+    if !left.is_positive() {
+        bail!(
+            "its deadline ({}) passed {:.1} s ago",
+            deadline
+                .format(&time::format_description::well_known::Rfc3339)
+                .unwrap_or_default(),
+            -left.as_seconds_f64()
+        );
+    }
+    Ok((left.as_seconds_f64().ceil() as u64).max(1))
+}
+
+/// Whether the stream refused a publish because it does not allow
+/// per-message TTLs (JetStream error 10166).
+fn is_ttl_disabled(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        cause
+            .downcast_ref::<async_nats::jetstream::Error>()
+            .is_some_and(|j| {
+                j.error_code() == async_nats::jetstream::ErrorCode::MESSAGE_TTL_DISABLED
+            })
+    })
+}
+
+fn warn_ttl_disabled(stream: &str) {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    WARNED.call_once(|| {
+        tracing::warn!(
+            stream,
+            "the job stream does not allow per-message TTL (created by an older sluice): jobs with a deadline stay in it until a consumer refuses them; run `sluice init` to upgrade it in place"
+        )
+    });
 }
 
 /// A fresh W3C `traceparent` (a new trace, sampled), for a job published
@@ -406,5 +477,24 @@ impl Results {
             bail!("the result subscription closed");
         };
         serde_json::from_slice(&msg.payload).context("a result message is not valid")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use time::macros::datetime;
+
+    #[test]
+    fn the_ttl_rounds_up_to_whole_seconds_and_a_past_deadline_is_refused() {
+        let now = datetime!(2026-12-02 10:00:00 UTC);
+        let ttl = |ms: i64| ttl_until(now + time::Duration::milliseconds(ms), now);
+        assert_eq!(ttl(2000).unwrap(), 2);
+        assert_eq!(ttl(2001).unwrap(), 3, "never before the deadline");
+        assert_eq!(ttl(1).unwrap(), 1);
+        let passed = ttl(-1500).unwrap_err().to_string();
+        assert!(passed.contains("passed 1.5 s ago"), "{passed}");
+        assert!(ttl(0).is_err(), "a deadline of now has passed");
     }
 }

@@ -105,6 +105,12 @@ enum Command {
         /// default: a new trace per job, whose id is printed.
         #[arg(long, env = "TRACEPARENT")]
         traceparent: Option<String>,
+        /// Give each job a deadline this many seconds from now: a job still
+        /// waiting then is removed from the stream by the server (a
+        /// per-message TTL) and reads as `expired`; a consumer never runs it
+        /// late.
+        #[arg(long, env = "SLUICE_DEADLINE_SECS", value_parser = clap::value_parser!(u64).range(1..))]
+        deadline_secs: Option<u64>,
         /// Carry each input's items in the job message itself instead of
         /// uploading it to S3 (for small inputs: a job must fit the NATS
         /// server's max_payload, 1 MiB by default).
@@ -422,6 +428,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             inline,
             each_line,
             window,
+            deadline_secs,
         } => {
             let model = model.unwrap_or_else(|| task.default_model().to_string());
             let config = ProducerConfig { model, ..config };
@@ -457,12 +464,17 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             } else {
                 None
             };
+            let deadline =
+                deadline_secs.map(|s| time::OffsetDateTime::now_utc() + Duration::from_secs(s));
             let ids = submit_sources(
                 &p,
                 task,
                 sources,
-                id,
-                traceparent,
+                JobOptions {
+                    id,
+                    traceparent,
+                    deadline,
+                },
                 window as usize,
                 cli.json,
             )
@@ -714,13 +726,7 @@ impl Answer {
 }
 
 fn state_name(state: JobState) -> &'static str {
-    match state {
-        JobState::Queued => "queued",
-        JobState::Running => "running",
-        JobState::Done => "done",
-        JobState::Failed => "failed",
-        JobState::Cancelled => "cancelled",
-    }
+    state.as_str()
 }
 
 /// How often pending jobs' status records are checked while waiting.
@@ -809,7 +815,7 @@ fn report_counts(json: bool, c: &Counts) {
     }
     let now = time::OffsetDateTime::now_utc();
     println!(
-        "{:02}:{:02}:{:02}  queued {}  running {}  done {}  failed {}  cancelled {}  dead-lettered {}  \
+        "{:02}:{:02}:{:02}  queued {}  running {}  done {}  failed {}  cancelled {}  expired {}  dead-lettered {}  \
          | stream {} jobs ({} bytes): pending {}, in flight {}, redelivered {}, waiting pulls {}",
         now.hour(),
         now.minute(),
@@ -819,6 +825,7 @@ fn report_counts(json: bool, c: &Counts) {
         c.done,
         c.failed,
         c.cancelled,
+        c.expired,
         c.dead_lettered,
         c.stream.messages,
         c.stream.bytes,
@@ -925,15 +932,28 @@ fn job_sources(
 /// through [`Producer::submit_pipelined`], printing each as its ack comes in.
 /// Returns the ids of the jobs submitted; fails, after reporting those that
 /// were stored, at the first job that was not.
+/// What the command line sets on every job it submits.
+struct JobOptions {
+    /// The job id (only with one job); else a fresh UUIDv7 each.
+    id: Option<String>,
+    /// The trace every job joins; else a new one each.
+    traceparent: Option<String>,
+    deadline: Option<time::OffsetDateTime>,
+}
+
 async fn submit_sources(
     p: &Producer,
     task: Task,
     sources: Vec<JobSource>,
-    id: Option<String>,
-    traceparent: Option<String>,
+    options: JobOptions,
     window: usize,
     json: bool,
 ) -> Result<Vec<String>> {
+    let JobOptions {
+        id,
+        traceparent,
+        deadline,
+    } = options;
     use futures::StreamExt;
     let max_payload = p.nats.server_info().max_payload;
     let jobs: Vec<(String, sluice_schemas::Job)> = futures::stream::iter(sources)
@@ -955,7 +975,8 @@ async fn submit_sources(
                         object: None,
                     },
                 };
-                let job = p.job(task, &job_id, vec![input]);
+                let mut job = p.job(task, &job_id, vec![input]);
+                job.deadline = deadline;
                 Ok::<_, anyhow::Error>((name, job))
             }
         })

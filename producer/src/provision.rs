@@ -149,6 +149,10 @@ pub fn job_stream_config(t: &Topology, s: &Settings) -> stream::Config {
         max_message_size: s.max_message_bytes,
         num_replicas: s.replicas,
         storage: stream::StorageType::File,
+        // A job's deadline travels as its `Nats-TTL`: the server removes a
+        // job that expires while it waits (nats-server 2.11+; once on, a
+        // stream cannot turn it off again).
+        allow_message_ttl: true,
         ..Default::default()
     }
 }
@@ -210,6 +214,12 @@ fn stream_diff(have: &stream::Config, want: &stream::Config) -> Vec<String> {
     );
     diff(&mut out, "replicas", &have.num_replicas, &want.num_replicas);
     diff(&mut out, "max_age", &have.max_age, &want.max_age);
+    diff(
+        &mut out,
+        "allow_msg_ttl",
+        &have.allow_message_ttl,
+        &want.allow_message_ttl,
+    );
     out
 }
 

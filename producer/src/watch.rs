@@ -20,6 +20,9 @@ pub struct Counts {
     pub done: u64,
     pub failed: u64,
     pub cancelled: u64,
+    /// Deadline passed before the job ran (dropped from the stream at its
+    /// deadline, or refused by a consumer that pulled it late).
+    pub expired: u64,
     /// Messages in the dead-letter stream.
     pub dead_lettered: u64,
     /// Job stream figures.
@@ -46,7 +49,9 @@ pub struct StreamFigures {
 /// per job per refresh.
 #[derive(Default)]
 pub struct StatusTally {
-    states: HashMap<String, JobState>,
+    /// Each job's state and, while queued, its deadline (a queued job past
+    /// it counts as expired: see `StatusRecord::as_of`).
+    states: HashMap<String, (JobState, Option<time::OffsetDateTime>)>,
 }
 
 impl StatusTally {
@@ -54,7 +59,7 @@ impl StatusTally {
         match entry.operation {
             kv::Operation::Put => {
                 if let Ok(r) = serde_json::from_slice::<StatusRecord>(&entry.value) {
-                    self.states.insert(entry.key.clone(), r.state);
+                    self.states.insert(entry.key.clone(), (r.state, r.deadline));
                 }
             }
             kv::Operation::Delete | kv::Operation::Purge => {
@@ -69,13 +74,16 @@ impl StatusTally {
         counts.done = 0;
         counts.failed = 0;
         counts.cancelled = 0;
-        for state in self.states.values() {
-            *match state {
+        counts.expired = 0;
+        let now = time::OffsetDateTime::now_utc();
+        for (state, deadline) in self.states.values() {
+            *match state.as_of(*deadline, now) {
                 JobState::Queued => &mut counts.queued,
                 JobState::Running => &mut counts.running,
                 JobState::Done => &mut counts.done,
                 JobState::Failed => &mut counts.failed,
                 JobState::Cancelled => &mut counts.cancelled,
+                JobState::Expired => &mut counts.expired,
             } += 1;
         }
     }

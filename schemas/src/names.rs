@@ -128,6 +128,9 @@ pub mod headers {
     pub const JOB_ID: &str = "Sluice-Job-Id";
     /// W3C trace context, carried from publisher to result.
     pub const TRACEPARENT: &str = "traceparent";
+    /// A job's per-message TTL (`"<seconds>s"`): the stream removes it
+    /// then. Set from the job's deadline.
+    pub const MESSAGE_TTL: &str = "Nats-TTL";
     /// On a result message: `ok` or the error code.
     pub const OUTCOME: &str = "Sluice-Outcome";
 }

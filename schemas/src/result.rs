@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
-use crate::error_code::ErrorInfo;
+use crate::error_code::{ErrorCode, ErrorInfo};
 
 /// The answer to one job.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -184,15 +184,40 @@ pub enum JobState {
     Done,
     Failed,
     Cancelled,
+    /// The job's deadline passed before it ran: it waited in the stream
+    /// (which removes it at its deadline, see `Nats-TTL`) or a consumer
+    /// pulled it too late. It was never run.
+    Expired,
 }
 
 impl JobState {
-    /// Done, failed and cancelled are final: nothing overwrites them except a replay.
+    /// Done, failed, cancelled and expired are final: nothing overwrites them except a replay.
     pub fn is_final(self) -> bool {
         matches!(
             self,
-            JobState::Done | JobState::Failed | JobState::Cancelled
+            JobState::Done | JobState::Failed | JobState::Cancelled | JobState::Expired
         )
+    }
+
+    /// The state a record in this state with this `deadline` reads as at
+    /// `now`: `queued` past its deadline is `expired`.
+    pub fn as_of(self, deadline: Option<OffsetDateTime>, now: OffsetDateTime) -> JobState {
+        if self == JobState::Queued && deadline.is_some_and(|d| d <= now) {
+            JobState::Expired
+        } else {
+            self
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Running => "running",
+            JobState::Done => "done",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+            JobState::Expired => "expired",
+        }
     }
 }
 
@@ -223,6 +248,41 @@ pub struct StatusRecord {
     /// How many times the job was replayed from the dead-letter stream.
     #[serde(default)]
     pub replays: u32,
+    /// The job's deadline, when it has one (written with `queued`): a
+    /// `queued` record whose deadline has passed reads as `expired` (see
+    /// [`StatusRecord::as_of`]), since the stream removed the job unrun.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "time::serde::rfc3339::option"
+    )]
+    pub deadline: Option<OffsetDateTime>,
+}
+
+impl StatusRecord {
+    /// The record as a reader should take it at `now`: a job still `queued`
+    /// after its deadline is `expired` (with `deadline_exceeded` as its
+    /// error), because the stream dropped it at the deadline (its
+    /// `Nats-TTL`) or a consumer will refuse it; nothing writes that
+    /// transition, so every reader applies this rule. Other records are
+    /// returned as they are.
+    pub fn as_of(mut self, now: OffsetDateTime) -> StatusRecord {
+        if let Some(deadline) = self.deadline
+            && self.state.as_of(Some(deadline), now) != self.state
+        {
+            self.state = JobState::Expired;
+            self.error = Some(ErrorInfo::new(
+                ErrorCode::DeadlineExceeded,
+                format!(
+                    "the job's deadline ({}) passed while it waited in the stream; it was not run",
+                    deadline
+                        .format(&time::format_description::well_known::Rfc3339)
+                        .unwrap_or_default()
+                ),
+            ));
+        }
+        self
+    }
 }
 
 /// A job that will not be retried, as kept in the dead-letter stream.

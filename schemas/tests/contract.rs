@@ -287,8 +287,31 @@ fn every_rust_value_validates_and_round_trips() {
             completion_tokens: 0,
             item_tokens: vec![20, 15],
         }),
+        deadline: None,
     };
     round_trip(&status, &record);
+    let queued = StatusRecord {
+        state: JobState::Queued,
+        output: None,
+        usage: None,
+        deadline: Some(datetime!(2026-11-29 17:00:03 UTC)),
+        ..record.clone()
+    };
+    round_trip(&status, &queued);
+    // Read after its deadline, a queued record is expired, and valid as such.
+    let expired = queued.clone().as_of(datetime!(2026-11-29 17:00:03 UTC));
+    assert_eq!(expired.state, JobState::Expired);
+    assert_eq!(
+        expired.error.as_ref().unwrap().code,
+        ErrorCode::DeadlineExceeded
+    );
+    round_trip(&status, &expired);
+    assert_eq!(
+        queued.clone().as_of(datetime!(2026-11-29 17:00:02 UTC)),
+        queued,
+        "before its deadline it is as stored"
+    );
+    assert_eq!(record.clone().as_of(datetime!(2099-01-01 0:00 UTC)), record);
     let failed = StatusRecord {
         state: JobState::Failed,
         output: None,

@@ -10,9 +10,14 @@
 //! | [`StatusStore::start`] | nothing, `queued`, `running` | `running` | left; the caller answers from it |
 //! | [`StatusStore::finish`] | nothing, `queued`, `running` | `done`, `failed`, `cancelled` | left: the first final status wins |
 //! | [`StatusStore::cancel`] | nothing, `queued`, `running` | `cancelled` | left |
-//! | [`StatusStore::replay`] | nothing, `failed`, `cancelled` | `queued`, replays + 1 | `done` is refused: it succeeded |
+//! | [`StatusStore::replay`] | nothing, `failed`, `cancelled`, `expired` | `queued`, replays + 1 | `done` is refused: it succeeded |
 //!
-//! `replays` is carried through every transition.
+//! `replays` is carried through every transition. `expired` has no writer of
+//! its own when the stream drops a job at its deadline: a `queued` record
+//! whose deadline has passed *reads* as `expired`
+//! ([`StatusRecord::as_of`]), in [`StatusStore::view`] and in the decisions of
+//! `cancel`; a consumer that pulls a job after its deadline writes `expired`
+//! through `finish`.
 
 use std::time::Duration;
 
@@ -77,10 +82,27 @@ impl StatusStore {
         Ok(entry.and_then(|bytes| serde_json::from_slice(&bytes).ok()))
     }
 
+    /// The record as a reader takes it now: [`StatusStore::get`] with
+    /// [`StatusRecord::as_of`] applied (a `queued` job past its deadline is
+    /// `expired`). For readers (the CLI, the gateway); a writer deciding a
+    /// transition works on what is stored.
+    pub async fn view(&self, job_id: &str) -> Result<Option<StatusRecord>, StatusError> {
+        Ok(self
+            .get(job_id)
+            .await?
+            .map(|r| r.as_of(OffsetDateTime::now_utc())))
+    }
+
     /// `queued`, unless the job has a record already (a consumer that was
     /// faster than the publisher's status write keeps its `running`).
-    /// Returns whether this wrote it.
-    pub async fn queue(&self, job_id: &str, stream_sequence: u64) -> Result<bool, StatusError> {
+    /// The job's `deadline`, if it has one, is kept so the record reads as
+    /// `expired` once it passes. Returns whether this wrote it.
+    pub async fn queue(
+        &self,
+        job_id: &str,
+        stream_sequence: u64,
+        deadline: Option<OffsetDateTime>,
+    ) -> Result<bool, StatusError> {
         let record = StatusRecord {
             version: VERSION,
             job_id: job_id.to_string(),
@@ -92,6 +114,7 @@ impl StatusStore {
             error: None,
             replays: 0,
             usage: None,
+            deadline,
         };
         // One round trip (submit's hot path): create, or find one there.
         let payload = serde_json::to_vec(&record).map_err(|e| StatusError::Write {
@@ -190,9 +213,10 @@ impl StatusStore {
         job_id: &str,
         cancellable: impl Fn(JobState) -> bool,
     ) -> Result<bool, StatusError> {
+        let now = OffsetDateTime::now_utc();
         let (written, _) = self
             .swap(job_id, |current| match current {
-                Some(r) if !cancellable(r.state) => None,
+                Some(r) if !cancellable(r.clone().as_of(now).state) => None,
                 _ => Some(StatusRecord {
                     version: VERSION,
                     job_id: job_id.to_string(),
@@ -204,6 +228,7 @@ impl StatusStore {
                     error: None,
                     replays: current.map_or(0, |r| r.replays),
                     usage: None,
+                    deadline: current.and_then(|r| r.deadline),
                 }),
             })
             .await?;
@@ -228,6 +253,7 @@ impl StatusStore {
                     error: None,
                     replays: current.map_or(0, |r| r.replays) + 1,
                     usage: None,
+                    deadline: None,
                 }),
             })
             .await?;

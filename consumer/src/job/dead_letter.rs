@@ -137,7 +137,14 @@ pub async fn give_up(
     if let Some(job_id) = &job_id
         && dead_letter
     {
-        let mut record = status(job_id, JobState::Failed, d);
+        // A job pulled after its deadline was never run: `expired`, as a
+        // job the stream dropped at its deadline reads.
+        let state = if error.code == ErrorCode::DeadlineExceeded {
+            JobState::Expired
+        } else {
+            JobState::Failed
+        };
+        let mut record = status(job_id, state, d);
         record.error = Some(error.info());
         match shared.status.finish(&record).await {
             Ok(true) => {}

@@ -39,6 +39,7 @@ pub fn status(job_id: &str, state: JobState, d: &Delivery) -> StatusRecord {
         error: None,
         replays: d.replays,
         usage: None,
+        deadline: None,
     }
 }
 

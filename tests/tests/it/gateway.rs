@@ -698,15 +698,19 @@ async fn expired_and_cancelled_batches_answer_every_line_and_run_nothing() {
             "{lines:?}"
         );
     }
-    // The chunks' jobs wait in the stream, cancelled: a consumer acks them
-    // without running them.
+    // The expired batch's jobs left the stream at its deadline (their
+    // Nats-TTL) and read `expired`; the cancelled batch's wait in the stream,
+    // cancelled: a consumer acks them without running them.
     let _consumer = d.start_consumer(&[]).await.unwrap();
     assert_eq!(d.jobs_in_stream_settled(0).await, 0);
-    for batch in [&expiring, &cancelled] {
+    for (batch, state) in [
+        (&expiring, JobState::Expired),
+        (&cancelled, JobState::Cancelled),
+    ] {
         for c in 0..3 {
             let job = format!("{}-e{c}", batch["id"].as_str().unwrap());
             let record = d.producer.status(&job).await.unwrap().unwrap();
-            assert_eq!(record.state, JobState::Cancelled, "{job}");
+            assert_eq!(record.state, state, "{job}");
         }
     }
 

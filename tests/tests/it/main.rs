@@ -7,6 +7,7 @@ mod deploy_files;
 mod device_check;
 mod embed;
 mod encoder;
+mod expiry;
 mod failures;
 mod faults;
 mod flood;

@@ -34,6 +34,7 @@ fn record(job_id: &str, state: JobState, attempt: u32) -> StatusRecord {
         error: None,
         replays: 0,
         usage: None,
+        deadline: None,
     }
 }
 
@@ -43,9 +44,9 @@ async fn each_transition_follows_its_rule() {
     let s = store(&server).await;
 
     // queue: create-if-absent.
-    assert!(s.queue("a", 1).await.unwrap());
+    assert!(s.queue("a", 1, None).await.unwrap());
     assert!(
-        !s.queue("a", 2).await.unwrap(),
+        !s.queue("a", 2, None).await.unwrap(),
         "a second queue writes nothing"
     );
     let a = s.get("a").await.unwrap().unwrap();
@@ -110,6 +111,39 @@ async fn each_transition_follows_its_rule() {
         Replay::AlreadyDone(r) => assert_eq!(r.state, JobState::Done),
         other => panic!("a done job must not be replayed: {other:?}"),
     }
+
+    // expired: a queued record past its deadline reads expired (with
+    // deadline_exceeded), is final to cancel, and may be replayed.
+    let soon = OffsetDateTime::now_utc() + time::Duration::milliseconds(300);
+    assert!(s.queue("e", 9, Some(soon)).await.unwrap());
+    let e = s.get("e").await.unwrap().unwrap();
+    assert_eq!((e.state, e.deadline), (JobState::Queued, Some(soon)));
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    assert_eq!(
+        s.get("e").await.unwrap().unwrap().state,
+        JobState::Queued,
+        "as stored"
+    );
+    let e = s.view("e").await.unwrap().unwrap();
+    assert_eq!(e.state, JobState::Expired, "as read");
+    assert_eq!(
+        e.error.unwrap().code,
+        sluice_schemas::ErrorCode::DeadlineExceeded
+    );
+    assert!(!s.cancel("e").await.unwrap(), "expired is final");
+    assert!(!s.cancel_queued("e").await.unwrap());
+    assert_eq!(s.view("e").await.unwrap().unwrap().state, JobState::Expired);
+    assert_eq!(s.replay("e").await.unwrap(), Replay::Queued { replays: 1 });
+    let e = s.get("e").await.unwrap().unwrap();
+    assert_eq!((e.state, e.deadline), (JobState::Queued, None));
+    // A consumer that pulled it late writes expired itself; it stays final.
+    let mut late = record("f", JobState::Expired, 1);
+    late.error = Some(ErrorInfo::new(
+        sluice_schemas::ErrorCode::DeadlineExceeded,
+        "late",
+    ));
+    assert!(s.finish(&late).await.unwrap());
+    assert!(!s.finish(&record("f", JobState::Done, 2)).await.unwrap());
 }
 
 fn failed_record(job_id: &str) -> StatusRecord {
@@ -129,7 +163,7 @@ async fn of_two_finishes_exactly_one_wins() {
     let s = Arc::new(store(&server).await);
     for round in 0..20 {
         let id = format!("job-{round}");
-        s.queue(&id, round).await.unwrap();
+        s.queue(&id, round, None).await.unwrap();
         let racers: Vec<_> = [JobState::Done, JobState::Failed]
             .into_iter()
             .enumerate()
@@ -167,7 +201,7 @@ async fn cancel_against_start_never_lets_both_win() {
     let (mut ran, mut stopped) = (0, 0);
     for round in 0..20 {
         let id = format!("job-{round}");
-        s.queue(&id, round).await.unwrap();
+        s.queue(&id, round, None).await.unwrap();
         // Alternate which goes first, so both orders happen.
         let spawn_start = || {
             let (s, id) = (Arc::clone(&s), id.clone());
