@@ -174,6 +174,13 @@ pub struct Config {
     #[arg(long, env = "SLUICE_INPUT_ALLOW_LINK_LOCAL", default_value_t = false)]
     pub input_allow_link_local: bool,
 
+    /// Embed: admit no more jobs while the jobs taken hold this many tokens
+    /// not yet answered (0: twice --max-batch-tokens, one batch running and
+    /// one ready). Small jobs fit the memory budget by the thousand; this
+    /// keeps the backlog in the stream, where higher priorities and other
+    /// consumers can still take it.
+    #[arg(long, env = "SLUICE_MAX_TOKENS_IN_FLIGHT", default_value_t = 0)]
+    pub max_tokens_in_flight: usize,
     /// Most messages asked for in one pull.
     #[arg(long, env = "SLUICE_PULL_MAX_MESSAGES", default_value_t = 64)]
     pub pull_max_messages: usize,

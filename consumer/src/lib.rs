@@ -22,6 +22,7 @@ pub mod error;
 pub mod fetch;
 pub mod http;
 pub mod job;
+pub mod levels;
 pub mod memory;
 pub mod model;
 pub mod offline;

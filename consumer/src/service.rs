@@ -7,14 +7,18 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use async_nats::jetstream::{self, consumer::PullConsumer};
-use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
+use sluice_schemas::Priority;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::budget::Budget;
+use crate::budget::{Budget, Reservation};
 use crate::config::Config;
 use crate::engine::startup::Started;
 use crate::fetch::{FetchPolicy, Fetcher};
+use crate::levels::LevelShares;
 use crate::output::{DeadLetters, OutputStore, ResultPublisher};
 use crate::shared::{Limits, Shared};
 use crate::telemetry::otlp::OtlpMetrics;
@@ -115,6 +119,25 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             topology.job_stream
         )
     })?;
+    // One durable consumer per priority level; a stream from before
+    // priorities has only the normal one (`sluice init` adds the others).
+    let mut levels = Vec::new();
+    for priority in Priority::ALL {
+        if priority == Priority::Normal {
+            levels.push((priority, consumer.clone()));
+            continue;
+        }
+        let name = topology.consumer_at(task, priority);
+        match stream
+            .get_consumer::<async_nats::jetstream::consumer::pull::Config>(&name)
+            .await
+        {
+            Ok(c) => levels.push((priority, c)),
+            Err(e) => {
+                tracing::warn!(consumer = %name, error = %e, "no durable consumer for {priority} priority jobs: only normal ones are taken (run `sluice init` to add it)")
+            }
+        }
+    }
     let max_deliver = stream
         .consumer_info(&consumer_name)
         .await
@@ -183,15 +206,17 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         tracing: tracing.clone(),
     });
 
-    let advisories =
-        job::dead_letter::subscribe(&nats, &shared.topology.job_stream, &consumer_name)
+    for (priority, _) in &levels {
+        let name = shared.topology.consumer_at(task, *priority);
+        let advisories = job::dead_letter::subscribe(&nats, &shared.topology.job_stream, &name)
             .await
             .context("cannot subscribe to the MAX_DELIVERIES advisories")?;
-    tokio::spawn(job::dead_letter::run(
-        Arc::downgrade(&shared),
-        stream,
-        advisories,
-    ));
+        tokio::spawn(job::dead_letter::run(
+            Arc::downgrade(&shared),
+            stream.clone(),
+            advisories,
+        ));
+    }
 
     let ready = Arc::new(AtomicBool::new(true));
     let http_state = http::State {
@@ -231,12 +256,19 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let (stop, stop_rx) = watch::channel(None);
     let admission = tokio::spawn(admit(
         shared,
-        consumer,
+        levels,
         budget.clone(),
         PullPlan {
             max_messages: config.pull_max_messages,
             expires: Duration::from_millis(config.pull_expires_ms),
             job_limit: recycle.after_jobs,
+            max_tokens_in_flight: (task == sluice_schemas::Task::Embed).then(|| {
+                let cap = match config.max_tokens_in_flight {
+                    0 => 2 * config.model.max_batch_tokens,
+                    n => n,
+                };
+                (cap as u64, config.model.max_tokens_per_item as u64)
+            }),
         },
         stop_rx,
     ));
@@ -260,27 +292,74 @@ struct PullPlan {
     expires: Duration,
     /// Jobs this process takes in all before it recycles (`recycle.rs`).
     job_limit: Option<u64>,
+    /// Embed: take no more jobs while those taken hold this many tokens
+    /// (the cap, and the tokens assumed of a job not tokenized yet before
+    /// any job has finished).
+    max_tokens_in_flight: Option<(u64, u64)>,
 }
+
+/// One level's idle long-poll: the level, what it delivered (at most one
+/// job), and the reservation it was made under.
+type IdlePoll = BoxFuture<'static, (Priority, Option<jetstream::Message>, Reservation)>;
 
 /// Admission: reserve a job's worst case for each message before asking for
 /// it, pull at most that many, hand each to its own task, and release what
-/// the pull did not fill. On stop: drain (see [`Running::shutdown`]).
+/// the pull did not fill. Several priority levels: each round asks the
+/// levels in [`LevelShares::order`] with a pull that returns at once
+/// (`fetch`), stopping at the first that has jobs; when none has, each level
+/// gets one long-poll of its own under one reservation, so a job at any
+/// level is taken as soon as it is published. On stop: drain (see
+/// [`Running::shutdown`]).
 async fn admit(
     shared: Arc<Shared>,
-    consumer: PullConsumer,
+    levels: Vec<(Priority, PullConsumer)>,
     budget: Budget,
     plan: PullPlan,
     mut stop: watch::Receiver<Option<Duration>>,
 ) -> anyhow::Result<()> {
     let worst = shared.cost.worst_bytes();
+    let shares = Arc::new(LevelShares::default());
+    let present: Vec<Priority> = levels.iter().map(|(p, _)| *p).collect();
+    let consumer_of = |p: Priority| levels.iter().find(|(l, _)| *l == p).map(|(_, c)| c.clone());
     let mut jobs = JoinSet::new();
     let (abort_tx, abort) = watch::channel(false);
+    let mut idle: FuturesUnordered<IdlePoll> = FuturesUnordered::new();
+    let mut idle_levels: Vec<Priority> = Vec::new();
     let mut backoff = Duration::from_millis(100);
-    let mut taken = 0u64;
+    let taken = std::sync::atomic::AtomicU64::new(0);
+    let mut asked_at = Instant::now();
+    // Hands one delivered job to its own task; its tokens are charged to its
+    // level when it ends.
+    let take = |msg: jetstream::Message,
+                priority: Priority,
+                reservation: Reservation,
+                asked_at: Instant,
+                jobs: &mut JoinSet<()>| {
+        shared.stats.jobs_in_flight.fetch_add(1, Ordering::Relaxed);
+        taken.fetch_add(1, Ordering::Relaxed);
+        let shared = Arc::clone(&shared);
+        let shares = Arc::clone(&shares);
+        let abort = abort.clone();
+        jobs.spawn(async move {
+            let stats = Arc::clone(&shared.stats);
+            let tokens = job::handle(shared, msg, reservation, asked_at, abort).await;
+            shares.charge(priority, tokens);
+            stats.jobs_in_flight.fetch_sub(1, Ordering::Relaxed);
+            stats.jobs_finished.fetch_add(1, Ordering::Relaxed);
+        });
+    };
     'pulling: while stop.borrow().is_none() {
-        // Reap finished job tasks.
+        // Reap finished job tasks, and take what idle long-polls delivered.
         while jobs.try_join_next().is_some() {}
-        let left = plan.job_limit.map(|limit| limit.saturating_sub(taken));
+        while let Some(Some((level, msg, reservation))) = idle.next().now_or_never() {
+            idle_levels.retain(|l| *l != level);
+            if let Some(msg) = msg {
+                take(msg, level, reservation, asked_at, &mut jobs);
+            }
+        }
+        let left = plan
+            .job_limit
+            .map(|limit| limit.saturating_sub(taken.load(Ordering::Relaxed)));
         if left == Some(0) {
             // Recycling: take nothing more; `run` stops us once the jobs
             // taken have finished.
@@ -291,9 +370,27 @@ async fn admit(
             plan.max_messages
                 .min(usize::try_from(l).unwrap_or(usize::MAX))
         });
-        let asked_at = Instant::now();
+        // Enough work taken: the rest waits in the stream, where a higher
+        // level (or another consumer) can still take it first.
+        if let Some((cap, per_job)) = plan.max_tokens_in_flight
+            && shared.stats.tokens_admitted(per_job) >= cap
+        {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(2)) => {},
+                _ = stop.changed() => break 'pulling,
+            }
+            continue 'pulling;
+        }
+        asked_at = Instant::now();
         let first = tokio::select! {
             r = budget.reserve(worst) => r,
+            Some((level, msg, reservation)) = idle.next(), if !idle.is_empty() => {
+                idle_levels.retain(|l| *l != level);
+                if let Some(msg) = msg {
+                    take(msg, level, reservation, asked_at, &mut jobs);
+                }
+                continue 'pulling;
+            }
             _ = stop.changed() => break 'pulling,
         };
         let mut reservations = vec![first];
@@ -303,64 +400,93 @@ async fn admit(
                 None => break,
             }
         }
-        let pull = consumer
-            .batch()
-            .max_messages(reservations.len())
-            .expires(plan.expires)
-            .messages()
-            .await;
-        let mut messages = match pull {
-            Ok(m) => m,
-            Err(e) => {
-                tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "pull failed");
-                drop(reservations);
-                tokio::select! {
-                    _ = tokio::time::sleep(backoff) => {},
-                    _ = stop.changed() => break 'pulling,
-                }
-                backoff = (backoff * 2).min(Duration::from_secs(5));
+        // Busy: ask the levels in share order, at once, until one has jobs.
+        let mut got = 0;
+        let mut failed = None;
+        for level in shares.order(&present) {
+            let Some(consumer) = consumer_of(level) else {
                 continue;
-            }
-        };
-        backoff = Duration::from_millis(100);
-        loop {
-            let next = tokio::select! {
-                m = messages.next() => m,
-                _ = stop.changed() => {
-                    // What this pull still delivers goes back at once.
-                    let deadline = tokio::time::Instant::now() + plan.expires + Duration::from_secs(1);
-                    while let Ok(Some(Ok(msg))) = tokio::time::timeout_at(deadline, messages.next()).await {
-                        job::nak_now(&msg).await;
-                    }
-                    break 'pulling;
-                }
             };
-            match next {
-                Some(Ok(msg)) => {
-                    let Some(reservation) = reservations.pop() else {
-                        tracing::error!(
-                            "bug: a pull delivered more messages than it asked for; Nak'ing it"
-                        );
-                        job::nak_now(&msg).await;
-                        continue;
-                    };
-                    shared.stats.jobs_in_flight.fetch_add(1, Ordering::Relaxed);
-                    taken += 1;
-                    let shared = Arc::clone(&shared);
-                    let abort = abort.clone();
-                    jobs.spawn(async move {
-                        let stats = Arc::clone(&shared.stats);
-                        job::handle(shared, msg, reservation, asked_at, abort).await;
-                        stats.jobs_in_flight.fetch_sub(1, Ordering::Relaxed);
-                        stats.jobs_finished.fetch_add(1, Ordering::Relaxed);
-                    });
-                }
-                Some(Err(e)) => {
-                    tracing::debug!(error = %e, "pull ended with an error");
+            let fetched = consumer
+                .fetch()
+                .max_messages(reservations.len())
+                .messages()
+                .await;
+            let mut messages = match fetched {
+                Ok(m) => m,
+                Err(e) => {
+                    failed = Some(e);
                     break;
                 }
-                None => break,
+            };
+            while let Some(next) = messages.next().await {
+                match next {
+                    Ok(msg) => {
+                        let Some(reservation) = reservations.pop() else {
+                            tracing::error!(
+                                "bug: a pull delivered more messages than it asked for; Nak'ing it"
+                            );
+                            job::nak_now(&msg).await;
+                            continue;
+                        };
+                        got += 1;
+                        take(msg, level, reservation, asked_at, &mut jobs);
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "pull ended with an error");
+                        break;
+                    }
+                }
             }
+            if got > 0 {
+                break;
+            }
+            shares.found_empty(level, &present);
+        }
+        if let Some(e) = failed {
+            tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "pull failed");
+            drop(reservations);
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {},
+                _ = stop.changed() => break 'pulling,
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+            continue;
+        }
+        backoff = Duration::from_millis(100);
+        if got > 0 {
+            continue;
+        }
+        // Idle: a long-poll per level that has none yet, highest first,
+        // each under one of the reservations (levels left without one are
+        // asked again next round).
+        for level in Priority::ALL {
+            if !present.contains(&level) || idle_levels.contains(&level) {
+                continue;
+            }
+            let (Some(reservation), Some(consumer)) = (reservations.pop(), consumer_of(level))
+            else {
+                break;
+            };
+            idle_levels.push(level);
+            idle.push(long_poll(consumer, level, reservation, plan.expires));
+        }
+        drop(reservations);
+        // Wait for one to deliver (or all to expire), or for stop.
+        tokio::select! {
+            Some((level, msg, reservation)) = idle.next(), if !idle.is_empty() => {
+                idle_levels.retain(|l| *l != level);
+                if let Some(msg) = msg {
+                    take(msg, level, reservation, asked_at, &mut jobs);
+                }
+            }
+            _ = stop.changed() => break 'pulling,
+        }
+    }
+    // What the idle long-polls still deliver goes back at once.
+    while let Some((_, msg, _)) = idle.next().await {
+        if let Some(msg) = msg {
+            job::nak_now(&msg).await;
         }
     }
     let drain = stop.borrow().unwrap_or_default();
@@ -377,6 +503,39 @@ async fn admit(
         while jobs.join_next().await.is_some() {}
     }
     Ok(())
+}
+
+/// Waits up to `expires` for one job at `level`.
+fn long_poll(
+    consumer: PullConsumer,
+    level: Priority,
+    reservation: Reservation,
+    expires: Duration,
+) -> IdlePoll {
+    Box::pin(async move {
+        let msg = match consumer
+            .batch()
+            .max_messages(1)
+            .expires(expires)
+            .messages()
+            .await
+        {
+            Ok(mut messages) => match messages.next().await {
+                Some(Ok(msg)) => Some(msg),
+                Some(Err(e)) => {
+                    tracing::debug!(error = %e, %level, "idle pull ended with an error");
+                    None
+                }
+                None => None,
+            },
+            Err(e) => {
+                tracing::debug!(error = %e, %level, "idle pull failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                None
+            }
+        };
+        (level, msg, reservation)
+    })
 }
 
 /// The S3 endpoint's `host:port` (inputs there are allowed whatever its

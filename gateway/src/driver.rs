@@ -551,6 +551,9 @@ async fn publish(state: &AppState, batch: &BatchRecord, chunk: &Chunk, job_id: &
         &state.topology,
         &state.statuses,
         &job,
+        // A batch is throughput work with hours to finish: it yields to
+        // normal and high jobs but keeps its guaranteed share.
+        sluice_schemas::Priority::Low,
         &reply_to,
         batch.traceparent.as_deref(),
     )

@@ -31,7 +31,7 @@ use aws_sdk_s3::primitives::ByteStream;
 use futures::StreamExt;
 use sluice_schemas::names::headers;
 use sluice_schemas::{
-    Input, InputFormat, Job, JobResult, ObjectRef, StatusRecord, Task, Topology, VERSION,
+    Input, InputFormat, Job, JobResult, ObjectRef, Priority, StatusRecord, Task, Topology, VERSION,
 };
 
 /// Where the producer connects and what it names things.
@@ -212,6 +212,7 @@ impl Producer {
             &self.topology,
             &self.statuses().await?,
             job,
+            Priority::Normal,
             reply_to,
             traceparent,
         )
@@ -245,6 +246,7 @@ impl Producer {
                         &self.topology,
                         &statuses,
                         &s.job,
+                        s.priority,
                         &s.reply_to,
                         s.traceparent.as_deref(),
                     )
@@ -324,6 +326,8 @@ pub struct Submission {
     pub job: Job,
     pub reply_to: String,
     pub traceparent: Option<String>,
+    /// The level it is published at (its subject).
+    pub priority: Priority,
 }
 
 impl Submission {
@@ -333,6 +337,7 @@ impl Submission {
         Submission {
             reply_to: topology.result_subject(&job.id),
             traceparent: Some(traceparent.unwrap_or_else(new_traceparent)),
+            priority: Priority::Normal,
             job,
         }
     }
@@ -361,11 +366,13 @@ pub struct Submitted {
 /// passed is refused here. On a stream created before sluice asked for
 /// `allow_msg_ttl` (until `sluice init` upgrades it) the job is published
 /// again without the TTL: consumers still refuse it after its deadline.
+#[allow(clippy::too_many_arguments)]
 pub async fn publish(
     js: &jetstream::Context,
     topology: &Topology,
     statuses: &sluice_status::StatusStore,
     job: &Job,
+    priority: Priority,
     reply_to: &str,
     traceparent: Option<&str>,
 ) -> Result<jetstream::publish::PublishAck> {
@@ -382,7 +389,7 @@ pub async fn publish(
     if let Some(tp) = traceparent {
         h.insert(headers::TRACEPARENT, tp);
     }
-    let subject = topology.job_subject(&job.task);
+    let subject = topology.job_subject_at(&job.task, priority);
     let payload = bytes::Bytes::from(job.to_bytes());
     let store = |h: HeaderMap| async {
         js.publish_with_headers(subject.clone(), h, payload.clone())

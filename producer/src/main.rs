@@ -15,8 +15,8 @@ use sluice_producer::provision::{self, Settings};
 use sluice_producer::watch::{Counts, Watcher};
 use sluice_producer::{Producer, ProducerConfig, trace_id_of};
 use sluice_schemas::{
-    ErrorCode, Input, InputFormat, JobResult, JobState, JsonlError, Outcome, Output, S3Output,
-    StatusRecord, Task,
+    ErrorCode, Input, InputFormat, JobResult, JobState, JsonlError, Outcome, Output, Priority,
+    S3Output, StatusRecord, Task,
 };
 
 #[derive(Parser)]
@@ -111,6 +111,11 @@ enum Command {
         /// late.
         #[arg(long, env = "SLUICE_DEADLINE_SECS", value_parser = clap::value_parser!(u64).range(1..))]
         deadline_secs: Option<u64>,
+        /// high, normal or low: consumers take higher levels first, and give
+        /// each level with a backlog a guaranteed share (8 : 4 : 1 of their
+        /// tokens), so low is never starved.
+        #[arg(long, env = "SLUICE_PRIORITY", default_value = "normal")]
+        priority: Priority,
         /// Carry each input's items in the job message itself instead of
         /// uploading it to S3 (for small inputs: a job must fit the NATS
         /// server's max_payload, 1 MiB by default).
@@ -429,6 +434,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             each_line,
             window,
             deadline_secs,
+            priority,
         } => {
             let model = model.unwrap_or_else(|| task.default_model().to_string());
             let config = ProducerConfig { model, ..config };
@@ -474,6 +480,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     id,
                     traceparent,
                     deadline,
+                    priority,
                 },
                 window as usize,
                 cli.json,
@@ -816,7 +823,7 @@ fn report_counts(json: bool, c: &Counts) {
     let now = time::OffsetDateTime::now_utc();
     println!(
         "{:02}:{:02}:{:02}  queued {}  running {}  done {}  failed {}  cancelled {}  expired {}  dead-lettered {}  \
-         | stream {} jobs ({} bytes): pending {}, in flight {}, redelivered {}, waiting pulls {}",
+         | stream {} jobs ({} bytes): pending {} (high {}, normal {}, low {}), in flight {}, redelivered {}, waiting pulls {}",
         now.hour(),
         now.minute(),
         now.second(),
@@ -830,6 +837,9 @@ fn report_counts(json: bool, c: &Counts) {
         c.stream.messages,
         c.stream.bytes,
         c.stream.pending,
+        c.stream.pending_by_priority.high,
+        c.stream.pending_by_priority.normal,
+        c.stream.pending_by_priority.low,
         c.stream.in_flight,
         c.stream.redelivered,
         c.stream.waiting_pulls
@@ -939,6 +949,7 @@ struct JobOptions {
     /// The trace every job joins; else a new one each.
     traceparent: Option<String>,
     deadline: Option<time::OffsetDateTime>,
+    priority: Priority,
 }
 
 async fn submit_sources(
@@ -953,6 +964,7 @@ async fn submit_sources(
         id,
         traceparent,
         deadline,
+        priority,
     } = options;
     use futures::StreamExt;
     let max_payload = p.nats.server_info().max_payload;
@@ -998,7 +1010,8 @@ async fn submit_sources(
     let (names, submissions): (Vec<String>, Vec<_>) = jobs
         .into_iter()
         .map(|(name, job)| {
-            let s = sluice_producer::Submission::new(&p.topology, job, traceparent.clone());
+            let mut s = sluice_producer::Submission::new(&p.topology, job, traceparent.clone());
+            s.priority = priority;
             (name, s)
         })
         .unzip();

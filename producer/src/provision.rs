@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use async_nats::jetstream::{self, consumer, kv, stream};
-use sluice_schemas::{Task, Topology};
+use sluice_schemas::{Priority, Task, Topology};
 
 /// The knobs of the topology, with production defaults. `deploy/sluice.toml`
 /// spells out every one of them; `sluice init --config FILE` reads such a file
@@ -173,13 +173,19 @@ pub fn dlq_stream_config(t: &Topology, s: &Settings) -> stream::Config {
     }
 }
 
-/// The durable consumer of `task`'s jobs: filtered to `task`'s subject, so
-/// each task's processes share their own consumer and never pull another
-/// task's jobs (a work-queue stream needs the filters not to overlap).
-pub fn consumer_config(t: &Topology, s: &Settings, task: Task) -> consumer::pull::Config {
+/// The durable consumer of `task`'s jobs at `priority`: filtered to that
+/// subject, so each task's processes share their own consumers and never
+/// pull another task's jobs (a work-queue stream needs the filters not to
+/// overlap), and a consumer process can prefer one level over another.
+pub fn consumer_config(
+    t: &Topology,
+    s: &Settings,
+    task: Task,
+    priority: Priority,
+) -> consumer::pull::Config {
     consumer::pull::Config {
-        durable_name: Some(t.consumer_for(task)),
-        filter_subject: t.job_subject(task.as_str()),
+        durable_name: Some(t.consumer_at(task, priority)),
+        filter_subject: t.job_subject_at(task.as_str(), priority),
         ack_policy: consumer::AckPolicy::Explicit,
         ack_wait: s.ack_wait,
         max_deliver: s.max_deliver,
@@ -377,7 +383,13 @@ pub async fn ensure(
     // In task order: an older deployment's unfiltered embed consumer gets its
     // filter before another task's consumer can be created beside it.
     for task in Task::ALL {
-        changes.push(ensure_consumer(js, &t.job_stream, consumer_config(t, s, task)).await?);
+        // Normal first: an older deployment's consumer of the plain subject
+        // is the normal level's, and gets its filter before the others'.
+        for priority in [Priority::Normal, Priority::High, Priority::Low] {
+            changes.push(
+                ensure_consumer(js, &t.job_stream, consumer_config(t, s, task, priority)).await?,
+            );
+        }
     }
     changes.push(ensure_stream(js, dlq_stream_config(t, s)).await?);
     changes.push(

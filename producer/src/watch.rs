@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use async_nats::jetstream::kv;
 use futures::StreamExt;
 use serde::Serialize;
-use sluice_schemas::{JobState, StatusRecord, Task};
+use sluice_schemas::{JobState, Priority, StatusRecord, Task};
 
 use crate::Producer;
 
@@ -42,6 +42,26 @@ pub struct StreamFigures {
     pub redelivered: u64,
     /// Pull requests waiting for jobs (idle consumer capacity).
     pub waiting_pulls: u64,
+    /// Not yet delivered, by priority (`pending` is their sum).
+    pub pending_by_priority: PendingByPriority,
+}
+
+/// The backlog of each priority level.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct PendingByPriority {
+    pub high: u64,
+    pub normal: u64,
+    pub low: u64,
+}
+
+impl PendingByPriority {
+    fn add(&mut self, priority: Priority, n: u64) {
+        *match priority {
+            Priority::High => &mut self.high,
+            Priority::Normal => &mut self.normal,
+            Priority::Low => &mut self.low,
+        } += n;
+    }
 }
 
 /// The latest state of every job in the status bucket, kept up to date from a
@@ -163,13 +183,21 @@ impl<'a> Watcher<'a> {
         let state = jobs.info().await?.state.clone();
         counts.stream.messages = state.messages;
         counts.stream.bytes = state.bytes;
-        // Each task's durable consumer holds its own backlog: add them up.
-        for task in Task::ALL {
-            let name = t.consumer_for(task);
+        // Each task's and level's durable consumer holds its own backlog:
+        // add them up.
+        for (task, priority) in Task::ALL
+            .into_iter()
+            .flat_map(|t| Priority::ALL.map(|p| (t, p)))
+        {
+            let name = t.consumer_at(task, priority);
             let info = jobs.consumer_info(&name).await.with_context(|| {
                 format!("cannot read the consumer {name} (not created yet? run `sluice init`)")
             })?;
             counts.stream.pending += info.num_pending;
+            counts
+                .stream
+                .pending_by_priority
+                .add(priority, info.num_pending);
             counts.stream.in_flight += info.num_ack_pending as u64;
             counts.stream.redelivered += info.num_redelivered as u64;
             counts.stream.waiting_pulls += info.num_waiting as u64;

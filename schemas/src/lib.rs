@@ -8,7 +8,7 @@ pub mod names;
 pub mod npy;
 pub mod secret;
 pub mod trace_context;
-pub use names::Topology;
+pub use names::{Priority, Topology};
 pub use secret::Secret;
 pub use trace_context::TraceParent;
 mod result;

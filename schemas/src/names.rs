@@ -2,6 +2,75 @@
 
 use crate::Task;
 
+/// A job's priority, chosen by the subject it is published to (see
+/// [`Topology::job_subject_at`]). A consumer takes higher levels first but
+/// gives each level with a backlog a guaranteed share of its token
+/// throughput ([`Priority::weight`]), so `low` is never starved.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Priority {
+    High,
+    Normal,
+    Low,
+}
+
+impl Priority {
+    /// In the order a consumer prefers them.
+    pub const ALL: [Priority; 3] = [Priority::High, Priority::Normal, Priority::Low];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::High => "high",
+            Priority::Normal => "normal",
+            Priority::Low => "low",
+        }
+    }
+
+    /// The level's share of token throughput while several levels have a
+    /// backlog: 8 : 4 : 1.
+    pub fn weight(self) -> u64 {
+        match self {
+            Priority::High => 8,
+            Priority::Normal => 4,
+            Priority::Low => 1,
+        }
+    }
+
+    /// The level a job subject names (`<prefix>.<task>.high` / `.low`;
+    /// anything else is normal).
+    pub fn of_subject(subject: &str) -> Priority {
+        if subject.ends_with(".high") {
+            Priority::High
+        } else if subject.ends_with(".low") {
+            Priority::Low
+        } else {
+            Priority::Normal
+        }
+    }
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl std::fmt::Display for Priority {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Priority {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Priority::ALL
+            .into_iter()
+            .find(|p| p.as_str() == s)
+            .ok_or_else(|| format!("unknown priority {s:?}: use high, normal or low"))
+    }
+}
+
 /// The JetStream stream that holds jobs waiting to run (work-queue retention).
 pub const JOB_STREAM: &str = "SLUICE_JOBS";
 /// Jobs are published to `sluice.jobs.<task>`, e.g. `sluice.jobs.embed`.
@@ -84,11 +153,33 @@ impl Topology {
         format!("{}.{task}", self.job_subject_prefix)
     }
 
-    /// The job stream's subjects: one per task, so that a job published to
-    /// the subject of a task nobody serves is refused at publish time instead
-    /// of waiting forever.
+    /// The subject of `task`'s jobs at `priority`: `normal` is the task's
+    /// plain subject (what every publisher used before priorities), `high`
+    /// and `low` add `.high` / `.low`.
+    pub fn job_subject_at(&self, task: &str, priority: Priority) -> String {
+        match priority {
+            Priority::Normal => self.job_subject(task),
+            other => format!("{}.{}.{}", self.job_subject_prefix, task, other.as_str()),
+        }
+    }
+
+    /// The job stream's subjects: one per task and priority, so that a job
+    /// published to the subject of a task nobody serves is refused at
+    /// publish time instead of waiting forever.
     pub fn job_subjects(&self) -> Vec<String> {
-        Task::ALL.map(|t| self.job_subject(t.as_str())).to_vec()
+        Task::ALL
+            .iter()
+            .flat_map(|t| Priority::ALL.map(|p| self.job_subject_at(t.as_str(), p)))
+            .collect()
+    }
+
+    /// The durable consumer of `task`'s jobs at `priority`: `normal` is
+    /// [`Topology::consumer_for`]'s, the others add `-high` / `-low`.
+    pub fn consumer_at(&self, task: Task, priority: Priority) -> String {
+        match priority {
+            Priority::Normal => self.consumer_for(task),
+            other => format!("{}-{}", self.consumer_for(task), other.as_str()),
+        }
     }
 
     /// The durable consumer that processes of `task` share. Each task has its

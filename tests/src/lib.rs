@@ -531,3 +531,14 @@ pub fn corpus_lines(path: &str, n: usize) -> Result<Vec<String>> {
     anyhow::ensure!(lines.len() == n, "{path} has only {} lines", lines.len());
     Ok(lines)
 }
+
+/// The body of a GET of `url` (a consumer's `/metrics`, say); panics on a
+/// failed request, as a test should.
+pub async fn get_text(url: &str) -> String {
+    reqwest::get(url)
+        .await
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"))
+        .text()
+        .await
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"))
+}

@@ -29,14 +29,15 @@ use crate::telemetry::{JobTrace, TokensInFlight};
 /// Handles one delivered job message; `reservation` is the budget it was
 /// admitted under (from `asked_at` on) and is released when this returns.
 /// When `abort` turns true (the drain deadline passed) the job stops where it
-/// is and is Nak'ed.
+/// is and is Nak'ed. Returns the tokens the job used (0 unless it ran), which
+/// admission charges to its priority level.
 pub async fn handle(
     shared: Arc<Shared>,
     msg: jetstream::Message,
     mut reservation: Reservation,
     asked_at: Instant,
     mut abort: watch::Receiver<bool>,
-) {
+) -> u64 {
     let pulled_at = Instant::now();
     let mut delivery = match msg.info() {
         Ok(info) => Delivery {
@@ -53,7 +54,7 @@ pub async fn handle(
         },
         Err(e) => {
             tracing::error!(error = %e, subject = %msg.subject, "bug: a pulled message has no JetStream metadata; leaving it to redelivery");
-            return;
+            return 0;
         }
     };
     let trace = shared
@@ -85,7 +86,7 @@ pub async fn handle(
             tracing::info!(job = delivery.job_id.as_deref().unwrap_or("?"), trace_id = %delivery.trace_id, "drain deadline: Nak'ing the job for redelivery");
             nak_now(&msg).await;
             trace.end("requeued", None);
-            return;
+            return 0;
         }
     };
     keepalive.stop().await;
@@ -97,7 +98,16 @@ pub async fn handle(
         KeyValue::new("sluice.attempt", i64::from(delivery.attempt)),
         KeyValue::new("sluice.stream_sequence", delivery.stream_sequence as i64),
     ]);
+    let tokens = match &outcome {
+        Ok(Finished::Done(done)) => done.usage.tokens + done.usage.completion_tokens,
+        _ => 0,
+    };
+    shared.stats.record_queue_wait(
+        sluice_schemas::Priority::of_subject(&delivery.subject),
+        timings.queue.unwrap_or(0.0) / 1e3,
+    );
     settle(&shared, msg, delivery, outcome, timings, trace).await;
+    tokens
 }
 
 async fn process(

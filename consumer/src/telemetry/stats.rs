@@ -149,6 +149,9 @@ pub struct Stats {
     recycles: [AtomicU64; 3],
     /// Real tokens of tokenized jobs not yet settled.
     pub tokens_in_flight: AtomicU64,
+    /// Jobs counted in `tokens_in_flight` (the rest of `jobs_in_flight` are
+    /// not tokenized yet).
+    pub jobs_tokenized_in_flight: AtomicU64,
     pub batch_items_histogram: Histogram,
     pub batch_padded_tokens_histogram: Histogram,
     /// generate: forward steps run, their model time, and tokens generated.
@@ -161,6 +164,8 @@ pub struct Stats {
     pub kv_reserved_bytes: AtomicU64,
     pub kv_peak_bytes: AtomicU64,
     stage_seconds: [Histogram; STAGES.len()],
+    /// From publish to pull, per priority level (high, normal, low).
+    queue_wait_by_priority: [Histogram; 3],
     /// The OTLP histograms, when metrics are pushed over OTLP.
     pub otel: std::sync::OnceLock<OtelHistograms>,
 }
@@ -189,6 +194,7 @@ impl Default for Stats {
             jobs_finished: AtomicU64::new(0),
             recycles: Default::default(),
             tokens_in_flight: AtomicU64::new(0),
+            jobs_tokenized_in_flight: AtomicU64::new(0),
             batch_items_histogram: Histogram::new(BATCH_ITEMS),
             batch_padded_tokens_histogram: Histogram::new(BATCH_TOKENS),
             generate_steps: AtomicU64::new(0),
@@ -198,6 +204,7 @@ impl Default for Stats {
             kv_reserved_bytes: AtomicU64::new(0),
             kv_peak_bytes: AtomicU64::new(0),
             stage_seconds: std::array::from_fn(|_| Histogram::new(SECONDS)),
+            queue_wait_by_priority: std::array::from_fn(|_| Histogram::new(SECONDS)),
             otel: std::sync::OnceLock::new(),
         }
     }
@@ -292,6 +299,24 @@ impl Stats {
                 }
             }
         }
+    }
+
+    /// How long a job of `priority` waited in the stream.
+    pub fn record_queue_wait(&self, priority: sluice_schemas::Priority, seconds: f64) {
+        self.queue_wait_by_priority[priority.index()].observe(seconds);
+    }
+
+    /// The tokens admitted and not yet settled: those of tokenized jobs,
+    /// plus, for each job not tokenized yet, the mean tokens of the jobs
+    /// answered so far (`fallback` before any).
+    pub fn tokens_admitted(&self, fallback: u64) -> u64 {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let untokenized =
+            get(&self.jobs_in_flight).saturating_sub(get(&self.jobs_tokenized_in_flight));
+        let mean = get(&self.tokens_done)
+            .checked_div(get(&self.jobs_ok))
+            .unwrap_or(fallback);
+        get(&self.tokens_in_flight) + untokenized * mean.max(1)
     }
 
     pub fn record_job_ok(&self, items: u64, tokens: u64) {
@@ -731,6 +756,13 @@ pub const HISTOGRAMS: &[HistogramMetric] = &[
         label: Some(("stage", &STAGES)),
         read: |s, i| &s.stage_seconds[i],
     },
+    HistogramMetric {
+        name: "sluice_queue_wait_seconds",
+        help: "Time from publish to pull, by the job's priority level.",
+        seconds: true,
+        label: Some(("priority", &["high", "normal", "low"])),
+        read: |s, i| &s.queue_wait_by_priority[i],
+    },
 ];
 
 fn all_codes(
@@ -755,6 +787,9 @@ pub struct TokensInFlight<'a> {
 impl<'a> TokensInFlight<'a> {
     pub fn add(stats: &'a Stats, tokens: u64) -> TokensInFlight<'a> {
         stats.tokens_in_flight.fetch_add(tokens, Ordering::Relaxed);
+        stats
+            .jobs_tokenized_in_flight
+            .fetch_add(1, Ordering::Relaxed);
         TokensInFlight { stats, tokens }
     }
 }
@@ -764,6 +799,9 @@ impl Drop for TokensInFlight<'_> {
         self.stats
             .tokens_in_flight
             .fetch_sub(self.tokens, Ordering::Relaxed);
+        self.stats
+            .jobs_tokenized_in_flight
+            .fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -201,12 +201,7 @@ async fn a_job_of_thousands_of_texts_spans_batches_and_mixed_jobs_share_them() {
         "no batch mixed lengths"
     );
     // The same figures on the metrics endpoint.
-    let metrics = reqwest::get(format!("http://{}/metrics", consumer.http_addr))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = sluice_tests::get_text(&format!("http://{}/metrics", consumer.http_addr)).await;
     assert!(metrics.contains("sluice_jobs_ok_total 13"), "{metrics}");
     assert!(
         metrics.contains("sluice_batch_padded_tokens_max "),

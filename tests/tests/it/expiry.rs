@@ -147,10 +147,17 @@ async fn an_older_stream_is_upgraded_in_place_and_a_late_job_is_expired_not_run(
     old.allow_message_ttl = false;
     let stream = js.create_stream(old).await.unwrap();
     for task in Task::ALL {
-        stream
-            .create_consumer(provision::consumer_config(&d.topology, &settings, task))
-            .await
-            .unwrap();
+        for priority in sluice_schemas::Priority::ALL {
+            stream
+                .create_consumer(provision::consumer_config(
+                    &d.topology,
+                    &settings,
+                    task,
+                    priority,
+                ))
+                .await
+                .unwrap();
+        }
     }
     let dir = tempfile::tempdir().unwrap();
     let one = dir.path().join("one.jsonl");
@@ -229,13 +236,9 @@ async fn an_older_stream_is_upgraded_in_place_and_a_late_job_is_expired_not_run(
     assert_eq!(r.attempts, 1);
     let metrics = read_until(
         Duration::from_secs(10),
-        || async {
-            reqwest::get(format!("{}/metrics", consumer.http()))
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap()
+        || {
+            let url = format!("{}/metrics", consumer.http());
+            async move { sluice_tests::get_text(&url).await }
         },
         |text| text.contains("sluice_jobs_failed_total{code=\"deadline_exceeded\"} 1"),
     )
