@@ -419,7 +419,11 @@ async fn admit(
                     break;
                 }
             };
-            while let Some(next) = messages.next().await {
+            // A fetch answers at once; a reply lost with its server (a
+            // killed stream leader) must not leave admission waiting
+            // forever, so the wait is bounded.
+            let give_up = tokio::time::Instant::now() + plan.expires + Duration::from_secs(5);
+            while let Ok(Some(next)) = tokio::time::timeout_at(give_up, messages.next()).await {
                 match next {
                     Ok(msg) => {
                         let Some(reservation) = reservations.pop() else {
