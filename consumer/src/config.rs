@@ -187,6 +187,11 @@ pub struct Config {
     /// How long one pull waits for messages, in milliseconds.
     #[arg(long, env = "SLUICE_PULL_EXPIRES_MS", default_value_t = 2000)]
     pub pull_expires_ms: u64,
+    /// How often admission asks the stream which tenants have jobs waiting,
+    /// in milliseconds (a new tenant's first job waits up to this long
+    /// before its first pull).
+    #[arg(long, env = "SLUICE_TENANT_REFRESH_MS", default_value_t = 1000)]
+    pub tenant_refresh_ms: u64,
     /// Interval of progress acks (`+WPI`) for jobs waiting or running, in
     /// seconds; keep it well under the consumer's ack_wait.
     #[arg(long, env = "SLUICE_PROGRESS_INTERVAL_SECS", default_value_t = 10)]
@@ -388,6 +393,10 @@ impl Config {
                 self.pull_max_messages as u64,
             ),
             ("pull_expires_ms (--pull-expires-ms)", self.pull_expires_ms),
+            (
+                "tenant_refresh_ms (--tenant-refresh-ms)",
+                self.tenant_refresh_ms,
+            ),
             (
                 "progress_interval_secs (--progress-interval-secs)",
                 self.progress_interval_secs,

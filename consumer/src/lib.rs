@@ -31,6 +31,7 @@ pub mod recycle;
 pub mod service;
 pub mod shared;
 pub mod telemetry;
+pub mod tenants;
 
 use std::time::Duration;
 

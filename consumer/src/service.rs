@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use async_nats::jetstream::{self, consumer::PullConsumer};
+use async_nats::jetstream::consumer::{FromConsumer, PullConsumer, pull};
+use async_nats::jetstream::{self};
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
@@ -23,6 +24,7 @@ use crate::output::{DeadLetters, OutputStore, ResultPublisher};
 use crate::shared::{Limits, Shared};
 use crate::telemetry::otlp::OtlpMetrics;
 use crate::telemetry::{Stats, Tracing};
+use crate::tenants::{TenantQueues, TenantShares};
 use crate::{engine, http, job};
 use sluice_status::StatusStore;
 
@@ -217,6 +219,49 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             advisories,
         ));
     }
+    // The tenants' consumers copy the normal level's settings; `sluice
+    // init` stores the tenant weights on it.
+    let mut template = pull::Config::try_from_consumer_config(
+        consumer.cached_info().config.clone(),
+    )
+    .map_err(|e| anyhow::anyhow!("durable consumer {consumer_name} is not a pull consumer: {e}"))?;
+    template.metadata.retain(|k, _| !k.starts_with("_nats"));
+    let weights = template
+        .metadata
+        .get(sluice_schemas::names::TENANT_WEIGHTS_KEY)
+        .map(|w| crate::tenants::parse_weights(w))
+        .unwrap_or_default();
+    if !weights.is_empty() {
+        tracing::info!(?weights, "tenant weights");
+    }
+    let on_new_tenant = {
+        let job_stream = shared.topology.job_stream.clone();
+        let (nats, shared, stream) = (nats.clone(), Arc::downgrade(&shared), stream.clone());
+        Box::new(move |name: String| {
+            let (nats, shared, stream, job_stream) = (
+                nats.clone(),
+                shared.clone(),
+                stream.clone(),
+                job_stream.clone(),
+            );
+            tokio::spawn(async move {
+                match job::dead_letter::subscribe(&nats, &job_stream, &name).await {
+                    Ok(advisories) => job::dead_letter::run(shared, stream, advisories).await,
+                    Err(e) => {
+                        tracing::warn!(consumer = %name, error = %e, "cannot subscribe to a tenant consumer's MAX_DELIVERIES advisories")
+                    }
+                }
+            });
+        }) as Box<dyn Fn(String) + Send + Sync>
+    };
+    let tenant_queues = TenantQueues::new(
+        stream.clone(),
+        shared.topology.clone(),
+        task,
+        template,
+        Duration::from_millis(config.tenant_refresh_ms),
+        on_new_tenant,
+    );
 
     let ready = Arc::new(AtomicBool::new(true));
     let http_state = http::State {
@@ -256,7 +301,11 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let (stop, stop_rx) = watch::channel(None);
     let admission = tokio::spawn(admit(
         shared,
-        levels,
+        Queues {
+            levels,
+            tenants: tenant_queues,
+            shares: TenantShares::new(weights),
+        },
         budget.clone(),
         PullPlan {
             max_messages: config.pull_max_messages,
@@ -269,6 +318,14 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
                 };
                 (cap as u64, config.model.max_tokens_per_item as u64)
             }),
+            tenant_quantum: match task {
+                sluice_schemas::Task::Embed => config.model.max_batch_tokens as u64,
+                _ => config.generate.max_step_tokens as u64,
+            },
+            job_estimate: match task {
+                sluice_schemas::Task::Embed => config.model.max_tokens_per_item as u64,
+                _ => config.generate.max_new_tokens as u64,
+            },
         },
         stop_rx,
     ));
@@ -296,66 +353,106 @@ struct PullPlan {
     /// (the cap, and the tokens assumed of a job not tokenized yet before
     /// any job has finished).
     max_tokens_in_flight: Option<(u64, u64)>,
+    /// While several tenants have jobs at a level, one pull asks a tenant
+    /// for about this many tokens' worth of jobs.
+    tenant_quantum: u64,
+    /// The tokens assumed of a tenant's job before any of its jobs finished.
+    job_estimate: u64,
 }
 
-/// One level's idle long-poll: the level, what it delivered (at most one
+/// Where admission pulls from: each level's durable consumer (the default
+/// tenant's), each tenant's, and the tenants' shares.
+struct Queues {
+    levels: Vec<(Priority, PullConsumer)>,
+    tenants: TenantQueues,
+    shares: TenantShares,
+}
+
+/// A queue admission pulls from: a level, and a tenant at it (the level's
+/// own durable consumer for the default tenant).
+type QueueKey = (Priority, String);
+
+/// One queue's idle long-poll: the queue, what it delivered (at most one
 /// job), and the reservation it was made under.
-type IdlePoll = BoxFuture<'static, (Priority, Option<jetstream::Message>, Reservation)>;
+type IdlePoll = BoxFuture<'static, (QueueKey, Option<jetstream::Message>, Reservation)>;
 
 /// Admission: reserve a job's worst case for each message before asking for
 /// it, pull at most that many, hand each to its own task, and release what
-/// the pull did not fill. Several priority levels: each round asks the
-/// levels in [`LevelShares::order`] with a pull that returns at once
-/// (`fetch`), stopping at the first that has jobs; when none has, each level
-/// gets one long-poll of its own under one reservation, so a job at any
-/// level is taken as soon as it is published. On stop: drain (see
+/// the pull did not fill.
+///
+/// Each round asks the levels in [`LevelShares::order`] and, within a
+/// level, its tenants with jobs waiting in [`TenantShares::order`], with a
+/// pull that returns at once (`fetch`), stopping at the first that has
+/// jobs. While a level has several tenants a pull asks for about one
+/// quantum of tokens, so the shares stay even. When nothing has jobs, each
+/// queue gets one long-poll of its own under one reservation, so a job
+/// anywhere is taken as soon as it is published (a tenant seen for the
+/// first time: within `--tenant-refresh-ms`). On stop: drain (see
 /// [`Running::shutdown`]).
 async fn admit(
     shared: Arc<Shared>,
-    levels: Vec<(Priority, PullConsumer)>,
+    queues: Queues,
     budget: Budget,
     plan: PullPlan,
     mut stop: watch::Receiver<Option<Duration>>,
 ) -> anyhow::Result<()> {
+    let Queues {
+        levels,
+        tenants: mut tenant_queues,
+        shares: tenant_shares,
+    } = queues;
     let worst = shared.cost.worst_bytes();
     let shares = Arc::new(LevelShares::default());
+    let tenant_shares = Arc::new(tenant_shares);
     let present: Vec<Priority> = levels.iter().map(|(p, _)| *p).collect();
-    let consumer_of = |p: Priority| levels.iter().find(|(l, _)| *l == p).map(|(_, c)| c.clone());
+    let level_consumer = |p: Priority| levels.iter().find(|(l, _)| *l == p).map(|(_, c)| c.clone());
     let mut jobs = JoinSet::new();
     let (abort_tx, abort) = watch::channel(false);
     let mut idle: FuturesUnordered<IdlePoll> = FuturesUnordered::new();
-    let mut idle_levels: Vec<Priority> = Vec::new();
+    let mut idle_queues: Vec<QueueKey> = Vec::new();
     let mut backoff = Duration::from_millis(100);
     let taken = std::sync::atomic::AtomicU64::new(0);
     let mut asked_at = Instant::now();
     // Hands one delivered job to its own task; its tokens are charged to its
-    // level when it ends.
+    // level and tenant when it ends (the tenant's estimate at once).
     let take = |msg: jetstream::Message,
-                priority: Priority,
+                (priority, tenant): QueueKey,
                 reservation: Reservation,
                 asked_at: Instant,
                 jobs: &mut JoinSet<()>| {
         shared.stats.jobs_in_flight.fetch_add(1, Ordering::Relaxed);
         taken.fetch_add(1, Ordering::Relaxed);
+        let estimate = tenant_shares.estimate(&tenant, plan.job_estimate);
+        tenant_shares.taken(&tenant, estimate);
         let shared = Arc::clone(&shared);
         let shares = Arc::clone(&shares);
+        let tenant_shares = Arc::clone(&tenant_shares);
         let abort = abort.clone();
         jobs.spawn(async move {
             let stats = Arc::clone(&shared.stats);
             let tokens = job::handle(shared, msg, reservation, asked_at, abort).await;
             shares.charge(priority, tokens);
+            tenant_shares.finished(&tenant, estimate, tokens);
             stats.jobs_in_flight.fetch_sub(1, Ordering::Relaxed);
             stats.jobs_finished.fetch_add(1, Ordering::Relaxed);
         });
     };
+    // What an idle long-poll delivered.
+    let idle_done =
+        |(queue, msg, reservation): (QueueKey, Option<jetstream::Message>, Reservation),
+         idle_queues: &mut Vec<QueueKey>,
+         asked_at: Instant,
+         jobs: &mut JoinSet<()>| {
+            idle_queues.retain(|q| *q != queue);
+            if let Some(msg) = msg {
+                take(msg, queue, reservation, asked_at, jobs);
+            }
+        };
     'pulling: while stop.borrow().is_none() {
         // Reap finished job tasks, and take what idle long-polls delivered.
         while jobs.try_join_next().is_some() {}
-        while let Some(Some((level, msg, reservation))) = idle.next().now_or_never() {
-            idle_levels.retain(|l| *l != level);
-            if let Some(msg) = msg {
-                take(msg, level, reservation, asked_at, &mut jobs);
-            }
+        while let Some(Some(done)) = idle.next().now_or_never() {
+            idle_done(done, &mut idle_queues, asked_at, &mut jobs);
         }
         let left = plan
             .job_limit
@@ -381,14 +478,12 @@ async fn admit(
             }
             continue 'pulling;
         }
+        tenant_queues.refresh_if_due().await;
         asked_at = Instant::now();
         let first = tokio::select! {
             r = budget.reserve(worst) => r,
-            Some((level, msg, reservation)) = idle.next(), if !idle.is_empty() => {
-                idle_levels.retain(|l| *l != level);
-                if let Some(msg) = msg {
-                    take(msg, level, reservation, asked_at, &mut jobs);
-                }
+            Some(done) = idle.next(), if !idle.is_empty() => {
+                idle_done(done, &mut idle_queues, asked_at, &mut jobs);
                 continue 'pulling;
             }
             _ = stop.changed() => break 'pulling,
@@ -400,50 +495,87 @@ async fn admit(
                 None => break,
             }
         }
-        // Busy: ask the levels in share order, at once, until one has jobs.
+        // Busy: ask the levels in share order, and their tenants in share
+        // order, at once, until one has jobs.
         let mut got = 0;
         let mut failed = None;
-        for level in shares.order(&present) {
-            let Some(consumer) = consumer_of(level) else {
+        'levels: for level in shares.order(&present) {
+            let Some(plain) = level_consumer(level) else {
                 continue;
             };
-            let fetched = consumer
-                .fetch()
-                .max_messages(reservations.len())
-                .messages()
-                .await;
-            let mut messages = match fetched {
-                Ok(m) => m,
-                Err(e) => {
-                    failed = Some(e);
-                    break;
+            let tenants = tenant_queues.backlogged(level);
+            let several = tenants.len() > 1;
+            for tenant in tenant_shares.order(level.index(), &tenants) {
+                let consumer = if tenant == sluice_schemas::DEFAULT_TENANT {
+                    plain.clone()
+                } else if let Some(c) = tenant_queues.consumer(level, tenant) {
+                    c
+                } else {
+                    continue;
+                };
+                // Several tenants: about a quantum's worth of this one's
+                // jobs. Embed: no more than the in-flight cap has room for
+                // (at least one), so one pull cannot take a tenant far past it.
+                let mut want = reservations.len();
+                if several {
+                    want = want.min(tenant_shares.jobs_per_quantum(
+                        tenant,
+                        plan.tenant_quantum,
+                        plan.job_estimate,
+                    ));
                 }
-            };
-            // A fetch answers at once; a reply lost with its server (a
-            // killed stream leader) must not leave admission waiting
-            // forever, so the wait is bounded.
-            let give_up = tokio::time::Instant::now() + plan.expires + Duration::from_secs(5);
-            while let Ok(Some(next)) = tokio::time::timeout_at(give_up, messages.next()).await {
-                match next {
-                    Ok(msg) => {
-                        let Some(reservation) = reservations.pop() else {
-                            tracing::error!(
-                                "bug: a pull delivered more messages than it asked for; Nak'ing it"
-                            );
-                            job::nak_now(&msg).await;
-                            continue;
-                        };
-                        got += 1;
-                        take(msg, level, reservation, asked_at, &mut jobs);
+                if let Some((cap, per_job)) = plan.max_tokens_in_flight {
+                    let room = cap.saturating_sub(shared.stats.tokens_admitted(per_job));
+                    want =
+                        want.min(tenant_shares.jobs_per_quantum(tenant, room, plan.job_estimate));
+                }
+                let mut messages = match consumer.fetch().max_messages(want).messages().await {
+                    Ok(m) => m,
+                    Err(e) if tenant != sluice_schemas::DEFAULT_TENANT => {
+                        tracing::debug!(error = %e, %tenant, %level, "pull from a tenant's consumer failed; looking it up again");
+                        tenant_queues.forget(level, tenant);
+                        continue;
                     }
                     Err(e) => {
-                        tracing::debug!(error = %e, "pull ended with an error");
-                        break;
+                        failed = Some(e);
+                        break 'levels;
+                    }
+                };
+                // A fetch answers at once; a reply lost with its server (a
+                // killed stream leader) must not leave admission waiting
+                // forever, so the wait is bounded.
+                let give_up = tokio::time::Instant::now() + plan.expires + Duration::from_secs(5);
+                while let Ok(Some(next)) = tokio::time::timeout_at(give_up, messages.next()).await {
+                    match next {
+                        Ok(msg) => {
+                            let Some(reservation) = reservations.pop() else {
+                                tracing::error!(
+                                    "bug: a pull delivered more messages than it asked for; Nak'ing it"
+                                );
+                                job::nak_now(&msg).await;
+                                continue;
+                            };
+                            got += 1;
+                            take(
+                                msg,
+                                (level, tenant.clone()),
+                                reservation,
+                                asked_at,
+                                &mut jobs,
+                            );
+                        }
+                        Err(e) => {
+                            tracing::debug!(error = %e, "pull ended with an error");
+                            break;
+                        }
                     }
                 }
-            }
-            if got > 0 {
-                break;
+                if got > 0 {
+                    break 'levels;
+                }
+                if several {
+                    tenant_shares.found_empty(tenant, &tenants);
+                }
             }
             shares.found_empty(level, &present);
         }
@@ -461,29 +593,43 @@ async fn admit(
         if got > 0 {
             continue;
         }
-        // Idle: a long-poll per level that has none yet, highest first,
-        // each under one of the reservations (levels left without one are
-        // asked again next round).
-        for level in Priority::ALL {
-            if !present.contains(&level) || idle_levels.contains(&level) {
+        // Idle: a long-poll per queue that has none yet, highest level
+        // first, each under one of the reservations (queues left without
+        // one are asked again next round).
+        let waiting = Priority::ALL
+            .into_iter()
+            .filter(|l| present.contains(l))
+            .flat_map(|l| {
+                let mut tenants = tenant_queues.backlogged(l);
+                if !tenants.iter().any(|t| t == sluice_schemas::DEFAULT_TENANT) {
+                    tenants.insert(0, sluice_schemas::DEFAULT_TENANT.to_string());
+                }
+                tenants.into_iter().map(move |t| (l, t))
+            })
+            .collect::<Vec<QueueKey>>();
+        for queue in waiting {
+            if idle_queues.contains(&queue) {
                 continue;
             }
-            let (Some(reservation), Some(consumer)) = (reservations.pop(), consumer_of(level))
-            else {
+            let consumer = if queue.1 == sluice_schemas::DEFAULT_TENANT {
+                level_consumer(queue.0)
+            } else {
+                tenant_queues.consumer(queue.0, &queue.1)
+            };
+            let (Some(reservation), Some(consumer)) = (reservations.pop(), consumer) else {
                 break;
             };
-            idle_levels.push(level);
-            idle.push(long_poll(consumer, level, reservation, plan.expires));
+            idle_queues.push(queue.clone());
+            idle.push(long_poll(consumer, queue, reservation, plan.expires));
         }
         drop(reservations);
-        // Wait for one to deliver (or all to expire), or for stop.
+        // Wait for one to deliver (or all to expire), for the next look at
+        // the tenants, or for stop.
         tokio::select! {
-            Some((level, msg, reservation)) = idle.next(), if !idle.is_empty() => {
-                idle_levels.retain(|l| *l != level);
-                if let Some(msg) = msg {
-                    take(msg, level, reservation, asked_at, &mut jobs);
-                }
+            Some(done) = idle.next(), if !idle.is_empty() => {
+                idle_done(done, &mut idle_queues, asked_at, &mut jobs);
             }
+            _ = tokio::time::sleep_until(tenant_queues.next_at()) => {}
             _ = stop.changed() => break 'pulling,
         }
     }
@@ -509,14 +655,15 @@ async fn admit(
     Ok(())
 }
 
-/// Waits up to `expires` for one job at `level`.
+/// Waits up to `expires` for one job from `queue`.
 fn long_poll(
     consumer: PullConsumer,
-    level: Priority,
+    queue: QueueKey,
     reservation: Reservation,
     expires: Duration,
 ) -> IdlePoll {
     Box::pin(async move {
+        let (level, tenant) = (queue.0, queue.1.as_str());
         let msg = match consumer
             .batch()
             .max_messages(1)
@@ -527,18 +674,18 @@ fn long_poll(
             Ok(mut messages) => match messages.next().await {
                 Some(Ok(msg)) => Some(msg),
                 Some(Err(e)) => {
-                    tracing::debug!(error = %e, %level, "idle pull ended with an error");
+                    tracing::debug!(error = %e, %level, %tenant, "idle pull ended with an error");
                     None
                 }
                 None => None,
             },
             Err(e) => {
-                tracing::debug!(error = %e, %level, "idle pull failed");
+                tracing::debug!(error = %e, %level, %tenant, "idle pull failed");
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 None
             }
         };
-        (level, msg, reservation)
+        (queue, msg, reservation)
     })
 }
 

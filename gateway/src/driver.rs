@@ -554,6 +554,7 @@ async fn publish(state: &AppState, batch: &BatchRecord, chunk: &Chunk, job_id: &
         // A batch is throughput work with hours to finish: it yields to
         // normal and high jobs but keeps its guaranteed share.
         sluice_schemas::Priority::Low,
+        None,
         &reply_to,
         batch.traceparent.as_deref(),
     )

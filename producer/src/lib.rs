@@ -213,6 +213,7 @@ impl Producer {
             &self.statuses().await?,
             job,
             Priority::Normal,
+            None,
             reply_to,
             traceparent,
         )
@@ -247,6 +248,7 @@ impl Producer {
                         &statuses,
                         &s.job,
                         s.priority,
+                        s.tenant.as_deref(),
                         &s.reply_to,
                         s.traceparent.as_deref(),
                     )
@@ -328,6 +330,8 @@ pub struct Submission {
     pub traceparent: Option<String>,
     /// The level it is published at (its subject).
     pub priority: Priority,
+    /// The tenant it is published as (its subject; see [`publish`]).
+    pub tenant: Option<String>,
 }
 
 impl Submission {
@@ -338,6 +342,7 @@ impl Submission {
             reply_to: topology.result_subject(&job.id),
             traceparent: Some(traceparent.unwrap_or_else(new_traceparent)),
             priority: Priority::Normal,
+            tenant: None,
             job,
         }
     }
@@ -366,6 +371,12 @@ pub struct Submitted {
 /// passed is refused here. On a stream created before sluice asked for
 /// `allow_msg_ttl` (until `sluice init` upgrades it) the job is published
 /// again without the TTL: consumers still refuse it after its deadline.
+///
+/// A `tenant` publishes to the tenant's subject
+/// ([`Topology::job_subject_for`]), where consumers give each tenant with a
+/// backlog an equal share (or its weight's) of their token throughput; the
+/// job also carries the name as its `Sluice-Tenant` header. A tenant name
+/// that is not a valid subject token is refused.
 #[allow(clippy::too_many_arguments)]
 pub async fn publish(
     js: &jetstream::Context,
@@ -373,6 +384,7 @@ pub async fn publish(
     statuses: &sluice_status::StatusStore,
     job: &Job,
     priority: Priority,
+    tenant: Option<&str>,
     reply_to: &str,
     traceparent: Option<&str>,
 ) -> Result<jetstream::publish::PublishAck> {
@@ -383,13 +395,24 @@ pub async fn publish(
         ),
         None => None,
     };
+    if let Some(tenant) = tenant
+        && !sluice_schemas::is_valid_tenant(tenant)
+    {
+        bail!(
+            "job {} was not published: tenant {tenant:?} is not a valid name (1 to 64 of A-Z a-z 0-9 - _)",
+            job.id
+        );
+    }
     let mut h = HeaderMap::new();
     h.insert(headers::MSG_ID, job.id.as_str());
     h.insert(headers::REPLY_TO, reply_to);
     if let Some(tp) = traceparent {
         h.insert(headers::TRACEPARENT, tp);
     }
-    let subject = topology.job_subject_at(&job.task, priority);
+    if let Some(tenant) = tenant {
+        h.insert(headers::TENANT, tenant);
+    }
+    let subject = topology.job_subject_for(&job.task, priority, tenant);
     let payload = bytes::Bytes::from(job.to_bytes());
     let store = |h: HeaderMap| async {
         js.publish_with_headers(subject.clone(), h, payload.clone())

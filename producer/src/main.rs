@@ -116,6 +116,12 @@ enum Command {
         /// tokens), so low is never starved.
         #[arg(long, env = "SLUICE_PRIORITY", default_value = "normal")]
         priority: Priority,
+        /// Publish as this tenant (its own subject): consumers give each
+        /// tenant with a backlog an equal share of their token throughput
+        /// (or its weight's, `[tenant_weights]` in the settings file).
+        /// Default: the plain subjects, tenant `default`.
+        #[arg(long, env = "SLUICE_TENANT", value_parser = parse_tenant)]
+        tenant: Option<String>,
         /// Carry each input's items in the job message itself instead of
         /// uploading it to S3 (for small inputs: a job must fit the NATS
         /// server's max_payload, 1 MiB by default).
@@ -435,6 +441,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             window,
             deadline_secs,
             priority,
+            tenant,
         } => {
             let model = model.unwrap_or_else(|| task.default_model().to_string());
             let config = ProducerConfig { model, ..config };
@@ -481,6 +488,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     traceparent,
                     deadline,
                     priority,
+                    tenant,
                 },
                 window as usize,
                 cli.json,
@@ -844,6 +852,17 @@ fn report_counts(json: bool, c: &Counts) {
         c.stream.redelivered,
         c.stream.waiting_pulls
     );
+    // Tenants other than the default, when there are any.
+    let tenants: Vec<String> = c
+        .stream
+        .pending_by_tenant
+        .iter()
+        .filter(|(t, n)| t.as_str() != sluice_schemas::DEFAULT_TENANT && **n > 0)
+        .map(|(t, n)| format!("{t} {n}"))
+        .collect();
+    if !tenants.is_empty() {
+        println!("          pending by tenant: {}", tenants.join(", "));
+    }
 }
 
 async fn download_output(
@@ -942,6 +961,16 @@ fn job_sources(
 /// through [`Producer::submit_pipelined`], printing each as its ack comes in.
 /// Returns the ids of the jobs submitted; fails, after reporting those that
 /// were stored, at the first job that was not.
+fn parse_tenant(s: &str) -> Result<String, String> {
+    if sluice_schemas::is_valid_tenant(s) {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "{s:?} is not a tenant name: 1 to 64 of A-Z a-z 0-9 - _"
+        ))
+    }
+}
+
 /// What the command line sets on every job it submits.
 struct JobOptions {
     /// The job id (only with one job); else a fresh UUIDv7 each.
@@ -950,6 +979,7 @@ struct JobOptions {
     traceparent: Option<String>,
     deadline: Option<time::OffsetDateTime>,
     priority: Priority,
+    tenant: Option<String>,
 }
 
 async fn submit_sources(
@@ -965,6 +995,7 @@ async fn submit_sources(
         traceparent,
         deadline,
         priority,
+        tenant,
     } = options;
     use futures::StreamExt;
     let max_payload = p.nats.server_info().max_payload;
@@ -1012,6 +1043,7 @@ async fn submit_sources(
         .map(|(name, job)| {
             let mut s = sluice_producer::Submission::new(&p.topology, job, traceparent.clone());
             s.priority = priority;
+            s.tenant = tenant.clone();
             (name, s)
         })
         .unzip();

@@ -33,7 +33,15 @@ pub struct Settings {
     /// How long status records are kept.
     #[serde(rename = "status_max_age_secs", with = "secs")]
     pub status_max_age: Duration,
+    /// Tenants' weights in consumers' fair share (a tenant left out weighs
+    /// 1): a tenant of weight 2 gets twice the token throughput of one of
+    /// weight 1 while both have a backlog. Stored on the durable consumers
+    /// (their metadata, [`TENANT_WEIGHTS_KEY`]), where consumer processes
+    /// read them when they start.
+    pub tenant_weights: std::collections::BTreeMap<String, u32>,
 }
+
+pub use sluice_schemas::names::TENANT_WEIGHTS_KEY;
 
 impl Default for Settings {
     fn default() -> Self {
@@ -46,6 +54,7 @@ impl Default for Settings {
             replicas: 1,
             dlq_max_age: Duration::from_secs(14 * 24 * 3600),
             status_max_age: Duration::from_secs(7 * 24 * 3600),
+            tenant_weights: Default::default(),
         }
     }
 }
@@ -84,6 +93,16 @@ impl Settings {
         for (key, value) in positive {
             if value <= 0 {
                 bail!("{key} = {value}: must be at least 1");
+            }
+        }
+        for (tenant, weight) in &self.tenant_weights {
+            if !sluice_schemas::is_valid_tenant(tenant) {
+                bail!(
+                    "tenant_weights: {tenant:?} is not a tenant name (1 to 64 of A-Z a-z 0-9 - _)"
+                );
+            }
+            if !(1..=1000).contains(weight) {
+                bail!("tenant_weights.{tenant} = {weight}: must be 1 to 1000");
             }
         }
         if !(1..=5).contains(&self.replicas) {
@@ -192,8 +211,22 @@ pub fn consumer_config(
         max_ack_pending: s.max_ack_pending,
         // No `backoff`: it would replace ack_wait per attempt and redeliver
         // long jobs while they run. Consumers Nak with their own delays.
+        metadata: tenant_weights_metadata(s),
         ..Default::default()
     }
+}
+
+fn tenant_weights_metadata(s: &Settings) -> std::collections::HashMap<String, String> {
+    if s.tenant_weights.is_empty() {
+        return Default::default();
+    }
+    let weights = s
+        .tenant_weights
+        .iter()
+        .map(|(t, w)| format!("{t}={w}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    [(TENANT_WEIGHTS_KEY.to_string(), weights)].into()
 }
 
 /// Pushes "name have -> want" when the two differ.
@@ -291,6 +324,12 @@ async fn ensure_consumer(
                 "max_ack_pending",
                 &have.max_ack_pending,
                 &want.max_ack_pending,
+            );
+            diff(
+                &mut changed,
+                "tenant_weights",
+                &have.metadata.get(TENANT_WEIGHTS_KEY),
+                &want.metadata.get(TENANT_WEIGHTS_KEY),
             );
             if changed.is_empty() {
                 Ok(Change::Unchanged(what))
@@ -423,6 +462,24 @@ pub async fn ensure(
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn tenant_weights_are_checked_and_travel_as_consumer_metadata() {
+        let s = Settings::from_toml("[tenant_weights]\nacme = 3\nbeta = 1\n").unwrap();
+        let c = consumer_config(&Topology::default(), &s, Task::Embed, Priority::Low);
+        assert_eq!(c.metadata[TENANT_WEIGHTS_KEY], "acme=3,beta=1");
+        let none = consumer_config(
+            &Topology::default(),
+            &Settings::default(),
+            Task::Embed,
+            Priority::Low,
+        );
+        assert!(none.metadata.is_empty());
+        let e = Settings::from_toml("[tenant_weights]\n\"a.b\" = 2\n").unwrap_err();
+        assert!(e.to_string().contains("not a tenant name"), "{e}");
+        let e = Settings::from_toml("[tenant_weights]\nacme = 0\n").unwrap_err();
+        assert!(e.to_string().contains("must be 1 to 1000"), "{e}");
+    }
 
     #[test]
     fn the_shipped_settings_file_spells_out_the_defaults() {

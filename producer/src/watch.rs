@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use anyhow::{Context, Result};
 use async_nats::jetstream::kv;
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use serde::Serialize;
 use sluice_schemas::{JobState, Priority, StatusRecord, Task};
 
@@ -44,6 +44,9 @@ pub struct StreamFigures {
     pub waiting_pulls: u64,
     /// Not yet delivered, by priority (`pending` is their sum).
     pub pending_by_priority: PendingByPriority,
+    /// Not yet delivered, by tenant (`default`: the plain subjects'; a
+    /// tenant no consumer process has taken jobs of yet counts all its jobs).
+    pub pending_by_tenant: std::collections::BTreeMap<String, u64>,
 }
 
 /// The backlog of each priority level.
@@ -201,6 +204,43 @@ impl<'a> Watcher<'a> {
             counts.stream.in_flight += info.num_ack_pending as u64;
             counts.stream.redelivered += info.num_redelivered as u64;
             counts.stream.waiting_pulls += info.num_waiting as u64;
+            *counts
+                .stream
+                .pending_by_tenant
+                .entry(sluice_schemas::DEFAULT_TENANT.into())
+                .or_default() += info.num_pending;
+        }
+        // Tenants' jobs: their subjects' counts, and their consumers'
+        // figures where a consumer process has created one.
+        let tenant_subjects = jobs
+            .info_with_subjects(format!("{}.*.*.*", t.job_subject_prefix))
+            .await?
+            .try_collect::<Vec<(String, usize)>>()
+            .await?;
+        for (subject, stored) in tenant_subjects {
+            let Some(route) = t.route_of(&subject) else {
+                continue;
+            };
+            let task = Task::ALL.into_iter().find(|k| k.as_str() == route.task);
+            let (Some(tenant), Some(task)) = (route.tenant, task) else {
+                continue;
+            };
+            let name = t.tenant_consumer(task, route.priority, &tenant);
+            let pending = match jobs.consumer_info(&name).await {
+                Ok(info) => {
+                    counts.stream.in_flight += info.num_ack_pending as u64;
+                    counts.stream.redelivered += info.num_redelivered as u64;
+                    counts.stream.waiting_pulls += info.num_waiting as u64;
+                    info.num_pending
+                }
+                Err(_) => stored as u64,
+            };
+            counts.stream.pending += pending;
+            counts
+                .stream
+                .pending_by_priority
+                .add(route.priority, pending);
+            *counts.stream.pending_by_tenant.entry(tenant).or_default() += pending;
         }
         let mut dlq = p.js.get_stream(&t.dlq_stream).await.with_context(|| {
             format!(

@@ -8,7 +8,7 @@ pub mod names;
 pub mod npy;
 pub mod secret;
 pub mod trace_context;
-pub use names::{Priority, Topology};
+pub use names::{DEFAULT_TENANT, Priority, Route, Topology, is_valid_tenant};
 pub use secret::Secret;
 pub use trace_context::TraceParent;
 mod result;

@@ -38,18 +38,6 @@ impl Priority {
         }
     }
 
-    /// The level a job subject names (`<prefix>.<task>.high` / `.low`;
-    /// anything else is normal).
-    pub fn of_subject(subject: &str) -> Priority {
-        if subject.ends_with(".high") {
-            Priority::High
-        } else if subject.ends_with(".low") {
-            Priority::Low
-        } else {
-            Priority::Normal
-        }
-    }
-
     pub fn index(self) -> usize {
         self as usize
     }
@@ -70,6 +58,41 @@ impl std::str::FromStr for Priority {
             .ok_or_else(|| format!("unknown priority {s:?}: use high, normal or low"))
     }
 }
+
+/// The tenant of jobs published to a task's plain (tenantless) subjects.
+pub const DEFAULT_TENANT: &str = "default";
+
+/// A tenant name is a NATS subject token and part of a durable consumer's
+/// name: 1 to 64 of `A-Z a-z 0-9 - _`.
+pub fn is_valid_tenant(tenant: &str) -> bool {
+    !tenant.is_empty()
+        && tenant.len() <= 64
+        && tenant
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// Where a job subject sends a job: its task, priority and tenant (see
+/// [`Topology::route_of`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    pub task: String,
+    pub priority: Priority,
+    /// `None` on the task's plain subjects: the [`DEFAULT_TENANT`].
+    pub tenant: Option<String>,
+}
+
+impl Route {
+    /// The tenant's name, [`DEFAULT_TENANT`] for none.
+    pub fn tenant_name(&self) -> &str {
+        self.tenant.as_deref().unwrap_or(DEFAULT_TENANT)
+    }
+}
+
+/// The durable consumers' metadata key holding the tenants' weights in fair
+/// share, as `tenant=weight,...` (`sluice init` writes it from the settings
+/// file's `[tenant_weights]`; consumer processes read it when they start).
+pub const TENANT_WEIGHTS_KEY: &str = "sluice.tenant_weights";
 
 /// The JetStream stream that holds jobs waiting to run (work-queue retention).
 pub const JOB_STREAM: &str = "SLUICE_JOBS";
@@ -163,14 +186,67 @@ impl Topology {
         }
     }
 
-    /// The job stream's subjects: one per task and priority, so that a job
+    /// The subject of `tenant`'s jobs of `task` at `priority`:
+    /// `<prefix>.<task>.<high|normal|low>.<tenant>` (the level is always
+    /// spelled out, so the tenant is always the fifth token). No tenant, or
+    /// the [`DEFAULT_TENANT`]: [`Topology::job_subject_at`].
+    pub fn job_subject_for(&self, task: &str, priority: Priority, tenant: Option<&str>) -> String {
+        match tenant {
+            Some(tenant) if tenant != DEFAULT_TENANT => format!(
+                "{}.{task}.{}.{tenant}",
+                self.job_subject_prefix,
+                priority.as_str()
+            ),
+            _ => self.job_subject_at(task, priority),
+        }
+    }
+
+    /// The wildcard subject of every tenant's jobs of `task` at `priority`.
+    pub fn tenant_subjects(&self, task: &str, priority: Priority) -> String {
+        format!("{}.{task}.{}.*", self.job_subject_prefix, priority.as_str())
+    }
+
+    /// What a job subject of this topology names; `None` for a subject
+    /// outside the job stream's.
+    pub fn route_of(&self, subject: &str) -> Option<Route> {
+        let rest = subject
+            .strip_prefix(self.job_subject_prefix.as_str())?
+            .strip_prefix('.')?;
+        let mut tokens = rest.split('.');
+        let task = tokens.next().filter(|t| !t.is_empty())?.to_string();
+        let level = tokens.next();
+        let tenant = tokens.next();
+        if tokens.next().is_some() {
+            return None;
+        }
+        let priority = match level {
+            None => Priority::Normal,
+            Some(level) => level.parse().ok()?,
+        };
+        match (level, tenant) {
+            // `<task>.normal` alone is not a job subject (normal is the plain one).
+            (Some("normal"), None) => None,
+            (_, Some(tenant)) if !is_valid_tenant(tenant) => None,
+            (_, tenant) => Some(Route {
+                task,
+                priority,
+                tenant: tenant.map(str::to_string),
+            }),
+        }
+    }
+
+    /// The job stream's subjects: one per task and priority, and one
+    /// wildcard per task and priority for tenants' jobs, so that a job
     /// published to the subject of a task nobody serves is refused at
     /// publish time instead of waiting forever.
     pub fn job_subjects(&self) -> Vec<String> {
-        Task::ALL
+        let plain = Task::ALL
             .iter()
-            .flat_map(|t| Priority::ALL.map(|p| self.job_subject_at(t.as_str(), p)))
-            .collect()
+            .flat_map(|t| Priority::ALL.map(|p| self.job_subject_at(t.as_str(), p)));
+        let tenants = Task::ALL
+            .iter()
+            .flat_map(|t| Priority::ALL.map(|p| self.tenant_subjects(t.as_str(), p)));
+        plain.chain(tenants).collect()
     }
 
     /// The durable consumer of `task`'s jobs at `priority`: `normal` is
@@ -180,6 +256,13 @@ impl Topology {
             Priority::Normal => self.consumer_for(task),
             other => format!("{}-{}", self.consumer_for(task), other.as_str()),
         }
+    }
+
+    /// The durable consumer of one tenant's jobs of `task` at `priority`
+    /// (consumer processes create it when they first see the tenant's
+    /// backlog): [`Topology::consumer_at`]'s name plus `-t-<tenant>`.
+    pub fn tenant_consumer(&self, task: Task, priority: Priority, tenant: &str) -> String {
+        format!("{}-t-{tenant}", self.consumer_at(task, priority))
     }
 
     /// The durable consumer that processes of `task` share. Each task has its
@@ -222,6 +305,11 @@ pub mod headers {
     /// A job's per-message TTL (`"<seconds>s"`): the stream removes it
     /// then. Set from the job's deadline.
     pub const MESSAGE_TTL: &str = "Nats-TTL";
+    /// The tenant a job claims. Read only for labels (metrics, logs) of a
+    /// job on a task's plain subject; a tenant subject's token wins over it,
+    /// since the NATS server checks subjects (publish permissions) and not
+    /// headers. Fair share follows the subject alone.
+    pub const TENANT: &str = "Sluice-Tenant";
     /// On a result message: `ok` or the error code.
     pub const OUTCOME: &str = "Sluice-Outcome";
 }
@@ -234,4 +322,73 @@ pub fn is_valid_job_id(id: &str) -> bool {
         && id
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_job_subject_routes_back_to_its_task_level_and_tenant() {
+        for t in [Topology::default(), Topology::namespaced("ns1")] {
+            for task in Task::ALL {
+                for p in Priority::ALL {
+                    let plain = t.route_of(&t.job_subject_at(task.as_str(), p)).unwrap();
+                    assert_eq!((plain.task.as_str(), plain.priority), (task.as_str(), p));
+                    assert_eq!(plain.tenant_name(), DEFAULT_TENANT);
+                    let acme = t
+                        .route_of(&t.job_subject_for(task.as_str(), p, Some("acme")))
+                        .unwrap();
+                    assert_eq!(
+                        acme,
+                        Route {
+                            task: task.as_str().into(),
+                            priority: p,
+                            tenant: Some("acme".into())
+                        }
+                    );
+                    // A tenant named like a level is still a tenant.
+                    let high = t
+                        .route_of(&t.job_subject_for(task.as_str(), p, Some("high")))
+                        .unwrap();
+                    assert_eq!((high.priority, high.tenant_name()), (p, "high"));
+                }
+            }
+        }
+        let t = Topology::default();
+        assert_eq!(
+            t.job_subject_for("embed", Priority::Low, Some(DEFAULT_TENANT)),
+            "sluice.jobs.embed.low"
+        );
+        assert_eq!(
+            t.job_subject_for("embed", Priority::Normal, Some("b")),
+            "sluice.jobs.embed.normal.b"
+        );
+        for not_a_job in [
+            "sluice.jobs",
+            "sluice.jobs.embed.normal",
+            "sluice.jobs.embed.urgent.acme",
+            "sluice.jobs.embed.low.acme.x",
+            "sluice.jobsx.embed",
+            "other.embed",
+        ] {
+            assert_eq!(t.route_of(not_a_job), None, "{not_a_job}");
+        }
+    }
+
+    #[test]
+    fn stream_subjects_do_not_overlap_and_tenant_consumers_are_named_apart() {
+        let t = Topology::default();
+        let subjects = t.job_subjects();
+        assert!(subjects.contains(&"sluice.jobs.embed.high.*".to_string()));
+        assert_eq!(subjects.len(), Task::ALL.len() * 6);
+        assert_eq!(
+            t.tenant_consumer(Task::Embed, Priority::High, "acme"),
+            "sluice-workers-high-t-acme"
+        );
+        assert!(is_valid_tenant("team_a-1"));
+        for bad in ["", "a.b", "a b", "*", ">", &"x".repeat(65)] {
+            assert!(!is_valid_tenant(bad), "{bad}");
+        }
+    }
 }

@@ -19,7 +19,7 @@ use sluice_schemas::{
 };
 use time::OffsetDateTime;
 
-use super::delivery::{Delivery, job_id_of, status};
+use super::delivery::{Delivery, job_id_of, route, status};
 use crate::error::JobError;
 use crate::shared::Shared;
 
@@ -235,6 +235,7 @@ pub async fn dead_letter_exhausted(
     };
     let decoded = sluice_schemas::Job::decode(&msg.payload).ok();
     let get = |name: &str| msg.headers.get(name).map(|v| v.as_str().to_string());
+    let (priority, tenant) = route(&shared.topology, &msg.subject, get(headers::TENANT));
     let d = Delivery {
         attempt: deliveries,
         stream_sequence: sequence,
@@ -246,6 +247,8 @@ pub async fn dead_letter_exhausted(
         task: decoded.as_ref().map(|v| v.task),
         replays: 0,
         trace_id: "-".into(),
+        priority,
+        tenant,
     };
     let error = JobError::new(
         ErrorCode::MaxDeliveriesExceeded,

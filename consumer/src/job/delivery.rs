@@ -24,6 +24,29 @@ pub struct Delivery {
     pub replays: u32,
     /// The job's trace id, for log lines ("-" when tracing is off).
     pub trace_id: String,
+    /// The level and tenant, from the subject (the tenant from the
+    /// `Sluice-Tenant` header on a plain subject; `default` without one).
+    pub priority: sluice_schemas::Priority,
+    pub tenant: String,
+}
+
+/// A job subject's priority and tenant; on a plain subject the tenant the
+/// `Sluice-Tenant` header names (for labels only: fair share follows the
+/// subject), else `default`.
+pub fn route(
+    topology: &sluice_schemas::Topology,
+    subject: &str,
+    tenant_header: Option<String>,
+) -> (sluice_schemas::Priority, String) {
+    let route = topology.route_of(subject);
+    let priority = route
+        .as_ref()
+        .map_or(sluice_schemas::Priority::Normal, |r| r.priority);
+    let tenant = route
+        .and_then(|r| r.tenant)
+        .or_else(|| tenant_header.filter(|t| sluice_schemas::is_valid_tenant(t)))
+        .unwrap_or_else(|| sluice_schemas::DEFAULT_TENANT.to_string());
+    (priority, tenant)
 }
 
 /// The status record this delivery writes in `state`.

@@ -15,7 +15,7 @@ use time::OffsetDateTime;
 use tokio::sync::watch;
 
 use super::delivery::{
-    Delivery, KeepAlive, aborted, header, job_id_of, ms_between, nak_now, status,
+    Delivery, KeepAlive, aborted, header, job_id_of, ms_between, nak_now, route, status,
 };
 use super::settle::{Done, Finished, settle};
 use crate::budget::Reservation;
@@ -39,6 +39,11 @@ pub async fn handle(
     mut abort: watch::Receiver<bool>,
 ) -> u64 {
     let pulled_at = Instant::now();
+    let (priority, tenant) = route(
+        &shared.topology,
+        &msg.subject,
+        header(&msg, headers::TENANT),
+    );
     let mut delivery = match msg.info() {
         Ok(info) => Delivery {
             attempt: u32::try_from(info.delivered).unwrap_or(u32::MAX),
@@ -51,6 +56,8 @@ pub async fn handle(
             task: None,
             replays: 0,
             trace_id: "-".into(),
+            priority,
+            tenant,
         },
         Err(e) => {
             tracing::error!(error = %e, subject = %msg.subject, "bug: a pulled message has no JetStream metadata; leaving it to redelivery");
@@ -102,10 +109,13 @@ pub async fn handle(
         Ok(Finished::Done(done)) => done.usage.tokens + done.usage.completion_tokens,
         _ => 0,
     };
-    shared.stats.record_queue_wait(
-        sluice_schemas::Priority::of_subject(&delivery.subject),
-        timings.queue.unwrap_or(0.0) / 1e3,
-    );
+    shared
+        .stats
+        .record_queue_wait(delivery.priority, timings.queue.unwrap_or(0.0) / 1e3);
+    if let Engine::Generate(_) = &shared.engine {
+        // (embed counts its tokens item by item as the batches finish)
+        shared.stats.add_tenant_tokens(&delivery.tenant, tokens);
+    }
     settle(&shared, msg, delivery, outcome, timings, trace).await;
     tokens
 }
@@ -222,6 +232,7 @@ async fn process(
                 reservation,
                 timings,
                 trace,
+                &delivery.tenant,
             )
             .await?
         }
@@ -242,6 +253,7 @@ async fn process(
 }
 
 /// embed: tokenize, batch, gather vectors, write the output.
+#[allow(clippy::too_many_arguments)]
 async fn run_embed(
     shared: &Shared,
     engine: &EmbedEngine,
@@ -250,6 +262,7 @@ async fn run_embed(
     reservation: &mut Reservation,
     timings: &mut Timings,
     trace: &JobTrace,
+    tenant: &str,
 ) -> Result<(Output, Usage), JobError> {
     let started = Instant::now();
     let Prepared {
@@ -273,7 +286,8 @@ async fn run_embed(
     // The real cost is known now: give back the rest of the worst case.
     reservation.shrink_to(shared.cost.actual_bytes(usage.items, usage.tokens));
 
-    let vectors = engine.run(tokenized, timings, trace).await?;
+    let served = |tokens| shared.stats.add_tenant_tokens(tenant, tokens);
+    let vectors = engine.run(tokenized, timings, trace, served).await?;
     let vectors = if job.parameters.normalize() {
         vectors.into_iter().map(l2_normalize).collect()
     } else {

@@ -14,7 +14,7 @@ use opentelemetry_sdk::metrics::SdkMeterProvider;
 
 use super::stats::{
     BY_CODE, HISTOGRAMS, MetricKind, OtelHistograms, RECYCLES_HELP, RECYCLES_NAME, Readings,
-    SCALARS, Stats, otlp_name,
+    SCALARS, Stats, TENANT_TOKENS_HELP, TENANT_TOKENS_NAME, otlp_name,
 };
 use super::trace::OtlpProtocol;
 
@@ -112,6 +112,18 @@ fn register(meter: &Meter, stats: &Arc<Stats>, now: ReadNow) {
             .with_callback(move |o| {
                 for (reason, n) in stats.recycles() {
                     o.observe(n, &[KeyValue::new("reason", reason.as_str())]);
+                }
+            })
+            .build();
+    }
+    {
+        let stats = Arc::clone(stats);
+        meter
+            .u64_observable_counter(otlp_name(TENANT_TOKENS_NAME))
+            .with_description(TENANT_TOKENS_HELP)
+            .with_callback(move |o| {
+                for (tenant, n) in stats.tenant_tokens() {
+                    o.observe(n, &[KeyValue::new("tenant", tenant)]);
                 }
             })
             .build();

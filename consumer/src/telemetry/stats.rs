@@ -166,6 +166,8 @@ pub struct Stats {
     stage_seconds: [Histogram; STAGES.len()],
     /// From publish to pull, per priority level (high, normal, low).
     queue_wait_by_priority: [Histogram; 3],
+    /// Tokens the model has finished, by the job's tenant.
+    tenant_tokens: Mutex<std::collections::BTreeMap<String, u64>>,
     /// The OTLP histograms, when metrics are pushed over OTLP.
     pub otel: std::sync::OnceLock<OtelHistograms>,
 }
@@ -205,6 +207,7 @@ impl Default for Stats {
             kv_peak_bytes: AtomicU64::new(0),
             stage_seconds: std::array::from_fn(|_| Histogram::new(SECONDS)),
             queue_wait_by_priority: std::array::from_fn(|_| Histogram::new(SECONDS)),
+            tenant_tokens: Mutex::default(),
             otel: std::sync::OnceLock::new(),
         }
     }
@@ -306,6 +309,24 @@ impl Stats {
         self.queue_wait_by_priority[priority.index()].observe(seconds);
     }
 
+    /// The model finished `tokens` of `tenant`'s (per batch item for embed,
+    /// so the split between tenants is visible within a long job).
+    pub fn add_tenant_tokens(&self, tenant: &str, tokens: u64) {
+        let mut m = self.tenant_tokens.lock().unwrap_or_else(|e| e.into_inner());
+        match m.get_mut(tenant) {
+            Some(n) => *n += tokens,
+            None => {
+                m.insert(tenant.to_string(), tokens);
+            }
+        }
+    }
+
+    /// Tokens finished so far by tenant.
+    pub fn tenant_tokens(&self) -> Vec<(String, u64)> {
+        let m = self.tenant_tokens.lock().unwrap_or_else(|e| e.into_inner());
+        m.iter().map(|(t, n)| (t.clone(), *n)).collect()
+    }
+
     /// The tokens admitted and not yet settled: those of tokenized jobs,
     /// plus, for each job not tokenized yet, the mean tokens of the jobs
     /// answered so far (`fallback` before any).
@@ -379,6 +400,14 @@ impl Stats {
         let _ = writeln!(out, "# HELP {name} {RECYCLES_HELP}\n# TYPE {name} counter");
         for (reason, n) in self.recycles() {
             let _ = writeln!(out, "{name}{{reason=\"{}\"}} {n}", reason.as_str());
+        }
+        let name = TENANT_TOKENS_NAME;
+        let _ = writeln!(
+            out,
+            "# HELP {name} {TENANT_TOKENS_HELP}\n# TYPE {name} counter"
+        );
+        for (tenant, n) in self.tenant_tokens() {
+            let _ = writeln!(out, "{name}{{tenant=\"{tenant}\"}} {n}");
         }
         for m in HISTOGRAMS {
             let name = m.name;
@@ -699,6 +728,8 @@ impl RecycleReason {
 
 /// Recycles by reason (`recycle.rs`); pushed over OTLP once more as the
 /// process exits.
+pub const TENANT_TOKENS_NAME: &str = "sluice_tenant_tokens_total";
+pub const TENANT_TOKENS_HELP: &str = "Tokens the model finished, by the job's tenant (its subject's, else its Sluice-Tenant header, else default).";
 pub const RECYCLES_NAME: &str = "sluice_recycles_total";
 pub const RECYCLES_HELP: &str = "Times this process recycled itself (drained and exited 0 for its supervisor), by reason: jobs, age or memory.";
 
@@ -898,6 +929,7 @@ mod name_tests {
         let mut names: Vec<String> = SCALARS.iter().map(|m| otlp_name(m.name)).collect();
         names.extend(BY_CODE.iter().map(|m| otlp_name(m.name)));
         names.push(otlp_name(RECYCLES_NAME));
+        names.push(otlp_name(TENANT_TOKENS_NAME));
         names.extend(HISTOGRAMS.iter().map(|m| m.name.to_string()));
         let count = names.len();
         names.sort();

@@ -20,3 +20,4 @@ mod priorities;
 mod publishers;
 mod recycle;
 mod status;
+mod tenants;

@@ -191,14 +191,17 @@ impl EmbedEngine {
         })
     }
 
-    /// Hands the items to the batcher and gathers one vector per item.
+    /// Hands the items to the batcher and gathers one vector per item;
+    /// `served` hears each item's tokens as its batch finishes.
     pub async fn run(
         &self,
         tokenized: Vec<TokenizedItem>,
         timings: &mut Timings,
         trace: &JobTrace,
+        served: impl Fn(u64),
     ) -> Result<Vec<Vec<f32>>, JobError> {
         let n = tokenized.len();
+        let lengths: Vec<u64> = tokenized.iter().map(|t| t.ids.len() as u64).collect();
         let span = trace.span_context();
         let (tx, mut rx) = mpsc::unbounded_channel();
         let mut ready_at = Instant::now();
@@ -241,6 +244,7 @@ impl EmbedEngine {
                         last_end.max(batch.started + Duration::from_secs_f64(batch.model_ms / 1e3));
                     if let Some(slot) = vectors.get_mut(index) {
                         *slot = Some(vector);
+                        served(lengths[index]);
                     }
                 }
                 Some(ItemOutcome::Failed { error, .. }) => return Err(error),
