@@ -96,12 +96,11 @@ impl Producer {
             .decode(&letter.payload_base64)
             .with_context(|| format!("dead letter {dlq_seq} has an invalid payload"))?;
         let mut refreshed_urls = 0;
-        // A job with a deadline goes back with the time it has left as its
-        // TTL; one whose deadline has passed would only expire again.
-        let ttl = match serde_json::from_slice::<Job>(&payload)
-            .ok()
-            .and_then(|j| j.deadline)
-        {
+        // One parse: a job with a deadline goes back with the time it has
+        // left as its TTL (one whose deadline has passed would only expire
+        // again), and --refresh-urls presigns its stored inputs again.
+        let job = serde_json::from_slice::<Job>(&payload).ok();
+        let ttl = match job.as_ref().and_then(|j| j.deadline) {
             Some(deadline) => Some(
                 crate::ttl_until(deadline, time::OffsetDateTime::now_utc()).with_context(|| {
                     format!(
@@ -112,8 +111,8 @@ impl Producer {
             ),
             None => None,
         };
-        let payload = match serde_json::from_slice::<Job>(&payload) {
-            Ok(mut job) if refresh_urls => {
+        let payload = match job {
+            Some(mut job) if refresh_urls => {
                 for input in &mut job.inputs {
                     if let Input::Url {
                         url,
@@ -127,11 +126,11 @@ impl Producer {
                 }
                 job.to_bytes()
             }
-            Ok(_) => payload,
-            Err(_) if refresh_urls => bail!(
+            Some(_) => payload,
+            None if refresh_urls => bail!(
                 "dead letter {dlq_seq} does not hold a valid job, so its URLs cannot be refreshed; replay it without --refresh-urls"
             ),
-            Err(_) => payload,
+            None => payload,
         };
         let mut replays = 1;
         if let Some(id) = &letter.job_id {

@@ -361,7 +361,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     } else {
                         println!(
                             "{id}: {} (attempts {}, replays {}, updated {})",
-                            state_name(record.state),
+                            record.state.as_str(),
                             record.attempts,
                             record.replays,
                             record
@@ -725,7 +725,7 @@ impl Answer {
                 (None, Some(e)) => println!(
                     "{}: {} (from the status record): {} {}",
                     s.job_id,
-                    state_name(s.state),
+                    s.state.as_str(),
                     e.code,
                     e.message
                 ),
@@ -733,15 +733,11 @@ impl Answer {
                     "{}: {} (from the status record; an inline output travels only in the \
                      result message, which this wait did not see)",
                     s.job_id,
-                    state_name(s.state)
+                    s.state.as_str()
                 ),
             },
         }
     }
-}
-
-fn state_name(state: JobState) -> &'static str {
-    state.as_str()
 }
 
 /// How often pending jobs' status records are checked while waiting.

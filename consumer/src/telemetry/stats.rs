@@ -949,7 +949,10 @@ mod dashboard_tests {
     fn the_grafana_dashboard_queries_only_exported_metrics() {
         let dashboard: serde_json::Value =
             serde_json::from_str(include_str!("../../../deploy/grafana/sluice.json")).unwrap();
-        let exported = Stats::default().render_prometheus(&Readings {
+        let stats = Stats::default();
+        // Labelled series appear once they have a label value.
+        stats.add_tenant_tokens("default", 0);
+        let exported = stats.render_prometheus(&Readings {
             budget: crate::budget::Budget::new(1).snapshot(),
             memory: MemoryFigures {
                 host_resident_bytes: 0,
