@@ -82,6 +82,17 @@ pub struct Config {
     #[arg(long, env = "SLUICE_PRESIGN_SECS", default_value_t = 7 * 24 * 3600)]
     pub presign_secs: u64,
 
+    /// Online requests (`/v1/embeddings`, `/v1/chat/completions`,
+    /// `/v1/completions`): how long one may wait in the queue, in seconds,
+    /// when it does not say (header `Sluice-Deadline-Secs`). Past it the
+    /// request is answered 504 and its job cancelled.
+    #[arg(long, env = "SLUICE_ONLINE_DEADLINE_SECS", default_value_t = 60)]
+    pub online_deadline_secs: u64,
+    /// How long past its deadline an online request waits for a job that
+    /// started just before it, in seconds.
+    #[arg(long, env = "SLUICE_ONLINE_GRACE_SECS", default_value_t = 30)]
+    pub online_grace_secs: u64,
+
     #[command(flatten)]
     pub otlp: sluice_connect::otlp::OtlpArgs,
 
@@ -104,6 +115,9 @@ impl Config {
         self.nats_auth.validate()?;
         if self.chunk_lines == 0 || self.chunk_texts == 0 || self.chunk_prompts == 0 {
             bail!("--chunk-lines, --chunk-texts and --chunk-prompts must be at least 1");
+        }
+        if self.online_deadline_secs == 0 {
+            bail!("--online-deadline-secs must be at least 1");
         }
         self.s3.check().map_err(anyhow::Error::msg)?;
         if let Some(endpoint) = self.otlp.bad_endpoint() {

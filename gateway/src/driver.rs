@@ -554,7 +554,8 @@ async fn publish(state: &AppState, batch: &BatchRecord, chunk: &Chunk, job_id: &
         // A batch is throughput work with hours to finish: it yields to
         // normal and high jobs but keeps its guaranteed share.
         sluice_schemas::Priority::Low,
-        None,
+        // As the API key's tenant: tenants share the consumers' tokens.
+        Some(&batch.tenant),
         &reply_to,
         batch.traceparent.as_deref(),
     )

@@ -17,6 +17,7 @@ pub mod driver;
 pub mod files;
 pub mod metrics;
 pub mod objects;
+pub mod online;
 pub mod openai;
 pub mod records;
 pub mod state;
@@ -51,6 +52,10 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/v1/files/{id}", get(files::retrieve).delete(files::delete))
         .route("/v1/files/{id}/content", get(files::content))
+        .route("/v1/embeddings", post(online::answer))
+        .route("/v1/chat/completions", post(online::answer))
+        .route("/v1/completions", post(online::answer))
+        .route("/v1/models", get(online::models))
         .route("/v1/batches", post(batches::create).get(batches::list))
         .route("/v1/batches/{id}", get(batches::retrieve))
         .route("/v1/batches/{id}/cancel", post(batches::cancel))

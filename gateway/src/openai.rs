@@ -176,13 +176,14 @@ pub fn read_line(text: &[u8], serves: &dyn Fn(Task, &str) -> bool) -> Result<Lin
             });
         }
     };
-    Ok(match request(endpoint, body, serves) {
+    Ok(match parse_request(endpoint, body, serves) {
         Ok(request) => Line::Run { custom_id, request },
         Err(error) => Line::Fail { custom_id, error },
     })
 }
 
-fn request(
+/// Reads one request's body (a batch line's `body`, or an online request).
+pub fn parse_request(
     endpoint: Endpoint,
     mut body: Map<String, Value>,
     serves: &dyn Fn(Task, &str) -> bool,

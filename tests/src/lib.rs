@@ -542,3 +542,43 @@ pub async fn get_text(url: &str) -> String {
         .await
         .unwrap_or_else(|e| panic!("GET {url}: {e}"))
 }
+
+/// The vectors the offline command, `sluice-consumer embed`, gives `texts`
+/// (the reference the queued paths are held to).
+pub async fn offline_vectors(texts: &[&str]) -> Vec<Vec<f32>> {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let (input, output) = (
+        dir.path().join("texts.jsonl"),
+        dir.path().join("vectors.npy"),
+    );
+    let body: String = texts
+        .iter()
+        .map(|t| serde_json::json!(t).to_string() + "\n")
+        .collect();
+    std::fs::write(&input, body).expect("writing the texts");
+    let run = tokio::process::Command::new(deploy::consumer_binary().expect("sluice-consumer"))
+        .arg("embed")
+        .arg(format!("--input={}", input.display()))
+        .arg(format!("--output={}", output.display()))
+        .arg(format!(
+            "--model-dir={}",
+            models_dir().join("all-minilm-l6-v2").display()
+        ))
+        .kill_on_drop(true)
+        .output();
+    let run = tokio::time::timeout(Duration::from_secs(300), run)
+        .await
+        .expect("sluice-consumer embed ran past 300 s")
+        .expect("sluice-consumer embed started");
+    assert!(
+        run.status.success(),
+        "sluice-consumer embed: {}\n{}",
+        run.status,
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let (rows, dim, values) =
+        sluice_schemas::npy::decode_f32(&std::fs::read(&output).expect("the vectors"))
+            .expect("an npy file");
+    assert_eq!(rows, texts.len());
+    values.chunks(dim).map(<[f32]>::to_vec).collect()
+}

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use sluice_schemas::JobState;
 use sluice_tests::deploy::Deployment;
 use sluice_tests::fixtures::{cosine, minilm_reference};
-use sluice_tests::{models_dir, repo_root};
+use sluice_tests::repo_root;
 
 const KEY_A: &str = "sk-team-a-0123456789";
 const KEY_B: &str = "sk-team-b-0123456789";
@@ -112,28 +112,6 @@ async fn run_ok(mut cmd: tokio::process::Command, what: &str) -> String {
         String::from_utf8_lossy(&run.stderr)
     );
     stdout
-}
-
-/// The vectors the offline command, `sluice-consumer embed`, gives `texts`.
-async fn offline_vectors(texts: &[&str]) -> Vec<Vec<f32>> {
-    let dir = tempfile::tempdir().unwrap();
-    let (input, output) = (
-        dir.path().join("texts.jsonl"),
-        dir.path().join("vectors.npy"),
-    );
-    let body: String = texts.iter().map(|t| json!(t).to_string() + "\n").collect();
-    std::fs::write(&input, body).unwrap();
-    let model_dir = models_dir().join("all-minilm-l6-v2");
-    let mut cmd = tokio::process::Command::new(sluice_tests::deploy::consumer_binary().unwrap());
-    cmd.arg("embed")
-        .arg(format!("--input={}", input.display()))
-        .arg(format!("--output={}", output.display()))
-        .arg(format!("--model-dir={}", model_dir.display()));
-    run_ok(cmd, "sluice-consumer embed").await;
-    let (rows, dim, values) =
-        sluice_schemas::npy::decode_f32(&std::fs::read(&output).unwrap()).unwrap();
-    assert_eq!(rows, texts.len());
-    values.chunks(dim).map(<[f32]>::to_vec).collect()
 }
 
 /// The official Node SDK (`examples/node/batch.mjs`) runs a small batch the
@@ -286,7 +264,7 @@ async fn the_openai_sdk_runs_a_batch_of_embeddings_and_chats_on_sluice() {
 
     let output = read_jsonl(&out);
     let failed = read_jsonl(&errors);
-    let offline = offline_vectors(&texts).await;
+    let offline = sluice_tests::offline_vectors(&texts).await;
     assert_eq!(batch["status"], "completed", "{batch}");
     assert_eq!(
         batch["request_counts"],

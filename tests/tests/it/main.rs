@@ -16,6 +16,7 @@ mod generate;
 mod generate_jobs;
 mod harness;
 mod observability;
+mod online;
 mod priorities;
 mod publishers;
 mod recycle;
