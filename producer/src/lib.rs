@@ -414,26 +414,46 @@ pub async fn publish(
     }
     let subject = topology.job_subject_for(&job.task, priority, tenant);
     let payload = bytes::Bytes::from(job.to_bytes());
-    let store = |h: HeaderMap| async {
-        js.publish_with_headers(subject.clone(), h, payload.clone())
-            .await
-            .with_context(|| format!("cannot publish to {subject}"))?
-            .await
-            .with_context(|| format!("the job stream did not store the job on {subject}"))
+    let store = |subject: String, h: HeaderMap| {
+        let payload = payload.clone();
+        async move {
+            js.publish_with_headers(subject.clone(), h, payload)
+                .await
+                .with_context(|| format!("cannot publish to {subject}"))?
+                .await
+                .with_context(|| format!("the job stream did not store the job on {subject}"))
+        }
     };
-    let ack = match ttl {
-        Some(ttl) => {
-            let mut with_ttl = h.clone();
-            with_ttl.insert(headers::MESSAGE_TTL, format!("{ttl}s").as_str());
-            match store(with_ttl).await {
-                Err(e) if is_ttl_disabled(&e) => {
-                    warn_ttl_disabled(&topology.job_stream);
-                    store(h).await?
+    // With its deadline as its TTL, unless the stream does not allow one.
+    let store_job = |subject: String| {
+        let h = h.clone();
+        async move {
+            match ttl {
+                Some(ttl) => {
+                    let mut with_ttl = h.clone();
+                    with_ttl.insert(headers::MESSAGE_TTL, format!("{ttl}s").as_str());
+                    match store(subject.clone(), with_ttl).await {
+                        Err(e) if is_ttl_disabled(&e) => {
+                            warn_ttl_disabled(&topology.job_stream);
+                            store(subject, h).await
+                        }
+                        other => other,
+                    }
                 }
-                other => other?,
+                None => store(subject, h).await,
             }
         }
-        None => store(h).await?,
+    };
+    let plain = topology.job_subject_at(&job.task, priority);
+    let ack = match store_job(subject.clone()).await {
+        // A stream from before tenants has no tenant subjects: the job goes
+        // to its level's plain subject (the default tenant's share, its
+        // header still naming its tenant) until `sluice init` adds them.
+        Err(e) if subject != plain && is_stream_not_found(&e) => {
+            warn_no_tenant_subjects(&topology.job_stream);
+            store_job(plain).await?
+        }
+        other => other?,
     };
     if !ack.duplicate {
         statuses
@@ -470,6 +490,26 @@ fn is_ttl_disabled(e: &anyhow::Error) -> bool {
                 j.error_code() == async_nats::jetstream::ErrorCode::MESSAGE_TTL_DISABLED
             })
     })
+}
+
+fn is_stream_not_found(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        cause
+            .downcast_ref::<async_nats::jetstream::context::PublishError>()
+            .is_some_and(|p| {
+                p.kind() == async_nats::jetstream::context::PublishErrorKind::StreamNotFound
+            })
+    })
+}
+
+fn warn_no_tenant_subjects(stream: &str) {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    WARNED.call_once(|| {
+        tracing::warn!(
+            stream,
+            "the job stream has no tenant subjects (created by an older sluice): tenants' jobs go to the plain subjects, without fair share; run `sluice init` to add them in place"
+        )
+    });
 }
 
 fn warn_ttl_disabled(stream: &str) {

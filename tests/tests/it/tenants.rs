@@ -204,3 +204,61 @@ async fn a_small_tenant_gets_an_equal_token_share_beside_a_flood() {
     assert!(info.is_ok(), "{info:?}");
     consumer.shutdown(Duration::from_secs(10)).await.unwrap();
 }
+
+/// A stream made before tenants has no tenant subjects: a tenant's job goes
+/// to its level's plain subject and runs (labelled with its tenant from the
+/// header), and `sluice init` adds the subjects in place.
+#[tokio::test]
+async fn a_tenants_job_on_a_stream_from_before_tenants_runs_on_the_plain_subject() {
+    let d = Deployment::start().await.unwrap();
+    let t = d.producer.topology.clone();
+    let js = &d.producer.js;
+    let mut stream = js.get_stream(&t.job_stream).await.unwrap();
+    let mut config = stream.info().await.unwrap().config.clone();
+    config.subjects.retain(|s| !s.ends_with(".*"));
+    js.update_stream(&config).await.unwrap();
+
+    let job = d.producer.job(
+        Task::Embed,
+        "before-tenants",
+        vec![Input::Inline {
+            items: vec!["a text from an old deployment".to_string().into()],
+        }],
+    );
+    let mut submission = Submission::new(&t, job, None);
+    submission.tenant = Some("acme".into());
+    let mut results = d.producer.subscribe_results().await.unwrap();
+    let mut acks = d
+        .producer
+        .submit_pipelined(vec![submission], 1)
+        .await
+        .unwrap();
+    acks.next().await.unwrap().ack.unwrap();
+    drop(acks);
+    let subjects: Vec<(String, usize)> = futures::TryStreamExt::try_collect(
+        stream
+            .info_with_subjects(format!("{}.>", t.job_subject_prefix))
+            .await
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(subjects, vec![(t.job_subject("embed"), 1)]);
+
+    let consumer = d.start_consumer(&[]).await.unwrap();
+    let r = tokio::time::timeout(T, results.next_result())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(r.job_id.as_deref(), Some("before-tenants"));
+    assert!(matches!(r.outcome, Outcome::Ok { .. }), "{r:?}");
+    let tenants = consumer.stats.tenant_tokens();
+    assert!(tokens_of(&tenants, "acme") > 0, "{tenants:?}");
+
+    let init = d.cli(&["init"], None, T).await;
+    assert_eq!(init.code, Some(0), "{init:?}");
+    assert!(init.stdout.contains("subjects"), "{init:?}");
+    let info = stream.info().await.unwrap();
+    assert_eq!(info.config.subjects, t.job_subjects());
+    consumer.shutdown(Duration::from_secs(5)).await.unwrap();
+}
