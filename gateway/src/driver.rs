@@ -731,7 +731,9 @@ async fn progress(state: &AppState, batch: BatchRecord) -> Result<()> {
 }
 
 /// The outputs of a done job, read back from S3.
-enum Outputs {
+/// A done job's output, read back: the vectors (row-major, `dim` wide,
+/// with each item's tokens when the job listed them) or the generations.
+pub(crate) enum Outputs {
     Vectors {
         dim: usize,
         values: Vec<f32>,
@@ -745,16 +747,25 @@ async fn outputs(state: &AppState, record: &StatusRecord) -> Result<Outputs> {
         .output
         .as_ref()
         .context("a done chunk has no output object")?;
+    let tokens = record
+        .usage
+        .as_ref()
+        .map(|u| u.item_tokens.clone())
+        .unwrap_or_default();
+    read_output(state, output, tokens).await
+}
+
+/// Reads an output object from S3: `npy` vectors or `jsonl` generations.
+pub(crate) async fn read_output(
+    state: &AppState,
+    output: &sluice_schemas::S3Output,
+    tokens: Vec<u64>,
+) -> Result<Outputs> {
     let body = objects::read_all(&state.s3, &output.bucket, &output.key).await?;
     match output.format.as_str() {
         "npy" => {
             let (_, dim, values) =
                 sluice_schemas::npy::decode_f32(&body).map_err(anyhow::Error::msg)?;
-            let tokens = record
-                .usage
-                .as_ref()
-                .map(|u| u.item_tokens.clone())
-                .unwrap_or_default();
             Ok(Outputs::Vectors {
                 dim,
                 values,
@@ -826,7 +837,8 @@ impl Answers {
     }
 }
 
-fn http_status(code: ErrorCode) -> u16 {
+/// The HTTP status OpenAI would answer a request that failed with `code`.
+pub(crate) fn http_status(code: ErrorCode) -> u16 {
     match code {
         ErrorCode::InputFetchFailed
         | ErrorCode::StorageUnavailable

@@ -19,13 +19,12 @@ use axum::{Extension, Json};
 use futures::StreamExt;
 use serde_json::{Map, Value, json};
 use sluice_schemas::{
-    ErrorCode, Generation, Input, Job, JobResult, JobState, Outcome, Output, OutputOptions,
-    Priority, VERSION,
+    ErrorCode, Input, Job, JobResult, JobState, Outcome, Output, OutputOptions, Priority, VERSION,
 };
 
 use crate::api_error::ApiError;
 use crate::auth::Tenant;
-use crate::objects;
+use crate::driver::{self, Outputs};
 use crate::openai::{self, Endpoint};
 use crate::state::{AppState, now};
 use crate::traces::RequestTrace;
@@ -180,8 +179,8 @@ pub async fn answer(
             let outputs = read_output(&state, output).await?;
             let model = request.model.as_str();
             Ok(Json(match outputs {
-                Outputs::Vectors(vectors) => {
-                    let rows: Vec<&[f32]> = vectors.iter().map(Vec::as_slice).collect();
+                Outputs::Vectors { dim, values, .. } => {
+                    let rows: Vec<&[f32]> = values.chunks(dim.max(1)).collect();
                     openai::embeddings_body(model, &rows, result.usage.tokens, request.base64)
                 }
                 Outputs::Generations(generations) => {
@@ -193,14 +192,8 @@ pub async fn answer(
             Err(deadline_passed(&job_id, deadline_secs, true))
         }
         Outcome::Error { error } => {
-            let status = match error.code {
-                ErrorCode::InputFetchFailed
-                | ErrorCode::StorageUnavailable
-                | ErrorCode::DeviceOutOfMemory
-                | ErrorCode::MaxDeliveriesExceeded
-                | ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
-                _ => StatusCode::BAD_REQUEST,
-            };
+            let status = StatusCode::from_u16(driver::http_status(error.code))
+                .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
             let kind = if status.is_server_error() {
                 "server_error"
             } else {
@@ -259,43 +252,19 @@ fn deadline_secs(state: &AppState, headers: &HeaderMap) -> Result<f64, ApiError>
     }
 }
 
-enum Outputs {
-    Vectors(Vec<Vec<f32>>),
-    Generations(Vec<Generation>),
-}
-
 /// The job's output: inline in its result, or read from S3 when it was too
 /// large to travel inline.
 async fn read_output(state: &AppState, output: Output) -> Result<Outputs, ApiError> {
-    match output {
+    Ok(match output {
         Output::Inline {
             embeddings,
             generations,
-        } => Ok(if generations.is_empty() {
-            Outputs::Vectors(embeddings)
-        } else {
-            Outputs::Generations(generations)
-        }),
-        Output::S3(o) => {
-            let body = objects::read_all(&state.s3, &o.bucket, &o.key).await?;
-            match o.format.as_str() {
-                "npy" => {
-                    let (_, dim, values) = sluice_schemas::npy::decode_f32(&body)
-                        .map_err(|e| ApiError::unavailable(anyhow::anyhow!("{e}")))?;
-                    Ok(Outputs::Vectors(
-                        values.chunks(dim.max(1)).map(<[f32]>::to_vec).collect(),
-                    ))
-                }
-                _ => Ok(Outputs::Generations(
-                    body.split(|b| *b == b'\n')
-                        .filter(|l| !l.is_empty())
-                        .map(serde_json::from_slice)
-                        .collect::<Result<_, _>>()
-                        .map_err(|e| {
-                            ApiError::unavailable(anyhow::anyhow!("reading a generation: {e}"))
-                        })?,
-                )),
-            }
-        }
-    }
+        } if generations.is_empty() => Outputs::Vectors {
+            dim: embeddings.first().map_or(0, Vec::len),
+            values: embeddings.concat(),
+            tokens: Vec::new(),
+        },
+        Output::Inline { generations, .. } => Outputs::Generations(generations),
+        Output::S3(o) => driver::read_output(state, &o, Vec::new()).await?,
+    })
 }
