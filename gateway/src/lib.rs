@@ -170,7 +170,7 @@ pub async fn start(config: Config) -> Result<Running> {
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     let addr = listener.local_addr()?;
-    let state = AppState {
+    let state = AppState::new(state::Shared {
         config: Arc::new(config),
         keys: Arc::new(keys),
         topology,
@@ -182,7 +182,7 @@ pub async fn start(config: Config) -> Result<Running> {
         busy: state::Busy::default(),
         metrics,
         traces: traces.clone(),
-    };
+    });
     let driver = driver::spawn(state.clone());
     let app = router(state);
     let server = tokio::spawn(async move {

@@ -12,8 +12,28 @@ use crate::auth::Keys;
 use crate::config::Config;
 use crate::records::Records;
 
+/// Cloned for every request (extractors, middleware, tasks), so one `Arc`:
+/// the fields hold names, stream infos and clients whose deep copies cost
+/// kilobytes each, which 200 concurrent requests turned into tens of MB.
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<Shared>);
+
+impl AppState {
+    pub fn new(shared: Shared) -> AppState {
+        AppState(Arc::new(shared))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+/// What [`AppState`] shares.
+pub struct Shared {
     pub config: Arc<Config>,
     pub keys: Arc<Keys>,
     pub topology: Topology,
@@ -29,7 +49,7 @@ pub struct AppState {
     pub traces: crate::traces::Traces,
 }
 
-impl AppState {
+impl Shared {
     pub fn bucket(&self) -> &str {
         &self.config.bucket
     }
