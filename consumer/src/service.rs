@@ -32,6 +32,8 @@ use sluice_status::StatusStore;
 pub struct Running {
     pub stats: Arc<Stats>,
     pub budget: Budget,
+    /// What admission reserves for a job before its inputs are read.
+    pub worst_job_bytes: u64,
     pub http_addr: std::net::SocketAddr,
     /// Reads the memory where the model runs.
     pub memory: crate::memory::MemoryProbe,
@@ -173,6 +175,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             )
         })?;
 
+    let worst_job_bytes = cost.worst_bytes();
     let shared = Arc::new(Shared {
         topology,
         js: js.clone(),
@@ -332,6 +335,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     Ok(Running {
         stats,
         budget,
+        worst_job_bytes,
         http_addr,
         memory,
         recycle,

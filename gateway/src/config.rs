@@ -92,6 +92,18 @@ pub struct Config {
     /// started just before it, in seconds.
     #[arg(long, env = "SLUICE_ONLINE_GRACE_SECS", default_value_t = 30)]
     pub online_grace_secs: u64,
+    /// Online requests: refuse a request whose job has not started after
+    /// this many seconds in the queue with 429 and `Retry-After` (its job
+    /// cancelled, never run), instead of letting it wait out its deadline.
+    /// Off by default: the queue absorbs bursts.
+    #[arg(long, env = "SLUICE_MAX_QUEUE_WAIT_SECS")]
+    pub max_queue_wait_secs: Option<f64>,
+    /// Streamed online requests: the longest a started stream waits for its
+    /// next message before it ends with an error event (a consumer that died
+    /// mid-job is replaced by a redelivery, which the stream follows, after
+    /// the consumer's ack wait).
+    #[arg(long, env = "SLUICE_ONLINE_STREAM_IDLE_SECS", default_value_t = 120)]
+    pub online_stream_idle_secs: u64,
 
     #[command(flatten)]
     pub otlp: sluice_connect::otlp::OtlpArgs,
@@ -118,6 +130,16 @@ impl Config {
         }
         if self.online_deadline_secs == 0 {
             bail!("--online-deadline-secs must be at least 1");
+        }
+        if self.online_stream_idle_secs == 0 {
+            bail!("--online-stream-idle-secs must be at least 1");
+        }
+        if let Some(secs) = self.max_queue_wait_secs
+            && !(secs > 0.0 && secs <= 86_400.0)
+        {
+            bail!(
+                "--max-queue-wait-secs must be more than 0 and at most 86400 seconds, not {secs}"
+            );
         }
         self.s3.check().map_err(anyhow::Error::msg)?;
         if let Some(endpoint) = self.otlp.bad_endpoint() {

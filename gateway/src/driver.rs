@@ -543,6 +543,7 @@ async fn publish(state: &AppState, batch: &BatchRecord, chunk: &Chunk, job_id: &
             presign_get_secs: None,
             always_s3: Some(true),
             item_tokens: Some(true),
+            stream: None,
         },
     };
     let reply_to = state.topology.result_subject(job_id);

@@ -1,7 +1,9 @@
 //! The gateway's Prometheus metrics, on the consumer's conventions
 //! (`sluice_` prefix, `_total` counters, every series from the start where
 //! its labels are known): requests by route and status, batches by the
-//! status they ended in, lines by outcome, finalization time. Served on
+//! status they ended in, lines by outcome, finalization time, and for
+//! online requests their jobs' queue wait and streams' time to first token
+//! (histograms, by endpoint). Served on
 //! `/metrics` and, with `--otlp-endpoint`, pushed over OTLP/HTTP too
 //! ([`OtlpMetrics`]; names without `_total`, as the consumer's).
 
@@ -29,12 +31,23 @@ const FINAL_STATUSES: [BatchStatus; 4] = [
     BatchStatus::Cancelled,
 ];
 const OUTCOMES: [&str; 2] = ["completed", "failed"];
+const QUEUE_WAIT: &str = "Online requests: time their jobs waited in the queue before a consumer took them, by endpoint.";
+const FIRST_TOKEN: &str =
+    "Streamed online requests: time from the request to its first text, by endpoint.";
+/// Upper bounds (seconds) of the latency histograms' buckets.
+const SECONDS: [f64; 14] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
+/// The routes latency histograms are kept for (series exist from the start).
+const ONLINE_ROUTES: [&str; 3] = ["/v1/embeddings", "/v1/chat/completions", "/v1/completions"];
 
 #[derive(Default)]
 pub struct Metrics {
     inner: Mutex<Inner>,
     /// The finalization histogram of the OTLP push, once it has started.
     otel_finalize: OnceLock<Histogram<f64>>,
+    /// The queue-wait and first-token histograms of the OTLP push.
+    otel_latency: OnceLock<(Histogram<f64>, Histogram<f64>)>,
 }
 
 #[derive(Default)]
@@ -45,6 +58,44 @@ struct Inner {
     lines: BTreeMap<&'static str, u64>,
     finalize_seconds_sum: f64,
     finalize_count: u64,
+    queue_wait: BTreeMap<&'static str, Latencies>,
+    first_token: BTreeMap<&'static str, Latencies>,
+}
+
+/// One histogram: counts per bucket of [`SECONDS`] (not cumulative), sum.
+#[derive(Default, Clone)]
+struct Latencies {
+    buckets: [u64; SECONDS.len()],
+    count: u64,
+    sum: f64,
+}
+
+impl Latencies {
+    fn record(&mut self, seconds: f64) {
+        if let Some(i) = SECONDS.iter().position(|&le| seconds <= le) {
+            self.buckets[i] += 1;
+        }
+        self.count += 1;
+        self.sum += seconds;
+    }
+
+    fn render(&self, out: &mut String, name: &str, route: &str) {
+        let mut cumulative = 0;
+        for (le, n) in SECONDS.iter().zip(self.buckets) {
+            cumulative += n;
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{route=\"{route}\",le=\"{le}\"}} {cumulative}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{route=\"{route}\",le=\"+Inf\"}} {}",
+            self.count
+        );
+        let _ = writeln!(out, "{name}_sum{{route=\"{route}\"}} {}", self.sum);
+        let _ = writeln!(out, "{name}_count{{route=\"{route}\"}} {}", self.count);
+    }
 }
 
 impl Metrics {
@@ -78,6 +129,32 @@ impl Metrics {
         });
         if let (Some(h), Some(took)) = (self.otel_finalize.get(), took) {
             h.record(took.as_secs_f64(), &[]);
+        }
+    }
+
+    /// An online request's job waited `took` in the queue.
+    pub fn queue_wait(&self, route: &'static str, took: Duration) {
+        self.latency(route, took, false);
+    }
+
+    /// A streamed request's first text came `took` after the request.
+    pub fn first_token(&self, route: &'static str, took: Duration) {
+        self.latency(route, took, true);
+    }
+
+    fn latency(&self, route: &'static str, took: Duration, first_token: bool) {
+        let seconds = took.as_secs_f64();
+        self.with(|m| {
+            let table = if first_token {
+                &mut m.first_token
+            } else {
+                &mut m.queue_wait
+            };
+            table.entry(route).or_default().record(seconds)
+        });
+        if let Some((queue_wait, first)) = self.otel_latency.get() {
+            let h = if first_token { first } else { queue_wait };
+            h.record(seconds, &[KeyValue::new("route", route)]);
         }
     }
 
@@ -137,6 +214,28 @@ impl Metrics {
                 "sluice_gateway_finalize_seconds_count {}",
                 m.finalize_count
             );
+            for (name, help, table) in [
+                (
+                    "sluice_gateway_queue_wait_seconds",
+                    QUEUE_WAIT,
+                    &m.queue_wait,
+                ),
+                (
+                    "sluice_gateway_time_to_first_token_seconds",
+                    FIRST_TOKEN,
+                    &m.first_token,
+                ),
+            ] {
+                let _ = writeln!(out, "# HELP {name} {help}");
+                let _ = writeln!(out, "# TYPE {name} histogram");
+                for route in ONLINE_ROUTES {
+                    table
+                        .get(route)
+                        .cloned()
+                        .unwrap_or_default()
+                        .render(&mut out, name, route);
+                }
+            }
             out
         })
     }
@@ -214,6 +313,17 @@ impl OtlpMetrics {
             .with_unit("s")
             .build();
         let _ = metrics.otel_finalize.set(finalize);
+        let latency = |name: &'static str, help: &'static str| {
+            meter
+                .f64_histogram(name)
+                .with_description(help)
+                .with_unit("s")
+                .build()
+        };
+        let _ = metrics.otel_latency.set((
+            latency("sluice_gateway_queue_wait_seconds", QUEUE_WAIT),
+            latency("sluice_gateway_time_to_first_token_seconds", FIRST_TOKEN),
+        ));
         Ok(OtlpMetrics { provider })
     }
 

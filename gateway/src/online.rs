@@ -5,27 +5,43 @@
 //! consumers' memory budget, instead of in this process's memory.
 //!
 //! The deadline is the `Sluice-Deadline-Secs` header's, else
-//! `--online-deadline-secs`. A request whose deadline passes in the queue is
-//! answered 504 and its job cancelled; the job also carries the deadline as
-//! its TTL, so it never runs late. A client that disconnects cancels its job
-//! if it has not started.
+//! `--online-deadline-secs`; with `--max-queue-wait-secs` a request may wait
+//! no longer than that to start. A job must start by then (it carries that
+//! time as its deadline and TTL, so it never runs late): one that has not is
+//! cancelled and its request answered 504 (`deadline_exceeded`), or 429 with
+//! `Retry-After` when the queue limit was the nearer. A started job gets
+//! `--online-grace-secs` more to answer. A client that disconnects cancels
+//! its job, queued or running (a running generation stops before its next
+//! step).
+//!
+//! `stream: true` (chat and completions) asks the job to stream
+//! (`output.stream`): the request waits, as above, for the job's first
+//! stream message, then answers Server-Sent Events in OpenAI's chunk format
+//! as the consumer publishes each step's text, ending with `[DONE]` (and,
+//! with `stream_options.include_usage`, a usage chunk before it). The
+//! stream follows a redelivered job without repeating text, and falls back
+//! to the result's text for a prompt whose stream lost a message.
 
+use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{MatchedPath, State};
 use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use futures::StreamExt;
 use serde_json::{Map, Value, json};
 use sluice_schemas::{
-    ErrorCode, Input, Job, JobResult, JobState, Outcome, Output, OutputOptions, Priority, VERSION,
+    ErrorCode, FinishReason, Input, Job, JobResult, JobState, Outcome, Output, OutputOptions,
+    Priority, StreamChunk, VERSION,
 };
 
 use crate::api_error::ApiError;
 use crate::auth::Tenant;
 use crate::driver::{self, Outputs};
-use crate::openai::{self, Endpoint};
+use crate::openai::{self, Delta, Endpoint};
 use crate::state::{AppState, now};
 use crate::traces::RequestTrace;
 
@@ -45,14 +61,15 @@ pub async fn models(State(state): State<AppState>, _tenant: Tenant) -> Json<Valu
 }
 
 /// Cancels its job when dropped before [`CancelOnDrop::disarm`]: the
-/// request's future is dropped when its client disconnects.
+/// request's future (or its response stream) is dropped when its client
+/// disconnects. A running job stops too: nobody will read its answer.
 struct CancelOnDrop {
     state: AppState,
     job_id: Option<String>,
 }
 
 impl CancelOnDrop {
-    fn disarm(mut self) {
+    fn disarm(&mut self) {
         self.job_id = None;
     }
 }
@@ -62,7 +79,7 @@ impl Drop for CancelOnDrop {
         if let Some(job_id) = self.job_id.take() {
             let statuses = self.state.statuses.clone();
             tokio::spawn(async move {
-                match statuses.cancel_queued(&job_id).await {
+                match statuses.cancel(&job_id).await {
                     Ok(true) => tracing::info!(job = %job_id, "client went away: job cancelled"),
                     Ok(false) => {}
                     Err(e) => {
@@ -74,6 +91,29 @@ impl Drop for CancelOnDrop {
     }
 }
 
+/// A message for a request: its job's result, or one of its stream messages.
+enum Incoming {
+    Result(async_nats::Message),
+    Chunk(async_nats::Message),
+}
+
+type Messages = futures::stream::BoxStream<'static, Incoming>;
+
+/// What a request asked of streaming.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Streaming {
+    include_usage: bool,
+}
+
+/// When a job must have started, and what a request that it did not gets.
+#[derive(Debug, Clone, Copy)]
+struct StartBy {
+    at: tokio::time::Instant,
+    secs: f64,
+    /// The queue limit, not the request's deadline, set `at`.
+    by_queue_limit: bool,
+}
+
 /// One online request: `/v1/embeddings`, `/v1/chat/completions` or
 /// `/v1/completions`, by its route.
 pub async fn answer(
@@ -83,7 +123,8 @@ pub async fn answer(
     route: MatchedPath,
     headers: HeaderMap,
     body: Bytes,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
+    let asked = tokio::time::Instant::now();
     let Some(endpoint) = Endpoint::parse(route.as_str()) else {
         return Err(ApiError::invalid(format!(
             "{} is not an online endpoint",
@@ -93,7 +134,7 @@ pub async fn answer(
     let Ok(Value::Object(mut body)) = serde_json::from_slice::<Value>(&body) else {
         return Err(ApiError::invalid("the request body must be a JSON object"));
     };
-    refuse_streaming(&mut body)?;
+    let streaming = take_streaming(endpoint, &mut body)?;
     let deadline_secs = deadline_secs(&state, &headers)?;
     let request = openai::parse_request(endpoint, body, &|task, model| state.serves(task, model))
         .map_err(|e| {
@@ -106,8 +147,19 @@ pub async fn answer(
         error.param = e.param;
         error
     })?;
+    let start_by = match state.config.max_queue_wait_secs {
+        Some(limit) if limit < deadline_secs => StartBy {
+            at: asked + Duration::from_secs_f64(limit),
+            secs: limit,
+            by_queue_limit: true,
+        },
+        _ => StartBy {
+            at: asked + Duration::from_secs_f64(deadline_secs),
+            secs: deadline_secs,
+            by_queue_limit: false,
+        },
+    };
     let job_id = uuid::Uuid::now_v7().to_string();
-    let deadline = time::OffsetDateTime::now_utc() + Duration::from_secs_f64(deadline_secs);
     let job = Job {
         version: VERSION,
         id: job_id.clone(),
@@ -118,20 +170,36 @@ pub async fn answer(
         }],
         parameters: Default::default(),
         token_estimate: None,
-        deadline: Some(deadline),
+        deadline: Some(time::OffsetDateTime::now_utc() + Duration::from_secs_f64(start_by.secs)),
         submitted_at: Some(time::OffsetDateTime::now_utc()),
         output: OutputOptions {
-            presign_get_secs: None,
-            always_s3: None,
-            item_tokens: None,
+            stream: streaming.map(|_| true),
+            ..OutputOptions::default()
         },
     };
     let nats = state.js.client();
+    let subscribe_failed = |e| {
+        ApiError::unavailable(anyhow::anyhow!(
+            "cannot subscribe for the job's answer: {e}"
+        ))
+    };
     let inbox = nats.new_inbox();
-    let mut results = nats.subscribe(inbox.clone()).await.map_err(|e| {
-        ApiError::unavailable(anyhow::anyhow!("cannot subscribe for the result: {e}"))
-    })?;
-    sluice_producer::publish(
+    let results = nats
+        .subscribe(inbox.clone())
+        .await
+        .map_err(subscribe_failed)?;
+    let mut messages: Messages = if streaming.is_some() {
+        let chunks = nats
+            .subscribe(state.topology.stream_subject(&job_id))
+            .await
+            .map_err(subscribe_failed)?;
+        futures::stream::select(results.map(Incoming::Result), chunks.map(Incoming::Chunk)).boxed()
+    } else {
+        results.map(Incoming::Result).boxed()
+    };
+    // Boxed: a large future that only needs to live while it runs (see
+    // `read_output`).
+    Box::pin(sluice_producer::publish(
         &state.js,
         &state.topology,
         &state.statuses,
@@ -140,68 +208,411 @@ pub async fn answer(
         Some(&tenant),
         &inbox,
         Some(&trace.0),
-    )
+    ))
     .await?;
-    let guard = CancelOnDrop {
+    let mut guard = CancelOnDrop {
         state: state.clone(),
         job_id: Some(job_id.clone()),
     };
-    // The job cannot start after its deadline; one that started just before
-    // it gets a grace period to finish.
-    let give_up = tokio::time::Instant::now()
-        + Duration::from_secs_f64(deadline_secs)
-        + Duration::from_secs(state.config.online_grace_secs);
-    let message = tokio::time::timeout_at(give_up, results.next()).await;
+    let first = first_message(&state, &job_id, &mut messages, &start_by).await?;
+    let model = request.model.clone();
+    if let Some(streaming) = streaming {
+        let relay = Relay::new(
+            &state,
+            endpoint,
+            &job_id,
+            &model,
+            request.items.len(),
+            streaming,
+            start_by,
+            asked,
+            messages,
+            guard,
+        );
+        return relay.respond(first).await;
+    }
     guard.disarm();
-    let message = match message {
-        Ok(Some(m)) => m,
-        Ok(None) => {
-            return Err(ApiError::unavailable(anyhow::anyhow!(
-                "the result subscription closed"
-            )));
-        }
-        Err(_) => {
-            // Cancelled now, or already expired (its queued record read past
-            // the deadline): either way it will not run.
-            let stopped = state.statuses.cancel(&job_id).await.unwrap_or(false)
-                || matches!(
-                    state.statuses.view(&job_id).await,
-                    Ok(Some(r)) if matches!(r.state, JobState::Expired | JobState::Cancelled)
-                );
-            return Err(deadline_passed(&job_id, deadline_secs, stopped));
-        }
+    let Incoming::Result(message) = first else {
+        return Err(ApiError::unavailable(anyhow::anyhow!(
+            "a stream message came for a request that did not stream"
+        )));
     };
-    let result: JobResult = serde_json::from_slice(&message.payload).map_err(|e| {
-        ApiError::unavailable(anyhow::anyhow!("the job's result is not readable: {e}"))
-    })?;
+    let result = read_result(&message)?;
+    if let Some(ms) = result.timings_ms.queue {
+        state
+            .metrics
+            .queue_wait(endpoint.as_str(), Duration::from_secs_f64(ms / 1e3));
+    }
     match result.outcome {
         Outcome::Ok { output } => {
             let outputs = read_output(&state, output).await?;
-            let model = request.model.as_str();
             Ok(Json(match outputs {
                 Outputs::Vectors { dim, values, .. } => {
                     let rows: Vec<&[f32]> = values.chunks(dim.max(1)).collect();
-                    openai::embeddings_body(model, &rows, result.usage.tokens, request.base64)
+                    openai::embeddings_body(&model, &rows, result.usage.tokens, request.base64)
                 }
                 Outputs::Generations(generations) => {
-                    openai::generation_body(endpoint, &job_id, now(), model, &generations)
+                    openai::generation_body(endpoint, &job_id, now(), &model, &generations)
                 }
-            }))
+            })
+            .into_response())
         }
-        Outcome::Error { error } if error.code == ErrorCode::DeadlineExceeded => {
-            Err(deadline_passed(&job_id, deadline_secs, true))
-        }
-        Outcome::Error { error } => {
-            let status = StatusCode::from_u16(driver::http_status(error.code))
-                .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            let kind = if status.is_server_error() {
-                "server_error"
-            } else {
-                "invalid_request_error"
-            };
-            Err(ApiError::new(status, kind, error.message).code(error.code.as_str()))
+        Outcome::Error { error } => Err(job_error(&job_id, &start_by, &error)),
+    }
+}
+
+/// The first answer to a request: its result, or (streaming) its first
+/// stream message. A job that has not started by its start-by time is
+/// cancelled and the request refused; one that started just in time gets
+/// `--online-grace-secs` more.
+async fn first_message(
+    state: &AppState,
+    job_id: &str,
+    messages: &mut Messages,
+    start_by: &StartBy,
+) -> Result<Incoming, ApiError> {
+    let closed = || ApiError::unavailable(anyhow::anyhow!("the answer subscription closed"));
+    match tokio::time::timeout_at(start_by.at, messages.next()).await {
+        Ok(Some(m)) => return Ok(m),
+        Ok(None) => return Err(closed()),
+        Err(_) => {}
+    }
+    // Cancelled now, or already expired (its queued record reads past the
+    // deadline): either way it will not run.
+    let stopped = state.statuses.cancel_queued(job_id).await.unwrap_or(false)
+        || matches!(
+            state.statuses.view(job_id).await,
+            Ok(Some(r)) if matches!(r.state, JobState::Expired | JobState::Cancelled)
+        );
+    if stopped {
+        return Err(not_started(job_id, start_by));
+    }
+    let grace = start_by.at + Duration::from_secs(state.config.online_grace_secs);
+    match tokio::time::timeout_at(grace, messages.next()).await {
+        Ok(Some(m)) => Ok(m),
+        Ok(None) => Err(closed()),
+        Err(_) => {
+            let _ = state.statuses.cancel(job_id).await;
+            Err(deadline_passed(job_id, start_by.secs, false))
         }
     }
+}
+
+/// The answer to a request whose job did not start in time.
+fn not_started(job_id: &str, start_by: &StartBy) -> ApiError {
+    if !start_by.by_queue_limit {
+        return deadline_passed(job_id, start_by.secs, true);
+    }
+    let retry = start_by.secs.ceil().max(1.0) as u64;
+    let mut error = ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "rate_limit_error",
+        format!(
+            "the queue is too long: the request waited {} s (--max-queue-wait-secs) without its job starting; \
+             job {job_id} was cancelled and will not run; retry after {retry} s",
+            start_by.secs
+        ),
+    )
+    .code("queue_wait_exceeded");
+    error.retry_after = Some(retry);
+    error
+}
+
+/// A job's error result as the request's answer.
+fn job_error(job_id: &str, start_by: &StartBy, error: &sluice_schemas::ErrorInfo) -> ApiError {
+    if error.code == ErrorCode::DeadlineExceeded {
+        return not_started(job_id, start_by);
+    }
+    let status = StatusCode::from_u16(driver::http_status(error.code))
+        .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let kind = if status.is_server_error() {
+        "server_error"
+    } else {
+        "invalid_request_error"
+    };
+    ApiError::new(status, kind, error.message.clone()).code(error.code.as_str())
+}
+
+fn read_result(message: &async_nats::Message) -> Result<JobResult, ApiError> {
+    serde_json::from_slice(&message.payload).map_err(|e| {
+        ApiError::unavailable(anyhow::anyhow!("the job's result is not readable: {e}"))
+    })
+}
+
+/// One prompt's stream, as relayed so far.
+#[derive(Default)]
+struct Choice {
+    /// Bytes of its text sent to the client.
+    sent: usize,
+    /// The delivery whose messages are followed, and the bytes of its
+    /// text seen (a redelivery streams again from the start).
+    attempt: u32,
+    attempt_bytes: usize,
+    next_seq: u64,
+    /// chat: the role chunk was sent.
+    opened: bool,
+    finished: bool,
+    /// A message was lost: the rest comes from the result.
+    lost: bool,
+    prompt_tokens: u64,
+    completion_tokens: u64,
+}
+
+/// Turns a job's stream messages into OpenAI's SSE chunks.
+struct Relay {
+    state: AppState,
+    endpoint: Endpoint,
+    job_id: String,
+    model: String,
+    created: i64,
+    include_usage: bool,
+    start_by: StartBy,
+    choices: Vec<Choice>,
+    asked: tokio::time::Instant,
+    first_text: bool,
+    messages: Messages,
+    pending: std::collections::VecDeque<Event>,
+    done: bool,
+    guard: CancelOnDrop,
+}
+
+impl Relay {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        state: &AppState,
+        endpoint: Endpoint,
+        job_id: &str,
+        model: &str,
+        items: usize,
+        streaming: Streaming,
+        start_by: StartBy,
+        asked: tokio::time::Instant,
+        messages: Messages,
+        guard: CancelOnDrop,
+    ) -> Relay {
+        Relay {
+            state: state.clone(),
+            endpoint,
+            job_id: job_id.to_string(),
+            model: model.to_string(),
+            created: now(),
+            include_usage: streaming.include_usage,
+            start_by,
+            choices: (0..items.max(1)).map(|_| Choice::default()).collect(),
+            asked,
+            first_text: false,
+            messages,
+            pending: Default::default(),
+            done: false,
+            guard,
+        }
+    }
+
+    /// The response: an error status when the job failed before it
+    /// streamed anything, else the event stream.
+    async fn respond(mut self, first: Incoming) -> Result<Response, ApiError> {
+        if let Incoming::Result(message) = &first {
+            let result = read_result(message)?;
+            if let Outcome::Error { error } = &result.outcome {
+                self.guard.disarm();
+                return Err(job_error(&self.job_id, &self.start_by, error));
+            }
+        }
+        self.take(first).await;
+        let events = futures::stream::unfold(self, |mut relay| async move {
+            loop {
+                if let Some(event) = relay.pending.pop_front() {
+                    return Some((Ok::<Event, Infallible>(event), relay));
+                }
+                if relay.done {
+                    return None;
+                }
+                let idle = Duration::from_secs(relay.state.config.online_stream_idle_secs);
+                match tokio::time::timeout(idle, relay.messages.next()).await {
+                    Ok(Some(message)) => relay.take(message).await,
+                    Ok(None) => relay.fail("the stream's subscription closed"),
+                    Err(_) => relay.fail(&format!(
+                        "no stream message for {} s (--online-stream-idle-secs); the job was cancelled",
+                        idle.as_secs()
+                    )),
+                }
+            }
+        });
+        Ok(Sse::new(events).into_response())
+    }
+
+    async fn take(&mut self, message: Incoming) {
+        match message {
+            Incoming::Chunk(m) => match serde_json::from_slice::<StreamChunk>(&m.payload) {
+                Ok(chunk) => self.chunk(chunk),
+                Err(e) => {
+                    tracing::warn!(job = %self.job_id, error = %e, "an unreadable stream message; skipped")
+                }
+            },
+            Incoming::Result(m) => match read_result(&m) {
+                Ok(result) => self.result(result).await,
+                Err(e) => self.fail(&e.message),
+            },
+        }
+    }
+
+    fn chunk(&mut self, chunk: StreamChunk) {
+        let Some(choice) = self.choices.get_mut(chunk.item as usize) else {
+            return;
+        };
+        if choice.finished || choice.lost || chunk.attempt < choice.attempt {
+            return;
+        }
+        if chunk.attempt > choice.attempt {
+            choice.attempt = chunk.attempt;
+            choice.attempt_bytes = 0;
+            choice.next_seq = 0;
+        }
+        if chunk.seq != choice.next_seq {
+            tracing::warn!(job = %self.job_id, item = chunk.item, expected = choice.next_seq, got = chunk.seq, "a stream message was lost; the rest of this choice comes from the result");
+            choice.lost = true;
+            return;
+        }
+        choice.next_seq += 1;
+        if chunk.seq == 0
+            && chunk.item == 0
+            && chunk.attempt <= 1
+            && let Some(ms) = chunk.queue_ms
+        {
+            self.state
+                .metrics
+                .queue_wait(self.endpoint.as_str(), Duration::from_secs_f64(ms / 1e3));
+        }
+        // A redelivery's text is the same as the first delivery's: skip
+        // what the client already has.
+        let seen = choice.attempt_bytes;
+        choice.attempt_bytes += chunk.text.len();
+        let skip = choice.sent.saturating_sub(seen);
+        let new = chunk.text.get(skip..).unwrap_or("").to_string();
+        let index = chunk.item;
+        self.text(index, &new);
+        if let (Some(reason), Some(usage)) = (chunk.finish_reason, chunk.usage) {
+            self.finish(index, reason, usage.prompt_tokens, usage.completion_tokens);
+        }
+    }
+
+    /// The job's result: fills in what lost messages left out, or ends the
+    /// stream with the job's error.
+    async fn result(&mut self, result: JobResult) {
+        self.guard.disarm();
+        match result.outcome {
+            Outcome::Error { error } => {
+                let error = job_error(&self.job_id, &self.start_by, &error);
+                self.pending.push_back(event(&error.body()));
+                self.done = true;
+            }
+            Outcome::Ok { output } => {
+                let generations = match read_output(&self.state, output).await {
+                    Ok(Outputs::Generations(g)) => g,
+                    Ok(Outputs::Vectors { .. }) => Vec::new(),
+                    Err(e) => {
+                        self.fail(&e.message);
+                        return;
+                    }
+                };
+                for (index, g) in generations.iter().enumerate() {
+                    let Some(choice) = self.choices.get(index) else {
+                        break;
+                    };
+                    if choice.finished {
+                        continue;
+                    }
+                    let rest = g.text.get(choice.sent..).unwrap_or("").to_string();
+                    self.text(index as u32, &rest);
+                    self.finish(
+                        index as u32,
+                        g.finish_reason,
+                        g.prompt_tokens,
+                        g.completion_tokens,
+                    );
+                }
+                self.end();
+            }
+        }
+    }
+
+    fn text(&mut self, index: u32, text: &str) {
+        let open =
+            self.endpoint == Endpoint::ChatCompletions && !self.choices[index as usize].opened;
+        if open {
+            self.choices[index as usize].opened = true;
+            self.push(index, Delta::Role);
+        }
+        if text.is_empty() {
+            return;
+        }
+        if !self.first_text {
+            self.first_text = true;
+            self.state
+                .metrics
+                .first_token(self.endpoint.as_str(), self.asked.elapsed());
+        }
+        self.choices[index as usize].sent += text.len();
+        self.push(index, Delta::Text(text));
+    }
+
+    fn finish(&mut self, index: u32, reason: FinishReason, prompt: u64, completion: u64) {
+        let choice = &mut self.choices[index as usize];
+        choice.finished = true;
+        choice.prompt_tokens = prompt;
+        choice.completion_tokens = completion;
+        self.push(index, Delta::Finish(reason));
+        if self.choices.iter().all(|c| c.finished) {
+            self.end();
+        }
+    }
+
+    /// Every choice ended: the usage chunk if asked, then `[DONE]`.
+    fn end(&mut self) {
+        if self.done {
+            return;
+        }
+        self.guard.disarm();
+        if self.include_usage {
+            let prompt = self.choices.iter().map(|c| c.prompt_tokens).sum();
+            let completion = self.choices.iter().map(|c| c.completion_tokens).sum();
+            let chunk = openai::usage_chunk(
+                self.endpoint,
+                &self.job_id,
+                self.created,
+                &self.model,
+                prompt,
+                completion,
+            );
+            self.pending.push_back(event(&chunk));
+        }
+        self.pending.push_back(Event::default().data("[DONE]"));
+        self.done = true;
+    }
+
+    /// Ends the stream with an error event (the guard cancels the job).
+    fn fail(&mut self, message: &str) {
+        let error = ApiError::new(StatusCode::BAD_GATEWAY, "server_error", message);
+        self.pending.push_back(event(&error.body()));
+        self.done = true;
+    }
+
+    fn push(&mut self, index: u32, delta: Delta<'_>) {
+        let chunk = openai::stream_chunk(
+            self.endpoint,
+            &self.job_id,
+            self.created,
+            &self.model,
+            index,
+            delta,
+            self.include_usage,
+        );
+        self.pending.push_back(event(&chunk));
+    }
+}
+
+fn event(body: &Value) -> Event {
+    Event::default().data(body.to_string())
 }
 
 fn deadline_passed(job_id: &str, secs: f64, stopped: bool) -> ApiError {
@@ -220,19 +631,45 @@ fn deadline_passed(job_id: &str, secs: f64, stopped: bool) -> ApiError {
     .code("deadline_exceeded")
 }
 
-/// `stream: true` is refused (the online endpoints answer whole); `stream:
-/// false` and `stream_options` without streaming are accepted and dropped.
-fn refuse_streaming(body: &mut Map<String, Value>) -> Result<(), ApiError> {
+/// What the body asks of streaming (`stream`, `stream_options`), taken out
+/// of it: `None` without `stream: true`.
+fn take_streaming(
+    endpoint: Endpoint,
+    body: &mut Map<String, Value>,
+) -> Result<Option<Streaming>, ApiError> {
     let stream = body.remove("stream");
-    body.remove("stream_options");
+    let options = body.remove("stream_options");
     match stream {
-        None | Some(Value::Null) | Some(Value::Bool(false)) => Ok(()),
-        Some(Value::Bool(true)) => Err(ApiError::invalid(
-            "`stream: true` is not supported by this gateway yet: ask without streaming",
-        )
-        .param("stream")),
-        Some(_) => Err(ApiError::invalid("`stream` must be a boolean").param("stream")),
+        None | Some(Value::Null) | Some(Value::Bool(false)) => return Ok(None),
+        Some(Value::Bool(true)) => {}
+        Some(_) => return Err(ApiError::invalid("`stream` must be a boolean").param("stream")),
     }
+    if endpoint == Endpoint::Embeddings {
+        return Err(ApiError::invalid(
+            "`stream` applies to /v1/chat/completions and /v1/completions, not to embeddings",
+        )
+        .param("stream"));
+    }
+    let include_usage = match &options {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(o)) => o.get("include_usage"),
+        Some(_) => {
+            return Err(
+                ApiError::invalid("`stream_options` must be an object").param("stream_options")
+            );
+        }
+    };
+    let include_usage = match include_usage {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            return Err(
+                ApiError::invalid("`stream_options.include_usage` must be a boolean")
+                    .param("stream_options"),
+            );
+        }
+    };
+    Ok(Some(Streaming { include_usage }))
 }
 
 /// The request's deadline in seconds: its header's, else the default.
@@ -265,6 +702,8 @@ async fn read_output(state: &AppState, output: Output) -> Result<Outputs, ApiErr
             tokens: Vec::new(),
         },
         Output::Inline { generations, .. } => Outputs::Generations(generations),
-        Output::S3(o) => driver::read_output(state, &o, Vec::new()).await?,
+        // Boxed: the S3 read's future is large, and it would otherwise be
+        // part of every waiting request's future (their memory, each).
+        Output::S3(o) => Box::pin(driver::read_output(state, &o, Vec::new())).await?,
     })
 }

@@ -490,8 +490,97 @@ pub fn generation_body(
             }),
         })
         .collect();
-    let (prefix, object) = match endpoint {
-        Endpoint::ChatCompletions => ("chatcmpl", "chat.completion"),
+    let mut body = envelope(endpoint, false, id, created, model, choices);
+    body["usage"] = json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion});
+    body
+}
+
+/// What one streamed chunk of a completion says about one choice.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Delta<'a> {
+    /// chat: the assistant's role, on a choice's first chunk.
+    Role,
+    Text(&'a str),
+    Finish(FinishReason),
+}
+
+/// One Server-Sent Event body of a streamed chat completion
+/// (`chat.completion.chunk`) or completion (`text_completion`), for choice
+/// `index`. With `include_usage` every chunk carries `"usage": null`, as
+/// OpenAI's do, and [`usage_chunk`] ends the stream.
+pub fn stream_chunk(
+    endpoint: Endpoint,
+    id: &str,
+    created: i64,
+    model: &str,
+    index: u32,
+    delta: Delta<'_>,
+    include_usage: bool,
+) -> Value {
+    let finish = match delta {
+        Delta::Finish(r) => Value::from(finish_reason(r)),
+        _ => Value::Null,
+    };
+    let choice = match endpoint {
+        Endpoint::ChatCompletions => json!({
+            "index": index,
+            "delta": match delta {
+                Delta::Role => json!({"role": "assistant", "content": ""}),
+                Delta::Text(text) => json!({"content": text}),
+                Delta::Finish(_) => json!({}),
+            },
+            "logprobs": null,
+            "finish_reason": finish,
+        }),
+        _ => json!({
+            "index": index,
+            "text": match delta {
+                Delta::Text(text) => text,
+                _ => "",
+            },
+            "logprobs": null,
+            "finish_reason": finish,
+        }),
+    };
+    let mut chunk = envelope(endpoint, true, id, created, model, vec![choice]);
+    if include_usage {
+        chunk["usage"] = Value::Null;
+    }
+    chunk
+}
+
+/// The last chunk of a stream that asked `stream_options.include_usage`:
+/// no choices, the request's usage.
+pub fn usage_chunk(
+    endpoint: Endpoint,
+    id: &str,
+    created: i64,
+    model: &str,
+    prompt_tokens: u64,
+    completion_tokens: u64,
+) -> Value {
+    let mut chunk = envelope(endpoint, true, id, created, model, Vec::new());
+    chunk["usage"] = json!({
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    });
+    chunk
+}
+
+/// What a completion body and a streamed chunk share: id, object, time,
+/// model, choices.
+fn envelope(
+    endpoint: Endpoint,
+    streamed: bool,
+    id: &str,
+    created: i64,
+    model: &str,
+    choices: Vec<Value>,
+) -> Value {
+    let (prefix, object) = match (endpoint, streamed) {
+        (Endpoint::ChatCompletions, false) => ("chatcmpl", "chat.completion"),
+        (Endpoint::ChatCompletions, true) => ("chatcmpl", "chat.completion.chunk"),
         _ => ("cmpl", "text_completion"),
     };
     json!({
@@ -499,9 +588,8 @@ pub fn generation_body(
         "object": object,
         "created": created,
         "model": model,
-        "choices": choices,
-        "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
         "system_fingerprint": null,
+        "choices": choices,
     })
 }
 

@@ -31,7 +31,8 @@ use aws_sdk_s3::primitives::ByteStream;
 use futures::StreamExt;
 use sluice_schemas::names::headers;
 use sluice_schemas::{
-    Input, InputFormat, Job, JobResult, ObjectRef, Priority, StatusRecord, Task, Topology, VERSION,
+    Input, InputFormat, Job, JobResult, ObjectRef, Priority, StatusRecord, StreamChunk, Task,
+    Topology, VERSION,
 };
 
 /// Where the producer connects and what it names things.
@@ -282,6 +283,19 @@ impl Producer {
             .await
             .with_context(|| format!("cannot subscribe to {subject}"))?;
         Ok(Results { sub })
+    }
+
+    /// Subscribes to a streaming generate job's text (`output.stream`):
+    /// its [`StreamChunk`]s as the consumer publishes them. Subscribe
+    /// before submitting the job; they are not stored.
+    pub async fn subscribe_stream(&self, job_id: &str) -> Result<JobStream> {
+        let subject = self.topology.stream_subject(job_id);
+        let sub = self
+            .nats
+            .subscribe(subject.clone())
+            .await
+            .with_context(|| format!("cannot subscribe to {subject}"))?;
+        Ok(JobStream { sub })
     }
 
     /// The status bucket (looked up once, then cached).
@@ -547,6 +561,19 @@ impl Results {
             bail!("the result subscription closed");
         };
         serde_json::from_slice(&msg.payload).context("a result message is not valid")
+    }
+}
+
+/// One job's stream messages ([`Producer::subscribe_stream`]).
+pub struct JobStream {
+    sub: async_nats::Subscriber,
+}
+
+impl JobStream {
+    /// The next message; `None` once the subscription closed.
+    pub async fn next_chunk(&mut self) -> Option<Result<StreamChunk>> {
+        let msg = self.sub.next().await?;
+        Some(serde_json::from_slice(&msg.payload).context("a stream message is not valid"))
     }
 }
 

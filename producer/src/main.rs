@@ -135,6 +135,12 @@ enum Command {
         #[arg(long, env = "SLUICE_SUBMIT_WINDOW", default_value_t = sluice_producer::DEFAULT_SUBMIT_WINDOW as u32,
               value_parser = clap::value_parser!(u32).range(1..=65536))]
         window: u32,
+        /// generate: print the text as the consumer generates it (one job;
+        /// implies --wait). Several prompts print in order, the first as it
+        /// comes, each after a `[prompt N]` line; with --json, each stream
+        /// message is a line.
+        #[arg(long)]
+        stream: bool,
     },
     /// Show a job's status record.
     Status { id: String },
@@ -147,7 +153,9 @@ enum Command {
         #[arg(long)]
         once: bool,
     },
-    /// Cancel a job that has not run yet (it is answered `cancelled` when pulled).
+    /// Cancel a job that has not finished: a queued one is answered
+    /// `cancelled` when pulled; a running generate job stops before its next
+    /// decoding step (nothing is written for it).
     Cancel { id: String },
     /// Browse and replay the dead-letter stream.
     #[command(subcommand)]
@@ -442,7 +450,11 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             deadline_secs,
             priority,
             tenant,
+            stream,
         } => {
+            if stream && task != Task::Generate {
+                bail!("--stream applies to --task generate (an embed job's vectors come whole)");
+            }
             let model = model.unwrap_or_else(|| task.default_model().to_string());
             let config = ProducerConfig { model, ..config };
             let inputs = collect_inputs(&paths)?;
@@ -464,6 +476,17 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             if id.is_some() && sources.len() != 1 {
                 bail!("--id applies to a single job; {} given", sources.len());
             }
+            if stream && sources.len() != 1 {
+                bail!(
+                    "--stream follows a single job; {} given (one input, without --each-line)",
+                    sources.len()
+                );
+            }
+            let wait = wait || stream;
+            let id = match (id, stream) {
+                (None, true) => Some(uuid::Uuid::now_v7().to_string()),
+                (id, _) => id,
+            };
             if let Some(tp) = &traceparent
                 && !is_traceparent(tp)
             {
@@ -477,6 +500,13 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             } else {
                 None
             };
+            let printer = match (&id, stream) {
+                (Some(id), true) => Some(StreamPrinter::start(
+                    p.subscribe_stream(id).await?,
+                    cli.json,
+                )),
+                _ => None,
+            };
             let deadline =
                 deadline_secs.map(|s| time::OffsetDateTime::now_utc() + Duration::from_secs(s));
             let ids = submit_sources(
@@ -489,6 +519,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     deadline,
                     priority,
                     tenant,
+                    stream,
                 },
                 window as usize,
                 cli.json,
@@ -506,6 +537,13 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 progress,
             )
             .await?;
+            if let Some(printer) = printer {
+                let prompts = ids
+                    .first()
+                    .and_then(|id| waited.get(id))
+                    .and_then(Answer::prompts);
+                printer.finish(prompts).await;
+            }
             let mut failed = 0;
             for id in &ids {
                 match waited.get(id) {
@@ -709,6 +747,17 @@ impl Answer {
         }
     }
 
+    /// The prompts of a generate job that ended well (None otherwise).
+    fn prompts(&self) -> Option<usize> {
+        if !self.is_ok() {
+            return None;
+        }
+        match self {
+            Answer::Result(r) => Some(r.usage.items as usize),
+            Answer::Status(s) => s.usage.as_ref().map(|u| u.items as usize),
+        }
+    }
+
     fn report(&self, json: bool) {
         match self {
             Answer::Result(r) => report_result(json, r),
@@ -737,6 +786,100 @@ impl Answer {
                 ),
             },
         }
+    }
+}
+
+/// `sluice submit --stream`: prints a job's text as its stream messages
+/// come, prompt by prompt in order (the first as it comes, the others
+/// buffered until their turn).
+struct StreamPrinter {
+    task: tokio::task::JoinHandle<()>,
+    prompts: tokio::sync::oneshot::Sender<Option<usize>>,
+}
+
+impl StreamPrinter {
+    fn start(mut chunks: sluice_producer::JobStream, json: bool) -> StreamPrinter {
+        let (prompts, mut told) = tokio::sync::oneshot::channel::<Option<usize>>();
+        let task = tokio::spawn(async move {
+            use std::io::Write;
+            let mut texts: Vec<(String, bool)> = Vec::new(); // (buffered text, finished)
+            let mut current = 0usize;
+            let mut headed = 0usize;
+            let mut stdout = std::io::stdout();
+            // Once the result is in: the prompts to wait for, and how long.
+            let mut until: Option<(usize, tokio::time::Instant)> = None;
+            loop {
+                if let Some((n, _)) = until
+                    && current >= n
+                {
+                    break;
+                }
+                let next = async {
+                    match until {
+                        Some((_, at)) => tokio::time::timeout_at(at, chunks.next_chunk())
+                            .await
+                            .ok()
+                            .flatten(),
+                        None => chunks.next_chunk().await,
+                    }
+                };
+                let chunk = tokio::select! {
+                    chunk = next => chunk,
+                    n = &mut told, if until.is_none() => {
+                        let n = n.ok().flatten().unwrap_or(0);
+                        until = Some((n, tokio::time::Instant::now() + Duration::from_secs(2)));
+                        continue;
+                    }
+                };
+                let Some(chunk) = chunk else { break };
+                let chunk = match chunk {
+                    Ok(c) => c,
+                    Err(e) => {
+                        eprintln!("sluice: {e:#}");
+                        continue;
+                    }
+                };
+                if json
+                    && let Ok(line) = serde_json::to_string(&serde_json::json!({"stream": chunk}))
+                {
+                    println!("{line}");
+                }
+                let item = chunk.item as usize;
+                if texts.len() <= item {
+                    texts.resize(item + 1, (String::new(), false));
+                }
+                texts[item].0.push_str(&chunk.text);
+                texts[item].1 |= chunk.is_last();
+                // Show the current prompt's text; move on past finished ones.
+                // (with --json the lines above are the output)
+                while let Some((text, finished)) = texts.get_mut(current) {
+                    let text = std::mem::take(text);
+                    if !json {
+                        if current > 0 && headed < current && (!text.is_empty() || *finished) {
+                            let _ = writeln!(stdout, "[prompt {current}]");
+                            headed = current;
+                        }
+                        let _ = write!(stdout, "{text}");
+                        let _ = stdout.flush();
+                    }
+                    if !*finished {
+                        break;
+                    }
+                    if !json {
+                        let _ = writeln!(stdout);
+                    }
+                    current += 1;
+                }
+            }
+        });
+        StreamPrinter { task, prompts }
+    }
+
+    /// The job ended with `prompts` prompts (None: it failed): prints what
+    /// is left, waiting at most 2 s for the stream to catch up.
+    async fn finish(self, prompts: Option<usize>) {
+        let _ = self.prompts.send(prompts);
+        let _ = self.task.await;
     }
 }
 
@@ -976,6 +1119,8 @@ struct JobOptions {
     deadline: Option<time::OffsetDateTime>,
     priority: Priority,
     tenant: Option<String>,
+    /// generate: the job streams its text (`output.stream`).
+    stream: bool,
 }
 
 async fn submit_sources(
@@ -992,6 +1137,7 @@ async fn submit_sources(
         deadline,
         priority,
         tenant,
+        stream,
     } = options;
     use futures::StreamExt;
     let max_payload = p.nats.server_info().max_payload;
@@ -1016,6 +1162,7 @@ async fn submit_sources(
                 };
                 let mut job = p.job(task, &job_id, vec![input]);
                 job.deadline = deadline;
+                job.output.stream = stream.then_some(true);
                 Ok::<_, anyhow::Error>((name, job))
             }
         })

@@ -291,6 +291,12 @@ pub struct OutputOptions {
     /// default false).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub item_tokens: Option<bool>,
+    /// generate: publish each prompt's new text as it is generated
+    /// ([`crate::StreamChunk`]s on `<prefix>.stream.<job id>`, see
+    /// [`crate::Topology::stream_subject`]); default false. The result is
+    /// published as usual once the job ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<bool>,
 }
 
 /// The longest a presigned URL may live: S3's (SigV4's) limit, 7 days.
@@ -305,6 +311,9 @@ impl OutputOptions {
     }
     pub fn item_tokens(&self) -> bool {
         self.item_tokens.unwrap_or(false)
+    }
+    pub fn stream(&self) -> bool {
+        self.stream.unwrap_or(false)
     }
 
     /// Refuses a presign lifetime outside 1..=7 days (the schema's range).
@@ -645,6 +654,12 @@ impl Job {
         self.output
             .check()
             .map_err(|m| ErrorInfo::new(ErrorCode::InvalidParameters, m))?;
+        if task == Task::Embed && self.output.stream() {
+            return Err(ErrorInfo::new(
+                ErrorCode::InvalidParameters,
+                "output.stream applies to generate jobs only (an embed job's vectors come whole in its result)",
+            ));
+        }
         self.parameters
             .generate()
             .check()

@@ -12,6 +12,7 @@ pub use names::{DEFAULT_TENANT, Priority, Route, Topology, is_valid_tenant};
 pub use secret::Secret;
 pub use trace_context::TraceParent;
 mod result;
+mod stream;
 
 pub use error_code::{ErrorCode, ErrorInfo};
 pub use job::{
@@ -23,6 +24,7 @@ pub use result::{
     DeadLetter, FinishReason, Generation, JobResult, JobState, Outcome, Output, S3Output,
     StatusRecord, Timings, Usage,
 };
+pub use stream::{StreamChunk, StreamUsage};
 
 /// The JSON Schema files, embedded so tools can print or serve them.
 pub mod json_schema {
@@ -30,4 +32,5 @@ pub mod json_schema {
     pub const RESULT: &str = include_str!("../json/result.schema.json");
     pub const STATUS: &str = include_str!("../json/status.schema.json");
     pub const DEAD_LETTER: &str = include_str!("../json/dead_letter.schema.json");
+    pub const STREAM_CHUNK: &str = include_str!("../json/stream_chunk.schema.json");
 }

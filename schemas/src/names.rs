@@ -114,6 +114,9 @@ pub const STATUS_BUCKET: &str = "sluice-status";
 pub const GATEWAY_BUCKET: &str = "sluice-gateway";
 /// Where results go when a publisher names no reply subject: `sluice.results.<job id>`.
 pub const RESULT_SUBJECT_PREFIX: &str = "sluice.results";
+/// Where a streaming generate job's text goes as it is generated:
+/// `sluice.stream.<job id>` (core NATS, not stored).
+pub const STREAM_SUBJECT_PREFIX: &str = "sluice.stream";
 
 /// The names of the streams, consumer, bucket and subjects one sluice
 /// deployment uses. [`Topology::default`] is the production set above; a
@@ -128,6 +131,7 @@ pub struct Topology {
     pub dlq_subject_prefix: String,
     pub status_bucket: String,
     pub result_subject_prefix: String,
+    pub stream_subject_prefix: String,
     pub gateway_bucket: String,
 }
 
@@ -141,6 +145,7 @@ impl Default for Topology {
             dlq_subject_prefix: DLQ_SUBJECT_PREFIX.into(),
             status_bucket: STATUS_BUCKET.into(),
             result_subject_prefix: RESULT_SUBJECT_PREFIX.into(),
+            stream_subject_prefix: STREAM_SUBJECT_PREFIX.into(),
             gateway_bucket: GATEWAY_BUCKET.into(),
         }
     }
@@ -167,6 +172,7 @@ impl Topology {
             dlq_subject_prefix: format!("{ns}.{DLQ_SUBJECT_PREFIX}"),
             status_bucket: format!("{STATUS_BUCKET}-{ns}"),
             result_subject_prefix: format!("{ns}.{RESULT_SUBJECT_PREFIX}"),
+            stream_subject_prefix: format!("{ns}.{STREAM_SUBJECT_PREFIX}"),
             gateway_bucket: format!("{GATEWAY_BUCKET}-{ns}"),
         }
     }
@@ -288,6 +294,12 @@ impl Topology {
     /// The default result subject of a job.
     pub fn result_subject(&self, job_id: &str) -> String {
         format!("{}.{job_id}", self.result_subject_prefix)
+    }
+
+    /// Where a streaming generate job (`output.stream`) publishes its
+    /// [`crate::StreamChunk`]s: subscribe before publishing the job.
+    pub fn stream_subject(&self, job_id: &str) -> String {
+        format!("{}.{job_id}", self.stream_subject_prefix)
     }
 }
 

@@ -58,6 +58,7 @@ fn schema_examples_validate_decode_and_round_trip() {
     check_examples::<JobResult>(json_schema::RESULT);
     check_examples::<StatusRecord>(json_schema::STATUS);
     check_examples::<DeadLetter>(json_schema::DEAD_LETTER);
+    check_examples::<StreamChunk>(json_schema::STREAM_CHUNK);
 }
 
 #[test]
@@ -111,6 +112,7 @@ fn sample_job() -> Job {
             presign_get_secs: Some(60),
             always_s3: Some(true),
             item_tokens: Some(true),
+            stream: None,
         },
     }
 }
@@ -624,6 +626,62 @@ fn generate_parameters_are_checked() {
         "{}",
         err.message
     );
+}
+
+/// `output.stream` is a generate option: the decoder refuses it on an embed
+/// job, saying so, and takes it on a generate job; stream messages validate
+/// and round-trip, and the last one carries its finish reason and usage.
+#[test]
+fn streaming_is_for_generate_jobs_and_its_messages_round_trip() {
+    let job = |task: &str| {
+        json!({
+            "version": 1, "id": "s-1", "task": task, "model": "m",
+            "inputs": [{"type": "inline", "items": ["hi"]}],
+            "output": {"stream": true},
+        })
+    };
+    let err = Job::decode(&serde_json::to_vec(&job("embed")).unwrap()).unwrap_err();
+    assert_eq!(err.code, ErrorCode::InvalidParameters);
+    assert!(
+        err.message
+            .contains("output.stream applies to generate jobs only"),
+        "{}",
+        err.message
+    );
+    let valid = Job::decode(&serde_json::to_vec(&job("generate")).unwrap()).unwrap();
+    assert!(valid.job.output.stream());
+    assert_valid(&validator(json_schema::JOB), &job("generate"));
+
+    let v = validator(json_schema::STREAM_CHUNK);
+    let first = StreamChunk {
+        version: VERSION,
+        job_id: "s-1".into(),
+        item: 0,
+        attempt: 1,
+        seq: 0,
+        text: "Pa".into(),
+        queue_ms: Some(3.5),
+        finish_reason: None,
+        usage: None,
+    };
+    round_trip(&v, &first);
+    let last = StreamChunk {
+        seq: 4,
+        text: "ris.".into(),
+        queue_ms: None,
+        finish_reason: Some(FinishReason::Eos),
+        usage: Some(StreamUsage {
+            prompt_tokens: 31,
+            completion_tokens: 3,
+        }),
+        ..first.clone()
+    };
+    round_trip(&v, &last);
+    assert!(last.is_last() && !first.is_last());
+    // A finish reason without usage (or the other way round) is not a message.
+    let mut half = serde_json::to_value(&last).unwrap();
+    half.as_object_mut().unwrap().remove("usage");
+    assert!(!v.is_valid(&half));
 }
 
 /// The schema's range for `output.presign_get_secs` (1 s to 7 days, S3's

@@ -74,6 +74,20 @@ impl StatusStore {
         StatusStore { kv }
     }
 
+    /// The core NATS subject every write of `job_id`'s record is published
+    /// on (`$KV.<bucket>.<job id>`): a subscriber there sees each new
+    /// revision as it is stored, with no consumer on the server.
+    pub fn record_subject(&self, job_id: &str) -> String {
+        format!("{}{job_id}", self.kv.prefix)
+    }
+
+    /// Whether a message on [`StatusStore::record_subject`] stored a
+    /// `cancelled` record (deletes and other states: false).
+    pub fn is_cancelled_write(payload: &[u8]) -> bool {
+        serde_json::from_slice::<StatusRecord>(payload)
+            .is_ok_and(|r| r.state == JobState::Cancelled)
+    }
+
     pub async fn get(&self, job_id: &str) -> Result<Option<StatusRecord>, StatusError> {
         let entry = self.kv.get(job_id).await.map_err(|e| StatusError::Read {
             job_id: job_id.to_string(),

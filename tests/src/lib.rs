@@ -64,6 +64,15 @@ pub fn free_port() -> u16 {
         .expect("bind an ephemeral loopback port")
 }
 
+/// The chat prompts of the generation benchmarks (`bench/generate`,
+/// `bench/online`), cycled to the concurrency.
+pub const GENERATE_PROMPTS: [&str; 4] = [
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "Explain how a bicycle stays upright, in simple terms.",
+    "List five ideas for a rainy weekend.",
+    "Describe the water cycle.",
+];
+
 /// Resident memory of process `pid`, in bytes.
 pub fn resident_bytes_of(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;

@@ -12,8 +12,9 @@ use sluice_schemas::names::headers;
 use sluice_schemas::{ErrorCode, Item, JobState, Output, Timings, Usage, ValidJob};
 use sluice_status::Start;
 use time::OffsetDateTime;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
+use super::cancel::CancelWatch;
 use super::delivery::{
     Delivery, KeepAlive, aborted, header, job_id_of, ms_between, nak_now, route, status,
 };
@@ -23,6 +24,7 @@ use crate::engine::Engine;
 use crate::engine::embed::{EmbedEngine, Prepared, l2_normalize};
 use crate::engine::generate::GenerateEngine;
 use crate::error::JobError;
+use crate::output::JobStream;
 use crate::shared::Shared;
 use crate::telemetry::{JobTrace, TokensInFlight};
 
@@ -185,6 +187,12 @@ async fn process(
             ));
         }
     }
+    // A generate job watches for a cancel from before it is marked running,
+    // so one stored after that is seen (embed jobs are short: they finish).
+    let mut cancel = match &shared.engine {
+        Engine::Generate(_) => CancelWatch::subscribe(shared, &job.id).await,
+        Engine::Embed(_) => CancelWatch::none(),
+    };
     // Mark it running unless it is already final: a compare-and-swap, so a
     // stale redelivery can never turn a finished job back into a running one.
     let running = status(&job.id, JobState::Running, delivery);
@@ -237,7 +245,7 @@ async fn process(
             .await?
         }
         Engine::Generate(engine) => {
-            run_generate(
+            let generate = run_generate(
                 shared,
                 engine,
                 &job,
@@ -245,8 +253,20 @@ async fn process(
                 reservation,
                 timings,
                 trace,
-            )
-            .await?
+                delivery.attempt,
+            );
+            tokio::select! {
+                biased;
+                () = cancel.cancelled() => {
+                    // Dropping the generation frees its sequences before the
+                    // generation thread's next step; nothing is written.
+                    return Err(JobError::new(
+                        ErrorCode::Cancelled,
+                        "the job was cancelled while it ran; its generation stopped",
+                    ));
+                }
+                generated = generate => generated?,
+            }
         }
     };
     Ok(Finished::Done(Box::new(Done { output, usage })))
@@ -303,7 +323,9 @@ async fn run_embed(
 }
 
 /// generate: tokenize and check the prompts, reserve their KV caches (the
-/// reservation shrinks from the worst case to them), generate, write.
+/// reservation shrinks from the worst case to them), generate (a job that
+/// set `output.stream` publishes its text meanwhile), write.
+#[allow(clippy::too_many_arguments)]
 async fn run_generate(
     shared: &Shared,
     engine: &GenerateEngine,
@@ -312,6 +334,7 @@ async fn run_generate(
     reservation: &mut Reservation,
     timings: &mut Timings,
     trace: &JobTrace,
+    attempt: u32,
 ) -> Result<(Output, Usage), JobError> {
     let started = Instant::now();
     let prepared = engine.prepare(items, &job.parameters).await?;
@@ -335,7 +358,25 @@ async fn run_generate(
     reservation.shrink_to(shared.cost.actual_bytes(items, sequence_tokens));
 
     let started = Instant::now();
-    let generations = engine.generate(prepared).await?;
+    let generations = if job.output.stream() {
+        let (events, received) = mpsc::unbounded_channel();
+        let stream = JobStream {
+            nats: shared.js.client(),
+            subject: shared.topology.stream_subject(&job.id),
+            job_id: job.id.clone(),
+            attempt,
+            queue_ms: timings.queue,
+            stats: Arc::clone(&shared.stats),
+        };
+        // The stream's last messages go out before the result does.
+        let (generated, ()) = tokio::join!(
+            engine.generate(prepared, Some(events)),
+            stream.forward(received)
+        );
+        generated?
+    } else {
+        engine.generate(prepared, None).await?
+    };
     timings.inference = Some(started.elapsed().as_secs_f64() * 1e3);
     trace.stage_with(
         "inference",

@@ -162,12 +162,15 @@ struct Running<K, C> {
     params: GenerationParams,
     sampler: LogitsProcessor,
     cache: C,
+    /// A streamed sequence's text shown so far (None: not streamed).
+    shown: Option<String>,
 }
 
 struct Waiting<K> {
     key: K,
     prompt: Vec<u32>,
     params: GenerationParams,
+    streamed: bool,
 }
 
 /// The sequences being generated, keyed by the caller's `K`: a running set
@@ -186,6 +189,8 @@ pub struct Generator<'m, K, M: StepModel = Llama, T: TokenText = GgufTokenizer> 
     peak_kv: u64,
     running: Vec<Running<K, M::Cache>>,
     waiting: std::collections::VecDeque<Waiting<K>>,
+    /// Streamed sequences' new text from the last step (see [`Generator::take_text`]).
+    new_text: Vec<(K, String)>,
 }
 
 impl<'m, K: Clone, M: StepModel, T: TokenText> Generator<'m, K, M, T> {
@@ -204,6 +209,7 @@ impl<'m, K: Clone, M: StepModel, T: TokenText> Generator<'m, K, M, T> {
             peak_kv: 0,
             running: Vec::new(),
             waiting: std::collections::VecDeque::new(),
+            new_text: Vec::new(),
         }
     }
 
@@ -278,6 +284,37 @@ impl<'m, K: Clone, M: StepModel, T: TokenText> Generator<'m, K, M, T> {
         prompt: Vec<u32>,
         params: GenerationParams,
     ) -> Result<(), ModelError> {
+        self.queue(key, prompt, params, false)
+    }
+
+    /// [`Generator::add`] for a sequence whose text is wanted as it is
+    /// generated: after each step, [`Generator::take_text`] holds its new
+    /// text. Sequences not streamed cost nothing more.
+    pub fn add_streamed(
+        &mut self,
+        key: K,
+        prompt: Vec<u32>,
+        params: GenerationParams,
+    ) -> Result<(), ModelError> {
+        self.queue(key, prompt, params, true)
+    }
+
+    /// The new text of each streamed sequence after the last step, in running
+    /// order; a sequence that finished in it comes with the rest of its
+    /// text. Concatenated, a sequence's pieces are its [`Generated::text`]:
+    /// text is held back while it ends in an unfinished UTF-8 character or
+    /// in what may be the start of a stop sequence.
+    pub fn take_text(&mut self) -> Vec<(K, String)> {
+        std::mem::take(&mut self.new_text)
+    }
+
+    fn queue(
+        &mut self,
+        key: K,
+        prompt: Vec<u32>,
+        params: GenerationParams,
+        streamed: bool,
+    ) -> Result<(), ModelError> {
         if prompt.is_empty() {
             return Err(ModelError::Failed("an empty prompt".into()));
         }
@@ -305,6 +342,7 @@ impl<'m, K: Clone, M: StepModel, T: TokenText> Generator<'m, K, M, T> {
             key,
             prompt,
             params,
+            streamed,
         });
         Ok(())
     }
@@ -353,6 +391,7 @@ impl<'m, K: Clone, M: StepModel, T: TokenText> Generator<'m, K, M, T> {
                     .new_cache(w.prompt.len() + params.max_new_tokens)?,
                 prompt: w.prompt,
                 params,
+                shown: w.streamed.then(String::new),
             });
         }
         Ok(())
@@ -425,13 +464,32 @@ impl<'m, K: Clone, M: StepModel, T: TokenText> Generator<'m, K, M, T> {
             let token = r.sampler.sample(&logits.get(row)?)?;
             if let Some(reason) = record(&self.eos, self.tokenizer, r, token) {
                 finished.push((i, reason));
+            } else if let Some(shown) = r.shown.as_mut() {
+                let text = self.tokenizer.decode(&r.generated);
+                let show = shown_len(&text, &r.params.stop);
+                if show > shown.len() && text.starts_with(shown.as_str()) {
+                    let new = text[shown.len()..show].to_string();
+                    shown.push_str(&new);
+                    self.new_text.push((r.key.clone(), new));
+                }
             }
         }
         let mut done = Vec::with_capacity(finished.len());
         // Highest index first, so the lower ones stay where they are.
         for &(i, reason) in finished.iter().rev() {
             let r = self.running.remove(i);
-            done.push((r.key.clone(), self.result(&r, reason)));
+            let generated = self.result(&r, reason);
+            if let Some(shown) = &r.shown {
+                match generated.text.strip_prefix(shown.as_str()) {
+                    Some(rest) => self.new_text.push((r.key.clone(), rest.to_string())),
+                    None => tracing::warn!(
+                        shown = %shown,
+                        text = %generated.text,
+                        "bug: a streamed sequence's text is not what it showed so far"
+                    ),
+                }
+            }
+            done.push((r.key.clone(), generated));
         }
         done.reverse();
         Ok(done)
@@ -457,6 +515,26 @@ impl<'m, K: Clone, M: StepModel, T: TokenText> Generator<'m, K, M, T> {
             tokens: r.generated.clone(),
         }
     }
+}
+
+/// How much of a streamed sequence's `text` can be shown now: all but an
+/// unfinished UTF-8 character at its end (decoded as U+FFFD until its last
+/// byte arrives) and the longest end of it that is the start of a stop
+/// sequence (the final text is cut before a stop sequence, so that text may
+/// never be part of it).
+fn shown_len(text: &str, stop: &[String]) -> usize {
+    let text = text.trim_end_matches('\u{FFFD}');
+    let held = stop
+        .iter()
+        .filter_map(|s| {
+            (1..s.len())
+                .rev()
+                .filter(|&k| s.is_char_boundary(k))
+                .find(|&k| text.ends_with(&s[..k]))
+        })
+        .max()
+        .unwrap_or(0);
+    text.len() - held
 }
 
 /// Records `token` and says whether the sequence is done.
@@ -696,5 +774,77 @@ mod tests {
         assert_eq!(by(2).tokens, vec![2, 3]);
         assert_eq!(by(3).tokens, vec![7, 0, 1]);
         assert_eq!(by(3).finish_reason, FinishReason::Length);
+    }
+
+    /// Token 2 and 3 are the two bytes of "é"; 4 to 7 read b to e.
+    struct HalfChars;
+
+    impl TokenText for HalfChars {
+        fn stop_ids(&self) -> Vec<u32> {
+            vec![EOS]
+        }
+        fn decode(&self, ids: &[u32]) -> String {
+            let bytes: Vec<u8> = ids
+                .iter()
+                .flat_map(|&t| match t {
+                    2 => vec![0xC3],
+                    3 => vec![0xA9],
+                    t => vec![b'a' + t as u8 - 3],
+                })
+                .collect();
+            String::from_utf8_lossy(&bytes).into_owned()
+        }
+    }
+
+    #[test]
+    fn streamed_text_comes_step_by_step_and_adds_up_to_the_final_text() {
+        let m = model();
+        let mut g = Generator::new(&m, &HalfChars, 64);
+        let stop = |s: &str| GenerationParams {
+            stop: vec![s.into()],
+            ..params(10)
+        };
+        // 1 -> 2 3 4 5 6: "é" arrives in two tokens, then "bcd", cut at "cd".
+        g.add_streamed(0, vec![1], stop("cd")).unwrap();
+        // The same without a stop sequence: "ébcde", then the end of sequence.
+        g.add_streamed(1, vec![1], params(10)).unwrap();
+        // Not streamed: never in the pieces.
+        g.add(2, vec![1], params(10)).unwrap();
+        let mut pieces: Vec<Vec<String>> = vec![Vec::new(); 3];
+        let mut done = Vec::new();
+        while !g.is_empty() {
+            done.extend(g.step().unwrap());
+            for (k, text) in g.take_text() {
+                pieces[k].push(text);
+            }
+        }
+        done.sort_by_key(|(k, _)| *k);
+        assert_eq!(done[0].1.text, "éb");
+        assert_eq!(done[0].1.finish_reason, FinishReason::Stop);
+        assert_eq!(done[1].1.text, "ébcde");
+        for k in 0..2 {
+            assert_eq!(pieces[k].concat(), done[k].1.text, "sequence {k}");
+            assert!(
+                !pieces[k].iter().any(|p| p.contains('\u{FFFD}')),
+                "half a character was shown: {:?}",
+                pieces[k]
+            );
+        }
+        // Half of "é" is held, then one piece per step; "c" waits (it may
+        // start "cd") and the last piece is empty once "cd" cut it off.
+        assert_eq!(pieces[0], ["é", "b", ""]);
+        assert_eq!(pieces[1], ["é", "b", "c", "d", "e", ""]);
+        assert!(pieces[2].is_empty());
+    }
+
+    #[test]
+    fn shown_text_holds_back_a_possible_stop_sequence_start() {
+        let stops = |s: &[&str]| s.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(shown_len("hello wor", &stops(&["world"])), 6);
+        assert_eq!(shown_len("hello", &stops(&["xyz"])), 5);
+        assert_eq!(shown_len("ab\u{FFFD}", &[]), 2);
+        // The longest held end of any stop sequence wins.
+        assert_eq!(shown_len("xab", &stops(&["b!", "abc"])), 1);
+        assert_eq!(shown_len("x日", &stops(&["日本"])), 1);
     }
 }

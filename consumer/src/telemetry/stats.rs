@@ -160,6 +160,10 @@ pub struct Stats {
     pub generated_tokens: AtomicU64,
     /// generate: sequences holding a KV cache after the last step.
     pub generate_running: AtomicU64,
+    /// generate: sequences dropped before they finished (job cancelled,
+    /// client gone, drained), and stream messages published.
+    pub cancelled_sequences: AtomicU64,
+    pub stream_messages: AtomicU64,
     /// generate: KV-cache bytes the running sequences hold, and the most so far.
     pub kv_reserved_bytes: AtomicU64,
     pub kv_peak_bytes: AtomicU64,
@@ -203,6 +207,8 @@ impl Default for Stats {
             generate_step_micros: AtomicU64::new(0),
             generated_tokens: AtomicU64::new(0),
             generate_running: AtomicU64::new(0),
+            cancelled_sequences: AtomicU64::new(0),
+            stream_messages: AtomicU64::new(0),
             kv_reserved_bytes: AtomicU64::new(0),
             kv_peak_bytes: AtomicU64::new(0),
             stage_seconds: std::array::from_fn(|_| Histogram::new(SECONDS)),
@@ -279,6 +285,13 @@ impl Stats {
             .store(running as u64, Ordering::Relaxed);
         self.kv_reserved_bytes.store(kv_reserved, Ordering::Relaxed);
         self.kv_peak_bytes.fetch_max(kv_peak, Ordering::Relaxed);
+    }
+
+    /// The running set after sequences left it between steps (cancelled).
+    pub fn record_generate_running(&self, running: usize, kv_reserved: u64) {
+        self.generate_running
+            .store(running as u64, Ordering::Relaxed);
+        self.kv_reserved_bytes.store(kv_reserved, Ordering::Relaxed);
     }
 
     /// The stage latencies of a settled job (those it reached).
@@ -623,6 +636,16 @@ pub const SCALARS: &[Scalar] = &[
         "sluice_generate_running_sequences",
         "generate: sequences decoding together after the last step (at most --max-sequences).",
         |s, _| load(&s.generate_running),
+    ),
+    counter(
+        "sluice_generate_cancelled_sequences_total",
+        "generate: sequences stopped before they finished (job cancelled, client gone, drained); each frees its KV cache before the next step.",
+        |s, _| load(&s.cancelled_sequences),
+    ),
+    counter(
+        "sluice_stream_messages_total",
+        "generate: stream messages published for jobs that set output.stream.",
+        |s, _| load(&s.stream_messages),
     ),
     bytes_gauge(
         "sluice_kv_cache_bytes",

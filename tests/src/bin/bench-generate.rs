@@ -16,13 +16,7 @@ use sluice_consumer::model::generation::{GenerationParams, Generator};
 use sluice_consumer::model::gguf_tokenizer::ChatMessage;
 use sluice_consumer::model::llama::{Llama, StepChoice, WeightFormat};
 
-/// The prompts, cycled to the concurrency (the bench script uses the same).
-const PROMPTS: [&str; 4] = [
-    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
-    "Explain how a bicycle stays upright, in simple terms.",
-    "List five ideas for a rainy weekend.",
-    "Describe the water cycle.",
-];
+use sluice_tests::GENERATE_PROMPTS as PROMPTS;
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();

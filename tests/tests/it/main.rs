@@ -21,4 +21,5 @@ mod priorities;
 mod publishers;
 mod recycle;
 mod status;
+mod streaming;
 mod tenants;

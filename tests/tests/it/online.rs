@@ -27,7 +27,33 @@ chat = client.chat.completions.create(
     max_tokens=8, temperature=0)
 comp = client.completions.create(
     model="smollm2-135m-instruct", prompt="The capital of France is", max_tokens=4, temperature=0)
+# The same requests streamed.
+stream = client.chat.completions.create(
+    model="smollm2-135m-instruct",
+    messages=[{"role": "user", "content": "What is 2 plus 2?"}],
+    max_tokens=8, temperature=0, stream=True, stream_options={"include_usage": True})
+deltas, roles, finish, usage, ids = [], [], None, None, set()
+for chunk in stream:
+    ids.add(chunk.id)
+    if chunk.usage:
+        usage = [chunk.usage.prompt_tokens, chunk.usage.completion_tokens]
+    for c in chunk.choices:
+        if c.delta.role:
+            roles.append(c.delta.role)
+        if c.delta.content:
+            deltas.append(c.delta.content)
+        finish = c.finish_reason or finish
+comp_stream = client.completions.create(
+    model="smollm2-135m-instruct", prompt="The capital of France is", max_tokens=4,
+    temperature=0, stream=True)
+comp_deltas = [c.text for chunk in comp_stream for c in chunk.choices]
 print(json.dumps({
+    "streamed": deltas,
+    "streamed_roles": roles,
+    "streamed_finish": finish,
+    "streamed_usage": usage,
+    "streamed_ids": len(ids),
+    "completion_streamed": "".join(comp_deltas),
     "models": models,
     "vectors": [d.embedding for d in emb.data],
     "embed_tokens": emb.usage.prompt_tokens,
@@ -98,6 +124,19 @@ async fn the_openai_sdk_calls_the_online_endpoints_through_the_queue() {
     assert!(got["chat_usage"][0].as_u64().unwrap() > 0, "{got}");
     assert!(got["chat_usage"][1].as_u64().unwrap() > 0, "{got}");
     assert!(!got["completion"].as_str().unwrap().is_empty(), "{got}");
+    // Streamed, the same greedy answer arrives in pieces: the deltas add up
+    // to the whole answer, with its finish reason and usage.
+    let deltas: Vec<String> = serde_json::from_value(got["streamed"].clone()).unwrap();
+    assert_eq!(deltas.concat(), got["chat"].as_str().unwrap(), "{got}");
+    assert!(deltas.len() >= 2, "the answer came in one piece: {got}");
+    assert_eq!(got["streamed_roles"], json!(["assistant"]), "{got}");
+    assert_eq!(got["streamed_finish"], got["chat_finish"], "{got}");
+    assert_eq!(
+        got["streamed_usage"], got["chat_usage"],
+        "include_usage: {got}"
+    );
+    assert_eq!(got["streamed_ids"], 1, "one id per stream: {got}");
+    assert_eq!(got["completion_streamed"], got["completion"], "{got}");
     // Each request was a job on the stream, published as the key's tenant.
     let tenants = embed.stats.tenant_tokens();
     assert!(

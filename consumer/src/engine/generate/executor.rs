@@ -1,8 +1,9 @@
 //! The generation thread: owns the llama model and a continuous-batching
 //! [`Generator`]; sequences join a step as they arrive and leave it as they
 //! finish, and each answer goes back on the sequence's own channel. A
-//! sequence whose job went away (drained, aborted) is cancelled before the
-//! next step, freeing its KV cache.
+//! sequence whose job went away (drained, aborted, cancelled) is cancelled
+//! before the next step, freeing its KV cache. A streamed sequence's new
+//! text goes out after every step, on its job's [`StreamEvent`] channel.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,7 +14,7 @@ use sluice_schemas::ErrorCode;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::JobError;
-use crate::model::generation::{Generated, GenerationParams, Generator};
+use crate::model::generation::{FinishReason, Generated, GenerationParams, Generator};
 use crate::model::gguf_tokenizer::GgufTokenizer;
 use crate::model::llama::Llama;
 use crate::telemetry::Stats;
@@ -23,6 +24,38 @@ pub struct Sequence {
     pub prompt: Vec<u32>,
     pub params: GenerationParams,
     pub reply: oneshot::Sender<Result<Generated, JobError>>,
+    /// Set when the job streams: where this prompt's text goes as it grows.
+    pub stream: Option<StreamTo>,
+}
+
+/// A streamed prompt's channel: its index in the job, and the job's events.
+pub struct StreamTo {
+    pub item: usize,
+    pub events: mpsc::UnboundedSender<StreamEvent>,
+}
+
+/// What a streamed prompt reports, in order: its new text after each step
+/// that added some, then how it ended (sent before its reply).
+#[derive(Debug, Clone, PartialEq)]
+pub enum StreamEvent {
+    Text {
+        item: usize,
+        text: String,
+    },
+    /// The rest of its text (possibly empty), why it ended and its tokens.
+    Finished {
+        item: usize,
+        text: String,
+        finish_reason: FinishReason,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+    },
+}
+
+/// A sequence's answer channels while it runs.
+struct Waiter {
+    reply: oneshot::Sender<Result<Generated, JobError>>,
+    stream: Option<StreamTo>,
 }
 
 /// How the generation thread steps.
@@ -53,16 +86,26 @@ pub fn spawn(
                     .with_max_running(settings.max_sequences)
             };
             let mut generator = new_generator();
-            let mut replies: HashMap<u64, oneshot::Sender<Result<Generated, JobError>>> =
-                HashMap::new();
+            let mut replies: HashMap<u64, Waiter> = HashMap::new();
             let mut next_key = 0u64;
             let mut open = true;
             loop {
                 let mut add = |s: Sequence, generator: &mut Generator<'_, u64>| {
                     next_key += 1;
-                    match generator.add(next_key, s.prompt, s.params) {
+                    let added = if s.stream.is_some() {
+                        generator.add_streamed(next_key, s.prompt, s.params)
+                    } else {
+                        generator.add(next_key, s.prompt, s.params)
+                    };
+                    match added {
                         Ok(()) => {
-                            replies.insert(next_key, s.reply);
+                            replies.insert(
+                                next_key,
+                                Waiter {
+                                    reply: s.reply,
+                                    stream: s.stream,
+                                },
+                            );
                         }
                         Err(e) => {
                             let _ = s.reply.send(Err(JobError::new(
@@ -91,14 +134,23 @@ pub fn spawn(
                         }
                     }
                 }
-                // A job that went away (drained, aborted) frees its sequences.
-                replies.retain(|key, reply| {
-                    let keep = !reply.is_closed();
-                    if !keep {
-                        generator.cancel(key);
+                // A job that went away (drained, aborted, cancelled) frees
+                // its sequences.
+                let mut cancelled = false;
+                replies.retain(|key, waiter| {
+                    let keep = !waiter.reply.is_closed();
+                    if !keep && generator.cancel(key) {
+                        stats.cancelled_sequences.fetch_add(1, Ordering::Relaxed);
+                        cancelled = true;
                     }
                     keep
                 });
+                if cancelled {
+                    stats.record_generate_running(
+                        generator.running(),
+                        generator.reserved_kv_bytes(),
+                    );
+                }
                 if generator.is_empty() {
                     continue;
                 }
@@ -112,12 +164,36 @@ pub fn spawn(
                 );
                 match result {
                     Ok(done) => {
+                        // A finished prompt's last text goes with how it ended.
+                        let mut last_text = HashMap::new();
+                        for (key, text) in generator.take_text() {
+                            if done.iter().any(|(k, _)| *k == key) {
+                                last_text.insert(key, text);
+                            } else if let Some(Waiter {
+                                stream: Some(to), ..
+                            }) = replies.get(&key)
+                            {
+                                let _ = to.events.send(StreamEvent::Text {
+                                    item: to.item,
+                                    text,
+                                });
+                            }
+                        }
                         for (key, generated) in done {
                             stats
                                 .generated_tokens
                                 .fetch_add(generated.completion_tokens as u64, Ordering::Relaxed);
-                            if let Some(reply) = replies.remove(&key) {
-                                let _ = reply.send(Ok(generated));
+                            if let Some(waiter) = replies.remove(&key) {
+                                if let Some(to) = &waiter.stream {
+                                    let _ = to.events.send(StreamEvent::Finished {
+                                        item: to.item,
+                                        text: last_text.remove(&key).unwrap_or_default(),
+                                        finish_reason: generated.finish_reason,
+                                        prompt_tokens: generated.prompt_tokens,
+                                        completion_tokens: generated.completion_tokens,
+                                    });
+                                }
+                                let _ = waiter.reply.send(Ok(generated));
                             }
                         }
                     }
@@ -128,8 +204,8 @@ pub fn spawn(
                             message: format!("generation step failed: {}", inner.message),
                             ..inner
                         };
-                        for (_, reply) in replies.drain() {
-                            let _ = reply.send(Err(error.clone()));
+                        for (_, waiter) in replies.drain() {
+                            let _ = waiter.reply.send(Err(error.clone()));
                         }
                         generator = new_generator();
                     }

@@ -20,7 +20,7 @@ use candle_core::Device;
 use sluice_schemas::{ErrorCode, Generation, Item, Parameters, PromptInput, Task};
 use tokio::sync::{mpsc, oneshot};
 
-use self::executor::Sequence;
+use self::executor::{Sequence, StreamEvent, StreamTo};
 use super::startup::{Started, budget_limit, device_name, open_device};
 use crate::budget::{Budget, ItemCost, JobCost};
 use crate::config::Config;
@@ -300,10 +300,14 @@ impl GenerateEngine {
     }
 
     /// Sends the sequences to the generation thread and waits for all of
-    /// them; the generations come back in item order.
+    /// them; the generations come back in item order. With `stream`, each
+    /// prompt's text also goes there as it is generated (the channel closes
+    /// once every prompt has ended or left). Dropping the future cancels
+    /// the job's sequences before the generation thread's next step.
     pub async fn generate(
         &self,
         prepared: Vec<(Vec<u32>, GenerationParams)>,
+        stream: Option<mpsc::UnboundedSender<StreamEvent>>,
     ) -> Result<Vec<Generation>, JobError> {
         let stopped = || {
             JobError::new(
@@ -312,13 +316,17 @@ impl GenerateEngine {
             )
         };
         let mut waiting = Vec::with_capacity(prepared.len());
-        for (prompt, params) in prepared {
+        for (item, (prompt, params)) in prepared.into_iter().enumerate() {
             let (reply, rx) = oneshot::channel();
             self.sequences
                 .send(Sequence {
                     prompt,
                     params,
                     reply,
+                    stream: stream.as_ref().map(|events| StreamTo {
+                        item,
+                        events: events.clone(),
+                    }),
                 })
                 .await
                 .map_err(|_| stopped())?;
