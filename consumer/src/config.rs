@@ -188,8 +188,9 @@ pub struct Config {
     #[arg(long, env = "SLUICE_PULL_EXPIRES_MS", default_value_t = 2000)]
     pub pull_expires_ms: u64,
     /// How often admission asks the stream which tenants have jobs waiting,
-    /// in milliseconds (a new tenant's first job waits up to this long
-    /// before its first pull).
+    /// in milliseconds. While busy, a tenant new to this process waits up to
+    /// this long for its first pull; while idle, a tenant's job is noticed
+    /// as it is published.
     #[arg(long, env = "SLUICE_TENANT_REFRESH_MS", default_value_t = 1000)]
     pub tenant_refresh_ms: u64,
     /// Interval of progress acks (`+WPI`) for jobs waiting or running, in

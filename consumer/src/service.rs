@@ -414,6 +414,8 @@ async fn admit(
     let (abort_tx, abort) = watch::channel(false);
     let mut idle: FuturesUnordered<IdlePoll> = FuturesUnordered::new();
     let mut idle_queues: Vec<QueueKey> = Vec::new();
+    // While idle: tenant jobs as they are published (see below).
+    let mut arrivals: Option<async_nats::Subscriber> = None;
     let mut backoff = Duration::from_millis(100);
     let taken = std::sync::atomic::AtomicU64::new(0);
     let mut asked_at = Instant::now();
@@ -595,6 +597,7 @@ async fn admit(
         }
         backoff = Duration::from_millis(100);
         if got > 0 {
+            arrivals = None;
             continue;
         }
         // Idle: a long-poll per queue that has none yet, highest level
@@ -627,11 +630,39 @@ async fn admit(
             idle.push(long_poll(consumer, queue, reservation, plan.expires));
         }
         drop(reservations);
-        // Wait for one to deliver (or all to expire), for the next look at
-        // the tenants, or for stop.
+        // Idle long-polls wait on the tenants that had jobs at the last look
+        // only; a job of another tenant (an API key's online request after a
+        // quiet spell) would wait for the next look. So while idle, listen
+        // to the tenant subjects: such a job makes its tenant's queue ready
+        // at once (the listening ends when admission takes jobs again).
+        if arrivals.is_none() {
+            arrivals = shared
+                .js
+                .client()
+                .subscribe(tenant_queues.arrivals())
+                .await
+                .map_err(|e| tracing::debug!(error = %e, "cannot listen for tenant jobs; new tenants are found at the next look"))
+                .ok();
+        }
+        let arrival = async {
+            match arrivals.as_mut() {
+                Some(sub) => sub.next().await,
+                None => std::future::pending().await,
+            }
+        };
+        // Wait for one to deliver (or all to expire), for a tenant's job,
+        // for the next look at the tenants, or for stop.
         tokio::select! {
             Some(done) = idle.next(), if !idle.is_empty() => {
                 idle_done(done, &mut idle_queues, asked_at, &mut jobs);
+            }
+            Some(msg) = arrival => {
+                let subject = msg.subject.to_string();
+                if let Some(queue) = tenant_queues.arrived(&subject).await
+                    && !idle_queues.contains(&queue)
+                {
+                    tracing::debug!(tenant = %queue.1, level = %queue.0, "a tenant's job arrived while idle");
+                }
             }
             _ = tokio::time::sleep_until(tenant_queues.next_at()) => {}
             _ = stop.changed() => break 'pulling,

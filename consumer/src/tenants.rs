@@ -224,6 +224,38 @@ impl TenantQueues {
         self.backlogged[level.index()].retain(|t| t != tenant);
     }
 
+    /// The subjects of this task's tenant jobs, at every level: while
+    /// admission is idle it listens there (core NATS) for a job of a tenant
+    /// no long-poll waits on.
+    pub fn arrivals(&self) -> String {
+        format!(
+            "{}.{}.*.*",
+            self.topology.job_subject_prefix,
+            self.task.as_str()
+        )
+    }
+
+    /// A job arrived on `subject` (see [`TenantQueues::arrivals`]): its
+    /// tenant counts as backlogged at its level from now, its consumer made
+    /// if need be, without waiting for the next look at the stream. Returns
+    /// its queue when it is a tenant's of this task.
+    pub async fn arrived(&mut self, subject: &str) -> Option<(Priority, String)> {
+        let route = self.topology.route_of(subject)?;
+        if route.task != self.task.as_str() {
+            return None;
+        }
+        let (level, tenant) = (route.priority, route.tenant_name().to_string());
+        if tenant == sluice_schemas::DEFAULT_TENANT || !self.ensure_consumer(level, &tenant).await {
+            return None;
+        }
+        let have = &mut self.backlogged[level.index()];
+        if !have.contains(&tenant) {
+            have.push(tenant.clone());
+            have.sort();
+        }
+        Some((level, tenant))
+    }
+
     /// Looks at the stream again if it is time. A failed look keeps what the
     /// last one found.
     pub async fn refresh_if_due(&mut self) {

@@ -185,6 +185,13 @@ pub async fn start(config: Config) -> Result<Running> {
     });
     let driver = driver::spawn(state.clone());
     let app = router(state);
+    // No Nagle: a streamed answer is many small writes, each of which
+    // should leave at once rather than wait for the previous one's ACK.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY on a connection");
+        }
+    });
     let server = tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::error!(error = %e, "the HTTP server stopped");

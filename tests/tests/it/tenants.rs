@@ -218,23 +218,14 @@ async fn a_tenants_job_on_a_stream_from_before_tenants_runs_on_the_plain_subject
     config.subjects.retain(|s| !s.ends_with(".*"));
     js.update_stream(&config).await.unwrap();
 
-    let job = d.producer.job(
-        Task::Embed,
-        "before-tenants",
-        vec![Input::Inline {
-            items: vec!["a text from an old deployment".to_string().into()],
-        }],
-    );
-    let mut submission = Submission::new(&t, job, None);
-    submission.tenant = Some("acme".into());
     let mut results = d.producer.subscribe_results().await.unwrap();
-    let mut acks = d
-        .producer
-        .submit_pipelined(vec![submission], 1)
-        .await
-        .unwrap();
-    acks.next().await.unwrap().ack.unwrap();
-    drop(acks);
+    submit_as(
+        &d,
+        "before-tenants",
+        "a text from an old deployment",
+        "acme",
+    )
+    .await;
     let subjects: Vec<(String, usize)> = futures::TryStreamExt::try_collect(
         stream
             .info_with_subjects(format!("{}.>", t.job_subject_prefix))
@@ -261,4 +252,60 @@ async fn a_tenants_job_on_a_stream_from_before_tenants_runs_on_the_plain_subject
     let info = stream.info().await.unwrap();
     assert_eq!(info.config.subjects, t.job_subjects());
     consumer.shutdown(Duration::from_secs(5)).await.unwrap();
+}
+
+/// An idle consumer pulls a quiet tenant's job as it is published, not at
+/// its next look at the stream's tenants: with that look a minute away, a
+/// new tenant's job (and then another's, after the first tenant went quiet
+/// again) is still answered within seconds.
+#[tokio::test]
+async fn an_idle_consumer_takes_a_new_tenants_job_as_it_arrives() {
+    let d = Deployment::start().await.unwrap();
+    let consumer = d
+        .start_consumer(&["--tenant-refresh-ms=60000"])
+        .await
+        .unwrap();
+    // The first look at the tenants happens at start: let it pass, idle.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut results = d.producer.subscribe_results().await.unwrap();
+    for (id, tenant) in [("quiet-1", "quiet"), ("quiet-2", "other")] {
+        let sent = Instant::now();
+        submit_as(&d, id, "a text from a tenant that was quiet", tenant).await;
+        let r = tokio::time::timeout(Duration::from_secs(10), results.next_result())
+            .await
+            .unwrap_or_else(|_| panic!("{id} waited for the next look at the tenants"))
+            .unwrap();
+        assert_eq!(r.job_id.as_deref(), Some(id));
+        assert!(matches!(r.outcome, Outcome::Ok { .. }), "{r:?}");
+        eprintln!(
+            "{id} ({tenant}): answered {:?} after publishing",
+            sent.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let tenants = consumer.stats.tenant_tokens();
+    assert!(
+        tokens_of(&tenants, "quiet") > 0 && tokens_of(&tenants, "other") > 0,
+        "{tenants:?}"
+    );
+    consumer.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+/// Publishes a one-text embed job as `tenant` and waits for its ack.
+async fn submit_as(d: &Deployment, id: &str, text: &str, tenant: &str) {
+    let job = d.producer.job(
+        Task::Embed,
+        id,
+        vec![Input::Inline {
+            items: vec![text.to_string().into()],
+        }],
+    );
+    let mut submission = Submission::new(&d.producer.topology, job, None);
+    submission.tenant = Some(tenant.into());
+    let mut acks = d
+        .producer
+        .submit_pipelined(vec![submission], 1)
+        .await
+        .unwrap();
+    acks.next().await.unwrap().ack.unwrap();
 }
