@@ -334,3 +334,42 @@ impl OtlpMetrics {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// Every gateway metric the shipped Grafana dashboard queries is one
+    /// `/metrics` exports from the start (the consumer's crate checks the rest).
+    #[test]
+    fn the_grafana_dashboard_queries_only_exported_gateway_metrics() {
+        let dashboard: serde_json::Value =
+            serde_json::from_str(include_str!("../../deploy/grafana/sluice.json")).unwrap();
+        let exported = Metrics::default().render();
+        let mut checked = 0;
+        for panel in dashboard["panels"].as_array().unwrap() {
+            for target in panel["targets"].as_array().unwrap() {
+                let expr = target["expr"].as_str().unwrap();
+                for (at, _) in expr.match_indices("sluice_gateway_") {
+                    let name: String = expr[at..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    assert!(
+                        exported.lines().any(|l| l
+                            .strip_prefix(name.as_str())
+                            .is_some_and(|r| r.starts_with([' ', '{']))),
+                        "panel {:?} queries {name}, which the gateway's /metrics does not export",
+                        panel["title"]
+                    );
+                    checked += 1;
+                }
+            }
+        }
+        assert!(
+            checked >= 2,
+            "only {checked} gateway metric references found"
+        );
+    }
+}

@@ -967,7 +967,8 @@ mod dashboard_tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
-    /// Every metric the shipped Grafana dashboard queries is one we export.
+    /// Every metric the shipped Grafana dashboard queries is one we export
+    /// (the gateway's `sluice_gateway_*` panels are checked by its crate).
     #[test]
     fn the_grafana_dashboard_queries_only_exported_metrics() {
         let dashboard: serde_json::Value =
@@ -999,6 +1000,10 @@ mod dashboard_tests {
                         .chars()
                         .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
                         .collect();
+                    if name.starts_with("sluice_gateway_") {
+                        rest = &rest[at + name.len()..];
+                        continue;
+                    }
                     assert!(
                         exported.lines().any(|l| l
                             .strip_prefix(name.as_str())
