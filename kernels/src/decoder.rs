@@ -9,7 +9,11 @@
 //! its own row and its own sequence's cache only, so a token's logits do not
 //! depend on the other sequences of its step (batch invariance).
 
+use std::sync::Mutex;
+
 use rayon::prelude::*;
+
+use crate::team::Team;
 
 /// `out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * weight` for each row `t` of
 /// `x` (`[tokens, weight.len()]`).
@@ -103,9 +107,47 @@ pub struct SequenceAttention<'a> {
 /// Causal attention for every sequence of a step: token `i` of a sequence
 /// (at position `start + i`) attends to the sequence's positions up to its
 /// own. Returns the contexts, `[all new tokens, heads * head_dim]`, in the
-/// sequences' order. Work items (token, head) run on the rayon pool when a
+/// sequences' order. The (token, head) items run on the rayon pool when a
 /// step has enough of them to pay for the hand-off.
 pub fn causal_attention(shape: DecoderHeads, sequences: &[SequenceAttention<'_>]) -> Vec<f32> {
+    let scored: usize = sequences
+        .iter()
+        .map(|seq| {
+            let tokens = seq.queries.len() / (shape.heads * shape.head_dim).max(1);
+            (0..tokens).map(|i| seq.start + i + 1).sum::<usize>()
+        })
+        .sum();
+    // About 4 * head_dim flops per (head, position) scored.
+    let parts = if scored * shape.heads * shape.head_dim * 4 >= 1 << 18 {
+        rayon::current_num_threads().max(1)
+    } else {
+        1
+    };
+    attention_in_parts(shape, sequences, parts, |part| {
+        (0..parts).into_par_iter().for_each(part)
+    })
+}
+
+/// [`causal_attention`] with the (token, head) items shared among `team`'s
+/// members.
+pub fn causal_attention_on(
+    team: &Team,
+    shape: DecoderHeads,
+    sequences: &[SequenceAttention<'_>],
+) -> Vec<f32> {
+    attention_in_parts(shape, sequences, team.size(), |part| team.run(part))
+}
+
+/// The attention in `parts` runs of consecutive (token, head) items of
+/// about equal cost (the positions each attends to), each writing its own
+/// contiguous part of the output; `run_parts` calls the part's closure once
+/// for each of `0..parts`.
+fn attention_in_parts(
+    shape: DecoderHeads,
+    sequences: &[SequenceAttention<'_>],
+    parts: usize,
+    run_parts: impl FnOnce(&(dyn Fn(usize) + Sync)),
+) -> Vec<f32> {
     let DecoderHeads {
         heads,
         kv_heads,
@@ -113,9 +155,10 @@ pub fn causal_attention(shape: DecoderHeads, sequences: &[SequenceAttention<'_>]
     } = shape;
     assert!(kv_heads > 0 && heads.is_multiple_of(kv_heads));
     let width = heads * head_dim;
-    // (sequence, token) pairs in output order.
-    let mut rows = Vec::new();
-    let mut scored = 0usize;
+    // (sequence, token, head) in output order, and the running cost.
+    let mut items = Vec::new();
+    let mut cost = Vec::new();
+    let mut total = 0usize;
     for (s, seq) in sequences.iter().enumerate() {
         let tokens = seq.queries.len() / width;
         assert_eq!(seq.queries.len(), tokens * width);
@@ -123,16 +166,36 @@ pub fn causal_attention(shape: DecoderHeads, sequences: &[SequenceAttention<'_>]
         assert_eq!(seq.keys.len(), kv_heads * seq.capacity * head_dim);
         assert_eq!(seq.values.len(), seq.keys.len());
         for i in 0..tokens {
-            rows.push((s, i));
-            scored += seq.start + i + 1;
+            for h in 0..heads {
+                items.push((s, i, h));
+                total += seq.start + i + 1;
+                cost.push(total);
+            }
         }
     }
-    let mut out = vec![0f32; rows.len() * width];
-    let attend_row = |(&(s, i), ctx): (&(usize, usize), &mut [f32])| {
-        let seq = &sequences[s];
-        let len = seq.start + i + 1;
-        let mut scores = Vec::with_capacity(len);
-        for h in 0..heads {
+    // Part p ends at the first item whose running cost reaches (p + 1) /
+    // parts of the total.
+    let mut bounds = vec![0usize];
+    for p in 1..parts {
+        let target = total * p / parts;
+        bounds.push(cost.partition_point(|c| *c <= target).max(bounds[p - 1]));
+    }
+    bounds.push(items.len());
+    let mut out = vec![0f32; items.len() * head_dim];
+    let mut outs = Vec::with_capacity(parts);
+    let mut rest = out.as_mut_slice();
+    for w in bounds.windows(2) {
+        let (part, tail) = rest.split_at_mut((w[1] - w[0]) * head_dim);
+        outs.push(Mutex::new(part));
+        rest = tail;
+    }
+    run_parts(&|part| {
+        let mut ctx = outs[part].lock().unwrap_or_else(|e| e.into_inner());
+        let mut scores = Vec::new();
+        let mine = &items[bounds[part]..bounds[part + 1]];
+        for (&(s, i, h), ctx) in mine.iter().zip(ctx.chunks_exact_mut(head_dim)) {
+            let seq = &sequences[s];
+            let len = seq.start + i + 1;
             let g = h / (heads / kv_heads);
             let cached = g * seq.capacity * head_dim..(g * seq.capacity + len) * head_dim;
             let q = &seq.queries[i * width + h * head_dim..i * width + (h + 1) * head_dim];
@@ -141,18 +204,11 @@ pub fn causal_attention(shape: DecoderHeads, sequences: &[SequenceAttention<'_>]
                 &seq.keys[cached.clone()],
                 &seq.values[cached],
                 &mut scores,
-                &mut ctx[h * head_dim..(h + 1) * head_dim],
+                ctx,
             );
         }
-    };
-    // About 4 * head_dim flops per (head, position) scored.
-    if scored * heads * head_dim * 4 >= 1 << 18 {
-        rows.par_iter()
-            .zip(out.par_chunks_mut(width))
-            .for_each(attend_row);
-    } else {
-        rows.iter().zip(out.chunks_mut(width)).for_each(attend_row);
-    }
+    });
+    drop(outs);
     out
 }
 
@@ -181,6 +237,7 @@ fn attend(q: &[f32], keys: &[f32], values: &[f32], scores: &mut Vec<f32>, out: &
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::test_values::values;
 
@@ -261,6 +318,31 @@ mod tests {
                 }],
             );
             assert_eq!(&both[..tokens * width], &alone[..]);
+            // Any team's split of the items gives the same bits.
+            for size in 1..=3 {
+                let team = Team::new(size).unwrap();
+                let seqs = [
+                    SequenceAttention {
+                        queries: &queries,
+                        keys: &keys,
+                        values: &vals,
+                        capacity: cap,
+                        start,
+                    },
+                    SequenceAttention {
+                        queries: &other_q,
+                        keys: &keys,
+                        values: &vals,
+                        capacity: cap,
+                        start: 0,
+                    },
+                ];
+                assert_eq!(
+                    causal_attention_on(&team, shape, &seqs),
+                    both,
+                    "team of {size}"
+                );
+            }
             // The one-token sequence at position 0 sees only its own value.
             for h in 0..6 {
                 let g = h / 3;

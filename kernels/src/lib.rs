@@ -10,13 +10,15 @@
 //!   SwiGLU), in plain Rust.
 //! - `quantized`: batched matrix products over Q4_1 / Q8_0 blocks, with
 //!   their plain-Rust reference.
+//! - `team`: the threads the generation step's parallel regions run on
+//!   (spinning between regions instead of sleeping).
 //! - `simd`, `f32_kernels` and `quantized_kernels`: the vector operations
 //!   the kernels are written over (`Simd` for f32, `Int8Simd` for 8-bit
 //!   blocks), and the kernels' bodies, written once for every level.
 //! - `x86_avx2` and `x86_avx512`: each level's vector operations (f32 and
 //!   8-bit) and the `#[target_feature]` functions that compile the generic
-//!   bodies for it, the crate's only unsafe code, reached through a token
-//!   that proves the level was detected. On other architectures
+//!   bodies for it, reached through a token that proves the level was
+//!   detected: with `team`'s job hand-off, the crate's only unsafe code. On other architectures
 //!   `no_avx2.rs` and `no_avx512.rs` stand in: their tokens never exist.
 //!
 //! Every kernel is tested against its reference at each level the machine
@@ -29,6 +31,7 @@ mod f32_kernels;
 pub mod quantized;
 mod quantized_kernels;
 mod simd;
+pub mod team;
 #[cfg(test)]
 mod test_values;
 

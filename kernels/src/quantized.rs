@@ -17,7 +17,12 @@
 //! [`reference_matmul`] is the same arithmetic in plain Rust; the tests hold
 //! every level the machine has to it.
 
+use std::ops::Range;
+use std::sync::Mutex;
+
 use rayon::prelude::*;
+
+use crate::team::{Team, share};
 
 use crate::x86_avx2::Avx2;
 use crate::x86_avx512::{Avx512Bw, Avx512Vnni};
@@ -258,21 +263,51 @@ impl PackedMatrix {
 
     /// [`PackedMatrix::matmul`] at the given level.
     pub fn matmul_with(&self, kernels: Int8Kernels, x: &[f32], tokens: usize) -> Vec<f32> {
+        // A task per thread: more tasks cost more in hand-offs than they gain.
+        let parts = rayon::current_num_threads().max(1);
+        self.matmul_in_parts(kernels, x, tokens, parts, |part| {
+            (0..parts).into_par_iter().for_each(part)
+        })
+    }
+
+    /// [`PackedMatrix::matmul`] with the rows shared among `team`'s members
+    /// (the generation step's products: no sleeping threads to wake).
+    pub fn matmul_on(&self, team: &Team, x: &[f32], tokens: usize) -> Vec<f32> {
+        self.matmul_in_parts(Int8Kernels::current(), x, tokens, team.size(), |part| {
+            team.run(part)
+        })
+    }
+
+    /// The product in `parts` contiguous shares of the output rows, each
+    /// written transposed (`[rows, tokens]`, so that shares are contiguous)
+    /// by `run_parts`, which calls the part's closure once for each of
+    /// `0..parts`, in any order, on any threads.
+    fn matmul_in_parts(
+        &self,
+        kernels: Int8Kernels,
+        x: &[f32],
+        tokens: usize,
+        parts: usize,
+        run_parts: impl FnOnce(&(dyn Fn(usize) + Sync)),
+    ) -> Vec<f32> {
         let xq = quantize_rows(x, tokens, self.cols);
-        // One contiguous share of the output rows per thread (a task per
-        // thread: more tasks cost more in hand-offs than they gain), written
-        // transposed (`[rows, tokens]`) so that shares are contiguous.
-        let threads = rayon::current_num_threads().max(1);
-        let rows_per_task = self.rows.div_ceil(threads).next_multiple_of(4).max(4);
         let mut transposed = vec![0f32; self.rows * tokens];
-        let run = |(chunk, out): (usize, &mut [f32])| {
-            let first = chunk * rows_per_task;
-            kernels.rows(self, &xq, first, out.len() / tokens, out);
-        };
-        transposed
-            .par_chunks_mut(rows_per_task * tokens)
-            .enumerate()
-            .for_each(run);
+        let shares: Vec<Range<usize>> = (0..parts)
+            .map(|part| share(self.rows, parts, part, 4))
+            .collect();
+        let mut outs = Vec::with_capacity(parts);
+        let mut rest = transposed.as_mut_slice();
+        for rows in &shares {
+            let (out, tail) = rest.split_at_mut(rows.len() * tokens);
+            outs.push(Mutex::new(out));
+            rest = tail;
+        }
+        run_parts(&|part| {
+            let mut out = outs[part].lock().unwrap_or_else(|e| e.into_inner());
+            let rows = &shares[part];
+            kernels.rows(self, &xq, rows.start, rows.len(), &mut out);
+        });
+        drop(outs);
         untranspose(&transposed, self.rows, tokens)
     }
 }
@@ -468,6 +503,16 @@ mod tests {
             let mut avx512 = Vec::new();
             for kernels in Int8Kernels::all() {
                 let together = w.matmul_with(kernels, &x, tokens);
+                let team = Team::new(3).unwrap();
+                if matches!(kernels, Int8Kernels::Reference) {
+                    // `matmul_on` runs the current level; it shares rows, never sums.
+                    let current = w.matmul_with(Int8Kernels::current(), &x, tokens);
+                    assert_eq!(
+                        w.matmul_on(&team, &x, tokens),
+                        current,
+                        "{dtype:?} on a team"
+                    );
+                }
                 for t in 0..tokens {
                     let alone = w.matmul_with(kernels, &x[t * cols..(t + 1) * cols], 1);
                     assert_eq!(

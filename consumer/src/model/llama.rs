@@ -10,9 +10,11 @@
 //! - **host** (x86-64 CPUs with AVX2 + FMA, weights in Q4_1 or Q8_0): plain
 //!   `f32` buffers and the `sluice-kernels` crate's batched quantized
 //!   products and decoder pieces. Q, K and V are one product, gate and up
-//!   another, so a layer is four products (four parallel regions, each
-//!   quantizing its input once) with RMS norm, RoPE, cache writes, attention
-//!   and SwiGLU between them on the same buffers; no tensor ops.
+//!   another, so a layer is four products (each quantizing its input once)
+//!   with RMS norm, RoPE, cache writes, attention and SwiGLU between them on
+//!   the same buffers; no tensor ops. The products and the attention are
+//!   parallel regions on the model's thread team (`kernels::team`), whose
+//!   threads spin between regions rather than sleep.
 //! - **candle**: the same arithmetic in candle ops (CUDA, other CPUs, other
 //!   quantizations, dense f32 weights), and the reference the tests hold the
 //!   host step to.
@@ -27,6 +29,7 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{D, DType, Device, Module, Tensor};
 
 use sluice_kernels::decoder::{self, DecoderHeads, SequenceAttention};
+use sluice_kernels::team::Team;
 
 use super::ModelError;
 use super::gguf_tokenizer::GgufTokenizer;
@@ -299,6 +302,9 @@ enum Layers {
         /// `[context, head_dim / 2]` each.
         cos: Vec<f32>,
         sin: Vec<f32>,
+        /// The threads the step's products and attention share (as many as
+        /// rayon's pool: `RAYON_NUM_THREADS`, else one per core).
+        team: Team,
     },
     Candle {
         blocks: Vec<Block>,
@@ -420,6 +426,9 @@ impl Llama {
                     .collect::<Result<_, _>>()?,
                 cos: cos.flatten_all()?.to_vec1()?,
                 sin: sin.flatten_all()?.to_vec1()?,
+                team: Team::new(rayon::current_num_threads()).map_err(|e| {
+                    ModelError::Failed(format!("cannot start the step's threads: {e}"))
+                })?,
             }
         } else {
             Layers::Candle { blocks, cos, sin }
@@ -499,15 +508,32 @@ impl Llama {
         let ids = Tensor::new(ids.as_slice(), &self.device)?;
         let x = self.embed.index_select(&ids, 0)?;
         let x = match &self.layers {
-            Layers::Host { blocks, cos, sin } => {
+            Layers::Host {
+                blocks,
+                cos,
+                sin,
+                team,
+            } => {
                 let x = x.flatten_all()?.to_vec1::<f32>()?;
-                // The whole step on a rayon worker: the products' parallel
-                // regions then join on the worker's spinning latches
-                // instead of putting the calling thread to sleep and waking
-                // it 120 times a step (measured in perf as a fifth of a
-                // one-sequence decode step in the scheduler).
-                let last = rayon::scope(|_| self.host_layers(blocks, cos, sin, segments, x))?;
-                Tensor::from_vec(last, (segments.len(), self.config.hidden), &self.device)?
+                let last = self.host_layers(team, blocks, cos, sin, segments, x)?;
+                for s in segments.iter_mut() {
+                    s.cache.len += s.tokens.len();
+                }
+                if let Linear::Packed(output) = &self.output {
+                    let norm: Vec<f32> = self.norm.to_vec1()?;
+                    let mut h = vec![0f32; last.len()];
+                    decoder::rms_norm(&last, &norm, self.config.rms_eps as f32, &mut h);
+                    let logits = output.matmul_on(team, &h, segments.len());
+                    return Ok(Tensor::from_vec(
+                        logits,
+                        (segments.len(), output.rows()),
+                        &self.device,
+                    )?);
+                }
+                let last =
+                    Tensor::from_vec(last, (segments.len(), self.config.hidden), &self.device)?;
+                let last = candle_nn::ops::rms_norm(&last, &self.norm, self.config.rms_eps as f32)?;
+                return Ok(self.output.forward(&last)?.to_dtype(DType::F32)?);
             }
             Layers::Candle { blocks, cos, sin } => {
                 let x = self.candle_layers(blocks, cos, sin, segments, x)?;
@@ -533,6 +559,7 @@ impl Llama {
     /// (their `len` is advanced by the caller).
     fn host_layers(
         &self,
+        team: &Team,
         blocks: &[HostBlock],
         cos: &[f32],
         sin: &[f32],
@@ -555,7 +582,7 @@ impl Llama {
         let mut h = vec![0f32; x.len()];
         for (layer, block) in blocks.iter().enumerate() {
             decoder::rms_norm(&x, &block.attn_norm, eps, &mut h);
-            let mut qkv = block.qkv.matmul(&h, tokens);
+            let mut qkv = block.qkv.matmul_on(team, &h, tokens);
             // Rotate Q and K at each token's position; K and V go into the
             // sequence's cache, Q into the step's queries.
             let mut queries = vec![0f32; tokens * q_dim];
@@ -601,13 +628,15 @@ impl Llama {
                 });
                 row += n;
             }
-            let context = decoder::causal_attention(shape, &sequences);
-            add(&mut x, &block.o.matmul(&context, tokens));
+            let context = decoder::causal_attention_on(team, shape, &sequences);
+            add(&mut x, &block.o.matmul_on(team, &context, tokens));
             decoder::rms_norm(&x, &block.ffn_norm, eps, &mut h);
-            let gate_up = block.gate_up.matmul(&h, tokens);
+            let gate_up = block.gate_up.matmul_on(team, &h, tokens);
             add(
                 &mut x,
-                &block.down.matmul(&decoder::swiglu(&gate_up, c.ffn), tokens),
+                &block
+                    .down
+                    .matmul_on(team, &decoder::swiglu(&gate_up, c.ffn), tokens),
             );
         }
         let mut last = Vec::with_capacity(segments.len() * hidden);

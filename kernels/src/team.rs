@@ -1,0 +1,287 @@
+//! A small team of threads for the generation step's many short parallel
+//! regions.
+//!
+//! A one-sequence decode step of a small model is ~120 parallel regions of
+//! a few tens of microseconds each (four matrix products a layer, attention,
+//! the output projection). On rayon's pool the helper threads go to sleep in
+//! the gaps between regions and each region starts with a futex wake-up: a
+//! perf profile put 15% of a SmolLM2 decode in the kernel's scheduler. A
+//! team's workers instead spin (`spin_loop`, then `yield_now`) while jobs
+//! come back to back, so a region starts in well under a microsecond, and
+//! park on a condition variable only after [`IDLE_SPIN`] without work (as
+//! llama.cpp's thread pool keeps its threads at a spinning barrier).
+//!
+//! [`Team::run`] runs one closure on every member at once, the caller being
+//! member 0, and returns when all have finished; a panic in any member is
+//! raised again in the caller. Jobs do not nest.
+
+#![allow(unsafe_code)]
+
+use std::cell::UnsafeCell;
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long an idle worker spins for the next job before it parks.
+pub const IDLE_SPIN: Duration = Duration::from_millis(2);
+
+/// Spins before a waiting thread starts yielding its CPU (a peer that is
+/// descheduled gets the core back sooner).
+const SPINS_BEFORE_YIELD: u32 = 1 << 12;
+
+/// A job as workers see it: the caller's closure with its lifetime erased.
+/// Sound because [`Team::run`] does not return (or unwind) before every
+/// worker has finished with it.
+type Job = *const (dyn Fn(usize) + Sync);
+
+struct Shared {
+    size: usize,
+    /// Bumped once per job; workers run a job when they see it change.
+    epoch: AtomicU64,
+    /// Written by the caller only while no worker reads it (before the
+    /// epoch moves, after `pending` reaches 0).
+    job: UnsafeCell<Option<Job>>,
+    /// Workers still running the current job.
+    pending: AtomicUsize,
+    panicked: AtomicBool,
+    shutdown: AtomicBool,
+    /// Workers parked on `wake`.
+    sleeping: AtomicUsize,
+    park: Mutex<()>,
+    wake: Condvar,
+}
+
+// SAFETY: `job` is the only field that is not Sync; see its comment and
+// `Job`'s: writes and reads of it are ordered by `epoch` and `pending`.
+unsafe impl Sync for Shared {}
+unsafe impl Send for Shared {}
+
+/// `size - 1` worker threads plus the caller of [`Team::run`].
+pub struct Team {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+    /// One job at a time.
+    running: Mutex<()>,
+}
+
+impl Team {
+    /// A team of `size` members (at least 1): `size - 1` threads are
+    /// spawned, named `sluice-team-N`.
+    pub fn new(size: usize) -> std::io::Result<Team> {
+        let size = size.max(1);
+        let shared = Arc::new(Shared {
+            size,
+            epoch: AtomicU64::new(0),
+            job: UnsafeCell::new(None),
+            pending: AtomicUsize::new(0),
+            panicked: AtomicBool::new(false),
+            shutdown: AtomicBool::new(false),
+            sleeping: AtomicUsize::new(0),
+            park: Mutex::new(()),
+            wake: Condvar::new(),
+        });
+        let mut workers = Vec::with_capacity(size - 1);
+        for member in 1..size {
+            let shared = Arc::clone(&shared);
+            workers.push(
+                std::thread::Builder::new()
+                    .name(format!("sluice-team-{member}"))
+                    .spawn(move || work(&shared, member))?,
+            );
+        }
+        Ok(Team {
+            shared,
+            workers,
+            running: Mutex::new(()),
+        })
+    }
+
+    /// Members, the caller of [`Team::run`] included.
+    pub fn size(&self) -> usize {
+        self.shared.size
+    }
+
+    /// Runs `job(member)` for every member `0..size` at once (the caller
+    /// runs member 0) and returns when all have returned. A panic in any
+    /// member panics here, after the others have finished. `job` must not
+    /// call `run` on the same team.
+    pub fn run(&self, job: &(dyn Fn(usize) + Sync)) {
+        let shared = &*self.shared;
+        if shared.size == 1 {
+            job(0);
+            return;
+        }
+        let _one_at_a_time = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: no worker reads `job` now (the last job's `pending`
+        // reached 0 before its `run` returned), and this `run` waits for
+        // every worker before returning, so the erased lifetime outlives
+        // every use.
+        unsafe {
+            let erased: Job = std::mem::transmute::<&(dyn Fn(usize) + Sync), Job>(job);
+            *shared.job.get() = Some(erased);
+        }
+        shared.pending.store(shared.size - 1, Ordering::SeqCst);
+        shared.epoch.fetch_add(1, Ordering::SeqCst);
+        if shared.sleeping.load(Ordering::SeqCst) > 0 {
+            let _guard = shared.park.lock().unwrap_or_else(|e| e.into_inner());
+            shared.wake.notify_all();
+        }
+        let mine = catch_unwind(AssertUnwindSafe(|| job(0)));
+        wait_until(|| shared.pending.load(Ordering::Acquire) == 0);
+        // SAFETY: every worker has finished with the job.
+        unsafe { *shared.job.get() = None };
+        if let Err(panic) = mine {
+            shared.panicked.store(false, Ordering::SeqCst);
+            resume_unwind(panic);
+        }
+        if shared.panicked.swap(false, Ordering::SeqCst) {
+            panic!("a member of the kernels' thread team panicked");
+        }
+    }
+}
+
+impl Drop for Team {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::SeqCst);
+        {
+            let _guard = self.shared.park.lock().unwrap_or_else(|e| e.into_inner());
+            self.shared.wake.notify_all();
+        }
+        for worker in self.workers.drain(..) {
+            let _ = worker.join();
+        }
+    }
+}
+
+/// Spins on `done`, yielding the CPU after a while.
+fn wait_until(done: impl Fn() -> bool) {
+    let mut spins = 0u32;
+    while !done() {
+        if spins < SPINS_BEFORE_YIELD {
+            spins += 1;
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+    }
+}
+
+fn work(shared: &Shared, member: usize) {
+    let mut seen = 0u64;
+    loop {
+        let mut idle_since = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            if shared.shutdown.load(Ordering::Acquire) {
+                return;
+            }
+            let epoch = shared.epoch.load(Ordering::Acquire);
+            if epoch != seen {
+                seen = epoch;
+                break;
+            }
+            spins += 1;
+            if spins < SPINS_BEFORE_YIELD {
+                std::hint::spin_loop();
+                continue;
+            }
+            if idle_since.elapsed() < IDLE_SPIN {
+                std::thread::yield_now();
+                continue;
+            }
+            let mut guard = shared.park.lock().unwrap_or_else(|e| e.into_inner());
+            shared.sleeping.fetch_add(1, Ordering::SeqCst);
+            while shared.epoch.load(Ordering::SeqCst) == seen
+                && !shared.shutdown.load(Ordering::SeqCst)
+            {
+                guard = shared.wake.wait(guard).unwrap_or_else(|e| e.into_inner());
+            }
+            shared.sleeping.fetch_sub(1, Ordering::SeqCst);
+            drop(guard);
+            idle_since = Instant::now();
+            spins = 0;
+        }
+        // SAFETY: the epoch moved, so the caller stored this job before it
+        // (SeqCst/Acquire) and will not clear it until `pending` is 0.
+        let job = unsafe { (*shared.job.get()).map(|j| &*j) };
+        if let Some(job) = job
+            && catch_unwind(AssertUnwindSafe(|| job(member))).is_err()
+        {
+            shared.panicked.store(true, Ordering::SeqCst);
+        }
+        shared.pending.fetch_sub(1, Ordering::Release);
+    }
+}
+
+/// The part of `0..len` that member `member` of `members` takes: contiguous
+/// shares whose sizes differ by at most `align` and whose starts are
+/// multiples of `align`.
+pub fn share(len: usize, members: usize, member: usize, align: usize) -> std::ops::Range<usize> {
+    let units = len.div_ceil(align);
+    let (per, extra) = (units / members, units % members);
+    let start = member * per + member.min(extra);
+    let end = start + per + usize::from(member < extra);
+    (start * align).min(len)..(end * align).min(len)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn every_member_runs_each_job_once() {
+        for size in 1..=4 {
+            let team = Team::new(size).unwrap();
+            for _ in 0..1000 {
+                let counts: Vec<AtomicUsize> = (0..size).map(|_| AtomicUsize::new(0)).collect();
+                team.run(&|m| {
+                    counts[m].fetch_add(1, Ordering::Relaxed);
+                });
+                assert!(counts.iter().all(|c| c.load(Ordering::Relaxed) == 1));
+            }
+        }
+    }
+
+    #[test]
+    fn a_parked_team_wakes_for_the_next_job() {
+        let team = Team::new(3).unwrap();
+        std::thread::sleep(IDLE_SPIN * 3);
+        let sum = AtomicUsize::new(0);
+        team.run(&|m| {
+            sum.fetch_add(m + 1, Ordering::Relaxed);
+        });
+        assert_eq!(sum.load(Ordering::Relaxed), 6);
+    }
+
+    #[test]
+    fn a_panic_in_a_worker_reaches_the_caller_and_the_team_goes_on() {
+        let team = Team::new(2).unwrap();
+        let caught = catch_unwind(AssertUnwindSafe(|| {
+            team.run(&|m| assert_ne!(m, 1, "member 1 fails"));
+        }));
+        assert!(caught.is_err());
+        let ran = AtomicUsize::new(0);
+        team.run(&|_| {
+            ran.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(ran.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn shares_cover_the_range_in_aligned_parts() {
+        for len in [0, 1, 5, 70, 576, 1000] {
+            for members in 1..=5 {
+                let parts: Vec<_> = (0..members).map(|m| share(len, members, m, 4)).collect();
+                assert_eq!(parts[0].start, 0);
+                assert_eq!(parts[members - 1].end, len);
+                for w in parts.windows(2) {
+                    assert_eq!(w[0].end, w[1].start);
+                    assert!(w[1].start % 4 == 0 || w[1].start == len);
+                }
+            }
+        }
+    }
+}
