@@ -35,7 +35,7 @@ impl Avx2 {
         _: &QuantizedRows,
         _: usize,
         _: usize,
-        _: &mut [f32],
+        _: &mut crate::team::Columns,
     ) {
         match self {}
     }

@@ -49,7 +49,7 @@ impl Avx512Bw {
         _: &QuantizedRows,
         _: usize,
         _: usize,
-        _: &mut [f32],
+        _: &mut crate::team::Columns,
     ) {
         match self {}
     }
@@ -66,7 +66,7 @@ impl Avx512Vnni {
         _: &QuantizedRows,
         _: usize,
         _: usize,
-        _: &mut [f32],
+        _: &mut crate::team::Columns,
     ) {
         match self {}
     }

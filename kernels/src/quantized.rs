@@ -22,7 +22,7 @@ use std::sync::Mutex;
 
 use rayon::prelude::*;
 
-use crate::team::{Team, share};
+use crate::team::{Columns, Team, share};
 
 use crate::x86_avx2::Avx2;
 use crate::x86_avx512::{Avx512Bw, Avx512Vnni};
@@ -61,10 +61,17 @@ impl Int8Kernels {
         }
     }
 
-    /// Rows `first..first + rows` of `W x` into `out` (`[rows, tokens]`).
-    /// The AVX-512 levels take two blocks at a time: a matrix whose rows
-    /// hold an odd number of blocks runs at AVX2.
-    fn rows(self, w: &PackedMatrix, x: &QuantizedRows, first: usize, rows: usize, out: &mut [f32]) {
+    /// Rows `first..first + rows` of `W x` into their columns of `out`
+    /// (`[tokens, W's rows]`). The AVX-512 levels take two blocks at a
+    /// time: a matrix whose rows hold an odd number of blocks runs at AVX2.
+    fn rows(
+        self,
+        w: &PackedMatrix,
+        x: &QuantizedRows,
+        first: usize,
+        rows: usize,
+        out: &mut Columns,
+    ) {
         let even = w.blocks.is_multiple_of(2);
         match self {
             Int8Kernels::Avx512Vnni(t) if even => t.quantized_rows(w, x, first, rows, out),
@@ -278,10 +285,10 @@ impl PackedMatrix {
         })
     }
 
-    /// The product in `parts` contiguous shares of the output rows, each
-    /// written transposed (`[rows, tokens]`, so that shares are contiguous)
-    /// by `run_parts`, which calls the part's closure once for each of
-    /// `0..parts`, in any order, on any threads.
+    /// The product in `parts` contiguous shares of the weight rows (the
+    /// output's columns), each written in place by `run_parts`, which calls
+    /// the part's closure once for each of `0..parts`, in any order, on any
+    /// threads.
     fn matmul_in_parts(
         &self,
         kernels: Int8Kernels,
@@ -291,26 +298,32 @@ impl PackedMatrix {
         run_parts: impl FnOnce(&(dyn Fn(usize) + Sync)),
     ) -> Vec<f32> {
         let xq = quantize_rows(x, tokens, self.cols);
-        let mut transposed = vec![0f32; self.rows * tokens];
+        let mut y = vec![0f32; tokens * self.rows];
+        if tokens == 0 {
+            return y;
+        }
         let shares: Vec<Range<usize>> = (0..parts)
             .map(|part| share(self.rows, parts, part, 4))
             .collect();
-        let mut outs = Vec::with_capacity(parts);
-        let mut rest = transposed.as_mut_slice();
-        for rows in &shares {
-            let (out, tail) = rest.split_at_mut(rows.len() * tokens);
-            outs.push(Mutex::new(out));
-            rest = tail;
-        }
+        let outs: Vec<Mutex<Columns>> = Columns::split(&mut y, self.rows, &shares)
+            .into_iter()
+            .map(Mutex::new)
+            .collect();
         run_parts(&|part| {
             let mut out = outs[part].lock().unwrap_or_else(|e| e.into_inner());
             let rows = &shares[part];
             kernels.rows(self, &xq, rows.start, rows.len(), &mut out);
         });
         drop(outs);
-        untranspose(&transposed, self.rows, tokens)
+        y
     }
 }
+
+/// `1.5 * 2^23`: `(v + ROUND) - ROUND` is `v` rounded to the nearest
+/// integer, ties to even (as llama.cpp's x86 quantization rounds), for
+/// `|v| < 2^22`, in plain f32 arithmetic the compiler vectorizes (`round`
+/// is a library call per value).
+const ROUND: f32 = 12_582_912.0;
 
 /// Quantizes each row of `x` (`[tokens, cols]`) per block of 32.
 pub fn quantize_rows(x: &[f32], tokens: usize, cols: usize) -> QuantizedRows {
@@ -330,8 +343,10 @@ pub fn quantize_rows(x: &[f32], tokens: usize, cols: usize) -> QuantizedRows {
             let mut q = [0i8; 32];
             let mut sum = 0i32;
             for (dst, v) in q.iter_mut().zip(block) {
-                *dst = (v * inv).round() as i8;
-                sum += i32::from(*dst);
+                // |v * inv| <= 127: exact integers after the rounding.
+                let rounded = ((v * inv) + ROUND) - ROUND;
+                *dst = rounded as i32 as i8;
+                sum += rounded as i32;
             }
             // Scales rounded to f16 as ggml stores them (Q8_0's `d`, Q8_1's
             // `d` and `s = f16(sum) * d` in f16), so that the products equal
@@ -348,24 +363,23 @@ pub fn quantize_rows(x: &[f32], tokens: usize, cols: usize) -> QuantizedRows {
 /// The kernels' arithmetic in plain Rust: `[tokens, rows]` for `x`.
 pub fn reference_matmul(w: &PackedMatrix, x: &[f32], tokens: usize) -> Vec<f32> {
     let xq = quantize_rows(x, tokens, w.cols);
-    let mut transposed = vec![0f32; w.rows * tokens];
-    reference_rows(w, &xq, 0, w.rows, &mut transposed);
-    untranspose(&transposed, w.rows, tokens)
-}
-
-/// `[rows, tokens]` (how the kernels write) to `[tokens, rows]`.
-fn untranspose(transposed: &[f32], rows: usize, tokens: usize) -> Vec<f32> {
-    let mut y = vec![0f32; tokens * rows];
-    for (r, per_token) in transposed.chunks_exact(tokens).enumerate() {
-        for (t, v) in per_token.iter().enumerate() {
-            y[t * rows + r] = *v;
-        }
+    let mut y = vec![0f32; tokens * w.rows];
+    if tokens > 0 {
+        let all = 0..w.rows;
+        let mut out = Columns::split(&mut y, w.rows, std::slice::from_ref(&all));
+        reference_rows(w, &xq, 0, w.rows, &mut out[0]);
     }
     y
 }
 
-/// Rows `first..first + rows` of `W x`, into `out` as `[rows, tokens]`.
-fn reference_rows(w: &PackedMatrix, x: &QuantizedRows, first: usize, rows: usize, out: &mut [f32]) {
+/// Rows `first..first + rows` of `W x`, into their columns of `out`.
+fn reference_rows(
+    w: &PackedMatrix,
+    x: &QuantizedRows,
+    first: usize,
+    rows: usize,
+    out: &mut Columns,
+) {
     let tokens = x.tokens;
     for r in 0..rows {
         for t in 0..tokens {
@@ -395,7 +409,7 @@ fn reference_rows(w: &PackedMatrix, x: &QuantizedRows, first: usize, rows: usize
                     }
                 };
             }
-            out[r * tokens + t] = acc;
+            out.set(t, first + r, acc);
         }
     }
 }

@@ -15,8 +15,10 @@
 
 use crate::quantized::{Packed, PackedMatrix, QuantizedRows};
 use crate::simd::Int8Simd;
+use crate::team::Columns;
 
-/// Rows `first..first + rows` of `W x` into `out` (`[rows, tokens]`): tiles
+/// Rows `first..first + rows` of `W x` into `out` (`[tokens, W's rows]`,
+/// these rows' columns): tiles
 /// of 2 rows x 4 tokens (each weight block unpacked once for 4 tokens), then
 /// the remaining tokens 4 rows at a time. `W`'s blocks per row must be a
 /// multiple of `S::BLOCKS`.
@@ -27,7 +29,7 @@ pub(crate) fn rows<S: Int8Simd>(
     x: &QuantizedRows,
     first: usize,
     rows: usize,
-    out: &mut [f32],
+    out: &mut Columns,
 ) {
     assert!(w.blocks.is_multiple_of(S::BLOCKS));
     let tokens = x.tokens;
@@ -38,7 +40,7 @@ pub(crate) fn rows<S: Int8Simd>(
             let sums = tile::<S, 2, 4>(s, w, x, first + r, t);
             for (i, row) in sums.iter().enumerate() {
                 for (j, v) in row.iter().enumerate() {
-                    out[(r + i) * tokens + t + j] = *v;
+                    out.set(t + j, first + r + i, *v);
                 }
             }
             r += 2;
@@ -46,7 +48,7 @@ pub(crate) fn rows<S: Int8Simd>(
         while r < rows {
             let sums = tile::<S, 1, 4>(s, w, x, first + r, t);
             for (j, v) in sums[0].iter().enumerate() {
-                out[r * tokens + t + j] = *v;
+                out.set(t + j, first + r, *v);
             }
             r += 1;
         }
@@ -57,12 +59,12 @@ pub(crate) fn rows<S: Int8Simd>(
         while r + 4 <= rows {
             let sums = tile::<S, 4, 1>(s, w, x, first + r, t);
             for (i, row) in sums.iter().enumerate() {
-                out[(r + i) * tokens + t] = row[0];
+                out.set(t, first + r + i, row[0]);
             }
             r += 4;
         }
         while r < rows {
-            out[r * tokens + t] = tile::<S, 1, 1>(s, w, x, first + r, t)[0][0];
+            out.set(t, first + r, tile::<S, 1, 1>(s, w, x, first + r, t)[0][0]);
             r += 1;
         }
         t += 1;
@@ -84,7 +86,6 @@ fn tile<S: Int8Simd, const R: usize, const T: usize>(
     let x_q: [&[[i8; 32]]; T] = std::array::from_fn(|j| &x.qs[x_range(j)]);
     let x_d: [&[f32]; T] = std::array::from_fn(|j| &x.d[x_range(j)]);
     let mut acc = [[s.zero(); T]; R];
-    let mut scales = [0f32; 2];
     let mut b = 0;
     match &w.weights {
         Packed::Q4_1 { d, qs, .. } => {
@@ -97,17 +98,17 @@ fn tile<S: Int8Simd, const R: usize, const T: usize>(
                 // the caller's target features, so its intrinsics would be
                 // calls instead of instructions.
                 let mut wv = [s.unpack_q4(&w_q[0][b..]); R];
+                let mut ws = [s.block_scales(&w_d[0][b..]); R];
                 for i in 1..R {
                     wv[i] = s.unpack_q4(&w_q[i][b..]);
+                    ws[i] = s.block_scales(&w_d[i][b..]);
                 }
                 for j in 0..T {
                     let xv = s.load_q8(&x_q[j][b..]);
+                    let xs = s.block_scales(&x_d[j][b..]);
                     for i in 0..R {
-                        for k in 0..S::BLOCKS {
-                            scales[k] = w_d[i][b + k] * x_d[j][b + k];
-                        }
                         let dot = s.dot(wv[i], xv);
-                        acc[i][j] = s.scaled_add(acc[i][j], dot, &scales[..S::BLOCKS]);
+                        acc[i][j] = s.scaled_add(acc[i][j], dot, s.mul(ws[i], xs));
                     }
                 }
                 b += S::BLOCKS;
@@ -118,18 +119,18 @@ fn tile<S: Int8Simd, const R: usize, const T: usize>(
             let w_d: [&[f32]; R] = std::array::from_fn(|i| &d[w_range(i)]);
             while b < nb {
                 let mut wv = [s.load_q8(&w_q[0][b..]); R];
+                let mut ws = [s.block_scales(&w_d[0][b..]); R];
                 for i in 1..R {
                     wv[i] = s.load_q8(&w_q[i][b..]);
+                    ws[i] = s.block_scales(&w_d[i][b..]);
                 }
                 for j in 0..T {
                     let xv = s.load_q8(&x_q[j][b..]);
+                    let xs = s.block_scales(&x_d[j][b..]);
                     for i in 0..R {
-                        for k in 0..S::BLOCKS {
-                            scales[k] = w_d[i][b + k] * x_d[j][b + k];
-                        }
                         let (unsigned, signed) = s.abs_and_sign(wv[i], xv);
                         let dot = s.dot(unsigned, signed);
-                        acc[i][j] = s.scaled_add(acc[i][j], dot, &scales[..S::BLOCKS]);
+                        acc[i][j] = s.scaled_add(acc[i][j], dot, s.mul(ws[i], xs));
                     }
                 }
                 b += S::BLOCKS;

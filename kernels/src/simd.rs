@@ -80,8 +80,11 @@ pub(crate) trait Int8Simd: Copy + Send + Sync + 'static {
     /// Unsigned bytes times signed bytes, summed in i32 lanes, each lane
     /// within one block (no saturation for operands up to 127 in size).
     fn dot(self, unsigned: Self::I, signed: Self::I) -> Self::I;
-    /// `acc + f32(dot) * scale`, where block `k`'s lanes take `scales[k]`.
-    fn scaled_add(self, acc: Self::F, dot: Self::I, scales: &[f32]) -> Self::F;
+    /// The first `BLOCKS` of `d`, each over its block's lanes.
+    fn block_scales(self, d: &[f32]) -> Self::F;
+    fn mul(self, a: Self::F, b: Self::F) -> Self::F;
+    /// `acc + f32(dot) * scale`.
+    fn scaled_add(self, acc: Self::F, dot: Self::I, scale: Self::F) -> Self::F;
     /// The sum of the lanes.
     fn sum(self, a: Self::F) -> f32;
 }

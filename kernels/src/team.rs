@@ -215,6 +215,60 @@ fn work(shared: &Shared, member: usize) {
     }
 }
 
+/// One share of the columns of a row-major matrix, writable from its own
+/// thread while other threads write the other shares ([`Columns::split`]):
+/// how the members of a product write its `[tokens, rows]` output in place,
+/// each its own rows of the weight matrix.
+pub struct Columns<'a> {
+    ptr: *mut f32,
+    rows: usize,
+    ld: usize,
+    cols: std::ops::Range<usize>,
+    _out: std::marker::PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: a `Columns` writes only inside its own column range, and `split`
+// hands out disjoint ranges of a matrix it borrows mutably for their life.
+unsafe impl Send for Columns<'_> {}
+
+impl<'a> Columns<'a> {
+    /// `out` (`[rows, ld]`) cut into the column ranges `shares`, which must
+    /// be in order, disjoint and inside `0..ld`.
+    pub fn split(
+        out: &'a mut [f32],
+        ld: usize,
+        shares: &[std::ops::Range<usize>],
+    ) -> Vec<Columns<'a>> {
+        assert!(ld > 0 && out.len().is_multiple_of(ld));
+        let mut end = 0;
+        for cols in shares {
+            assert!(cols.start >= end && cols.start <= cols.end && cols.end <= ld);
+            end = cols.end;
+        }
+        let rows = out.len() / ld;
+        let ptr = out.as_mut_ptr();
+        shares
+            .iter()
+            .map(|cols| Columns {
+                ptr,
+                rows,
+                ld,
+                cols: cols.clone(),
+                _out: std::marker::PhantomData,
+            })
+            .collect()
+    }
+
+    /// `out[row][col] = v`; panics outside this share.
+    #[inline(always)]
+    pub fn set(&mut self, row: usize, col: usize, v: f32) {
+        assert!(row < self.rows && col >= self.cols.start && col < self.cols.end);
+        // SAFETY: in bounds (checked), and no other `Columns` of the same
+        // split writes this column.
+        unsafe { *self.ptr.add(row * self.ld + col) = v }
+    }
+}
+
 /// The part of `0..len` that member `member` of `members` takes: contiguous
 /// shares whose sizes differ by at most `align` and whose starts are
 /// multiples of `align`.
@@ -268,6 +322,28 @@ mod tests {
             ran.fetch_add(1, Ordering::Relaxed);
         });
         assert_eq!(ran.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn column_shares_write_their_own_columns_only() {
+        let mut out = vec![0f32; 3 * 5];
+        let mut shares = Columns::split(&mut out, 5, &[0..2, 2..5]);
+        shares[0].set(2, 1, 1.0);
+        shares[1].set(0, 4, 2.0);
+        assert!(catch_unwind(AssertUnwindSafe(|| shares[0].set(0, 2, 3.0))).is_err());
+        assert!(catch_unwind(AssertUnwindSafe(|| shares[1].set(3, 2, 3.0))).is_err());
+        drop(shares);
+        assert_eq!((out[2 * 5 + 1], out[4]), (1.0, 2.0));
+        assert_eq!(out.iter().filter(|v| **v != 0.0).count(), 2);
+        assert!(
+            catch_unwind(AssertUnwindSafe(|| Columns::split(
+                &mut out,
+                5,
+                &[0..3, 2..5]
+            )
+            .len()))
+            .is_err()
+        );
     }
 
     #[test]

@@ -13,6 +13,7 @@ use crate::cpu::{self, KernelLevel};
 use crate::encoder::{Heads, PackedLinear};
 use crate::quantized::{PackedMatrix, QuantizedRows};
 use crate::simd::{Int8Simd, Simd};
+use crate::team::Columns;
 
 /// Proof that this process runs the AVX2 + FMA kernels.
 #[derive(Clone, Copy, Debug)]
@@ -56,7 +57,7 @@ impl Avx2 {
         x: &QuantizedRows,
         first: usize,
         rows: usize,
-        out: &mut [f32],
+        out: &mut Columns,
     ) {
         // SAFETY: as in `linear`.
         unsafe { quantized::rows(self, w, x, first, rows, out) }
@@ -203,6 +204,7 @@ mod quantized {
     use super::Avx2;
     use crate::quantized::{PackedMatrix, QuantizedRows};
     use crate::quantized_kernels;
+    use crate::team::Columns;
 
     #[target_feature(enable = "avx2,fma")]
     pub fn rows(
@@ -211,7 +213,7 @@ mod quantized {
         x: &QuantizedRows,
         first: usize,
         rows: usize,
-        out: &mut [f32],
+        out: &mut Columns,
     ) {
         quantized_kernels::rows(s, w, x, first, rows, out)
     }
@@ -253,8 +255,16 @@ impl Int8Simd for Avx2 {
         unsafe { _mm256_madd_epi16(_mm256_maddubs_epi16(unsigned, signed), _mm256_set1_epi16(1)) }
     }
     #[inline(always)]
-    fn scaled_add(self, acc: __m256, dot: __m256i, scales: &[f32]) -> __m256 {
-        unsafe { _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(scales[0]), acc) }
+    fn block_scales(self, d: &[f32]) -> __m256 {
+        unsafe { _mm256_set1_ps(d[0]) }
+    }
+    #[inline(always)]
+    fn mul(self, a: __m256, b: __m256) -> __m256 {
+        unsafe { _mm256_mul_ps(a, b) }
+    }
+    #[inline(always)]
+    fn scaled_add(self, acc: __m256, dot: __m256i, scale: __m256) -> __m256 {
+        unsafe { _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc) }
     }
     #[inline(always)]
     fn sum(self, a: __m256) -> f32 {

@@ -21,6 +21,7 @@ use crate::f32_kernels;
 use crate::quantized::{PackedMatrix, QuantizedRows};
 use crate::quantized_kernels;
 use crate::simd::{Int8Simd, Simd};
+use crate::team::Columns;
 
 /// Proof that this process runs the AVX-512 kernels.
 #[derive(Clone, Copy, Debug)]
@@ -210,7 +211,7 @@ impl Avx512Bw {
         x: &QuantizedRows,
         first: usize,
         rows: usize,
-        out: &mut [f32],
+        out: &mut Columns,
     ) {
         // SAFETY: an `Avx512Bw` exists only where the CPU has AVX-512F and
         // BW, AVX2 and FMA.
@@ -233,7 +234,7 @@ impl Avx512Vnni {
         x: &QuantizedRows,
         first: usize,
         rows: usize,
-        out: &mut [f32],
+        out: &mut Columns,
     ) {
         // SAFETY: an `Avx512Vnni` exists only where the CPU has AVX-512F,
         // BW and VNNI, AVX2 and FMA.
@@ -248,7 +249,7 @@ fn quantized_rows_bw(
     x: &QuantizedRows,
     first: usize,
     rows: usize,
-    out: &mut [f32],
+    out: &mut Columns,
 ) {
     quantized_kernels::rows(s, w, x, first, rows, out)
 }
@@ -260,7 +261,7 @@ fn quantized_rows_vnni(
     x: &QuantizedRows,
     first: usize,
     rows: usize,
-    out: &mut [f32],
+    out: &mut Columns,
 ) {
     quantized_kernels::rows(s, w, x, first, rows, out)
 }
@@ -318,13 +319,20 @@ mod two_blocks {
         unsafe { _mm512_dpbusd_epi32(_mm512_setzero_si512(), unsigned, signed) }
     }
 
+    /// `[d[0]; 8]` then `[d[1]; 8]`: one 8-byte load and one permute.
     #[inline(always)]
-    pub fn scaled_add(acc: __m512, dot: __m512i, scales: &[f32]) -> __m512 {
+    pub fn block_scales(d: &[f32]) -> __m512 {
+        let pair: &[f32; 2] = &d.as_chunks::<2>().0[0];
         unsafe {
-            let scale =
-                _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(scales[0]), _mm512_set1_ps(scales[1]));
-            _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc)
+            let both = _mm_castpd_ps(_mm_load_sd(pair.as_ptr().cast()));
+            let lanes = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+            _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(both))
         }
+    }
+
+    #[inline(always)]
+    pub fn scaled_add(acc: __m512, dot: __m512i, scale: __m512) -> __m512 {
+        unsafe { _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc) }
     }
 }
 
@@ -357,8 +365,17 @@ macro_rules! two_block_int8 {
                 $dot(unsigned, signed)
             }
             #[inline(always)]
-            fn scaled_add(self, acc: __m512, dot: __m512i, scales: &[f32]) -> __m512 {
-                two_blocks::scaled_add(acc, dot, scales)
+            fn block_scales(self, d: &[f32]) -> __m512 {
+                two_blocks::block_scales(d)
+            }
+            #[inline(always)]
+            fn mul(self, a: __m512, b: __m512) -> __m512 {
+                // SAFETY: the token proves AVX-512F.
+                unsafe { _mm512_mul_ps(a, b) }
+            }
+            #[inline(always)]
+            fn scaled_add(self, acc: __m512, dot: __m512i, scale: __m512) -> __m512 {
+                two_blocks::scaled_add(acc, dot, scale)
             }
             #[inline(always)]
             fn sum(self, a: __m512) -> f32 {
