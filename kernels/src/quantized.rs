@@ -435,7 +435,7 @@ mod tests {
 
     /// The SIMD kernels at every level the machine has equal the plain-Rust
     /// arithmetic, for both weight types, every tile shape (token counts
-    /// 1..=9 cover the 4-token tiles and the remainders; 70 rows cover the
+    /// 1..=13 cover the 8- and 4-token tiles and the remainders; 70 rows cover the
     /// 2- and 4-row tiles, their remainders and a partial parallel chunk),
     /// rows of an odd (96 columns: 3 blocks, which the AVX-512 levels hand
     /// to AVX2) and an even number of blocks (128 columns), and they
@@ -452,7 +452,7 @@ mod tests {
                 let w = pack(&q).unwrap();
                 let dequantized = q.dequantize(&Device::Cpu).unwrap();
                 let w_dense: Vec<f32> = dequantized.flatten_all().unwrap().to_vec1().unwrap();
-                for tokens in 1..=9 {
+                for tokens in 1..=13 {
                     let x = values(tokens * cols, 7 + tokens as u64);
                     let reference = reference_matmul(&w, &x, tokens);
                     let xt = Tensor::from_vec(x.clone(), (tokens, cols), &Device::Cpu).unwrap();

@@ -62,6 +62,9 @@ pub(crate) trait Simd: Copy + Send + Sync + 'static {
 pub(crate) trait Int8Simd: Copy + Send + Sync + 'static {
     /// Blocks of 32 values per vector (1 for 256-bit, 2 for 512-bit).
     const BLOCKS: usize;
+    /// Whether 2 x 8 tiles fit the registers (16 accumulators: AVX-512's 32
+    /// vector registers, not AVX2's 16).
+    const WIDE_TILES: bool;
     /// A vector of bytes, or of i32 lanes.
     type I: Copy;
     /// A vector of f32 lanes.

@@ -225,6 +225,7 @@ mod quantized {
 /// loads read exactly the block arrays they are given.
 impl Int8Simd for Avx2 {
     const BLOCKS: usize = 1;
+    const WIDE_TILES: bool = false;
     type I = __m256i;
     type F = __m256;
 

@@ -340,6 +340,7 @@ macro_rules! two_block_int8 {
     ($token:ty, $dot:path) => {
         impl Int8Simd for $token {
             const BLOCKS: usize = 2;
+            const WIDE_TILES: bool = true;
             type I = __m512i;
             type F = __m512;
 
