@@ -107,7 +107,9 @@ impl BertEncoder {
         let pack = |w: &[f32], outputs: usize, inputs: usize, b: &[f32]| match weights {
             super::EmbedWeights::Bf16 => PackedLinear::new_bf16(w, outputs, inputs, Some(b))
                 .unwrap_or_else(|| PackedLinear::new(w, outputs, inputs, Some(b))),
-            super::EmbedWeights::F32 => PackedLinear::new(w, outputs, inputs, Some(b)),
+            super::EmbedWeights::F32 | super::EmbedWeights::Auto => {
+                PackedLinear::new(w, outputs, inputs, Some(b))
+            }
         };
         let vb = if vb.contains_tensor("bert.embeddings.word_embeddings.weight") {
             vb.pp("bert")

@@ -58,9 +58,15 @@ impl MiniLm {
         max_tokens_per_item: usize,
         weights: super::EmbedWeights,
     ) -> Result<MiniLm, LoadError> {
+        // `auto` measures the CPU's layers; CUDA runs f32 whatever it says.
+        let weights = if device.is_cpu() {
+            weights.resolve()
+        } else {
+            weights
+        };
         let choice = match weights {
-            super::EmbedWeights::F32 => ForwardChoice::Fastest,
             super::EmbedWeights::Bf16 => ForwardChoice::FastestBf16,
+            super::EmbedWeights::F32 | super::EmbedWeights::Auto => ForwardChoice::Fastest,
         };
         Self::load_with(dir, device, max_tokens_per_item, choice)
     }

@@ -18,12 +18,46 @@ pub use bert::EncoderInputError;
 /// The precision of the packed BERT forward's linear layers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum EmbedWeights {
+    /// bf16 where the CPU has AVX512_BF16 and a measurement at start-up
+    /// ([`sluice_kernels::encoder::bf16_speedup`]) finds the bf16 layers at
+    /// least [`BF16_MIN_SPEEDUP`] times as fast as f32's; f32 elsewhere.
+    #[default]
+    Auto,
     /// f32 weights and sums.
     F32,
     /// bf16 weights and activations, f32 sums (`vdpbf16ps`), where the CPU
     /// has AVX512_BF16; f32 elsewhere.
-    #[default]
     Bf16,
+}
+
+/// The speed-up over f32 `auto` asks of bf16 before it rounds the weights.
+pub const BF16_MIN_SPEEDUP: f64 = 1.1;
+
+impl EmbedWeights {
+    /// `Auto` decided (measuring once per process, logged); the others as
+    /// they are.
+    pub fn resolve(self) -> EmbedWeights {
+        if self != EmbedWeights::Auto {
+            return self;
+        }
+        match sluice_kernels::encoder::bf16_speedup() {
+            Some(speedup) if speedup >= BF16_MIN_SPEEDUP => {
+                tracing::info!(
+                    speedup = format!("{speedup:.2}"),
+                    "--embed-weights auto: bf16 (the bf16 linear layers measured faster than f32 here)"
+                );
+                EmbedWeights::Bf16
+            }
+            Some(speedup) => {
+                tracing::info!(
+                    speedup = format!("{speedup:.2}"),
+                    "--embed-weights auto: f32 (bf16 measured no faster than f32 on this CPU)"
+                );
+                EmbedWeights::F32
+            }
+            None => EmbedWeights::F32,
+        }
+    }
 }
 pub use minilm::{ForwardChoice, MiniLm};
 pub use tokenizer::{TextTokenizer, TokenizeError, TokenizedItem};
@@ -106,4 +140,22 @@ impl From<candle_core::Error> for ModelError {
 pub fn worst_batch_shape(max_batch_tokens: usize, max_tokens_per_item: usize) -> (usize, usize) {
     let len = max_tokens_per_item.min(max_batch_tokens).max(1);
     ((max_batch_tokens / len).max(1), len)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `auto` becomes bf16 exactly where the measured speed-up clears the
+    /// bar; an explicit choice stays as asked.
+    #[test]
+    fn auto_weights_follow_the_measured_speedup() {
+        let expected = match sluice_kernels::encoder::bf16_speedup() {
+            Some(speedup) if speedup >= BF16_MIN_SPEEDUP => EmbedWeights::Bf16,
+            _ => EmbedWeights::F32,
+        };
+        assert_eq!(EmbedWeights::Auto.resolve(), expected);
+        assert_eq!(EmbedWeights::F32.resolve(), EmbedWeights::F32);
+        assert_eq!(EmbedWeights::Bf16.resolve(), EmbedWeights::Bf16);
+    }
 }
