@@ -25,7 +25,8 @@ use rayon::prelude::*;
 use crate::x86_avx2::Avx2;
 use crate::x86_avx512::{Avx512, Avx512Bf16};
 
-/// Rows of a register tile.
+/// Rows of the bf16 layers' register tile (the f32 ones' is per level:
+/// `f32_kernels::linear`'s `MR`).
 pub(crate) const MR: usize = 6;
 /// Depth of a packed block: an `MR x KC` slice of activations and a
 /// `KC x 2 vectors` slice of weights together fit the 32 KiB L1 cache.
@@ -287,7 +288,8 @@ impl PackedLinear {
             return out;
         }
         let threads = rayon::current_num_threads().max(1);
-        let per_task = rows.div_ceil(threads).next_multiple_of(MR);
+        // Whole tiles at every level (6 rows at AVX2, 12 at AVX-512).
+        let per_task = rows.div_ceil(threads).next_multiple_of(12);
         out.par_chunks_mut(per_task * self.outputs)
             .zip(x.par_chunks(per_task * self.inputs))
             .for_each(|(out, x)| match (self.bf16, self.kernels) {
@@ -480,14 +482,16 @@ mod tests {
 
     #[test]
     fn linear_matches_the_plain_product_for_every_edge() {
-        // Rows and outputs that are not multiples of the tile, inputs that
-        // span more than one depth block, and the encoder's shapes.
+        // Rows and outputs that are not multiples of the tile (6 or 12 rows),
+        // inputs that span more than one depth block, and the encoder's shapes.
         for (rows, outputs, inputs) in [
             (1, 1, 1),
             (7, 17, 300),
             (13, 40, 513),
             (100, 384, 384),
             (61, 1536, 384),
+            // More rows per thread than one packed block (MC) holds.
+            (203, 40, 300),
         ] {
             let w = values(outputs * inputs, 1);
             let b = values(outputs, 2);
@@ -556,6 +560,8 @@ mod tests {
             (13, 40, 514),
             (100, 384, 384),
             (61, 1536, 384),
+            // More rows per thread than one packed block (MC) holds.
+            (203, 40, 300),
         ] {
             let w = values(outputs * inputs, 1);
             let b = values(outputs, 2);

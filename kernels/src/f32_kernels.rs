@@ -4,20 +4,22 @@
 //! function here is `#[inline(always)]` so that it compiles inside that
 //! caller, to that instruction set; none is called on its own.
 //!
-//! The shapes scale with the vector width: a register tile is `MR` rows by
-//! two vectors (6 x 16 with AVX2, 6 x 32 with AVX-512), keys are scored in
+//! The shapes scale with the vector width and the register count: a
+//! register tile is `MR` rows by two vectors (6 x 16 with AVX2's 16
+//! registers, 12 x 32 with AVX-512's 32), keys are scored in
 //! blocks of two vectors, and values are summed 32 head dimensions at a time.
 
-use crate::encoder::{ERF_A, ERF_P, Heads, KC, MC, MR, PackedLinear};
+use crate::encoder::{ERF_A, ERF_P, Heads, KC, MC, PackedLinear};
 use crate::simd::Simd;
 
 /// The most columns a register tile has at any level (two AVX-512 vectors).
 const MAX_NR: usize = 32;
 
-/// `out = x W^T + b` for the rows of `x` (`[rows, inputs]`); `w` must be
-/// packed in panels of two of `s`'s vectors.
+/// `out = x W^T + b` for the rows of `x` (`[rows, inputs]`) in tiles of `MR`
+/// rows; `w` must be packed in panels of two of `s`'s vectors. Each output
+/// sums its inputs in the same order whatever `MR` is.
 #[inline(always)]
-pub(crate) fn linear<S: Simd>(s: S, w: &PackedLinear, x: &[f32], out: &mut [f32]) {
+pub(crate) fn linear<S: Simd, const MR: usize>(s: S, w: &PackedLinear, x: &[f32], out: &mut [f32]) {
     let nr = 2 * S::LANES;
     assert_eq!(w.nr, nr, "weights packed for another vector width");
     assert!(nr <= MAX_NR);
@@ -35,7 +37,7 @@ pub(crate) fn linear<S: Simd>(s: S, w: &PackedLinear, x: &[f32], out: &mut [f32]
         while i0 < rows {
             let mc = MC.min(rows - i0);
             let row_panels = mc.div_ceil(MR);
-            pack_rows(x, inputs, i0, rows, k0, kc, row_panels, &mut packed);
+            pack_rows::<MR>(x, inputs, i0, rows, k0, kc, row_panels, &mut packed);
             for panel in 0..panels {
                 let b = &w.panels[(panel * inputs + k0) * nr..(panel * inputs + k0 + kc) * nr];
                 let bias = &w.bias[panel * nr..(panel + 1) * nr];
@@ -47,15 +49,16 @@ pub(crate) fn linear<S: Simd>(s: S, w: &PackedLinear, x: &[f32], out: &mut [f32]
                     let at = r0 * outputs + panel * nr;
                     if tile_rows == MR && cols == nr {
                         let c = &mut out[at..at + (MR - 1) * outputs + nr];
-                        tile(s, a, b, c, outputs, first, bias);
+                        tile::<S, MR>(s, a, b, c, outputs, first, bias);
                     } else {
                         // An edge tile: run the full tile on a copy.
-                        let mut c = [0f32; MR * MAX_NR];
+                        let mut c = [[0f32; MAX_NR]; MR];
+                        let c = c.as_flattened_mut();
                         for r in 0..tile_rows {
                             let src = &out[at + r * outputs..at + r * outputs + cols];
                             c[r * nr..r * nr + cols].copy_from_slice(src);
                         }
-                        tile(s, a, b, &mut c[..MR * nr], nr, first, bias);
+                        tile::<S, MR>(s, a, b, &mut c[..MR * nr], nr, first, bias);
                         for r in 0..tile_rows {
                             let dst = &mut out[at + r * outputs..at + r * outputs + cols];
                             dst.copy_from_slice(&c[r * nr..r * nr + cols]);
@@ -74,7 +77,7 @@ pub(crate) fn linear<S: Simd>(s: S, w: &PackedLinear, x: &[f32], out: &mut [f32]
 /// each panel.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn pack_rows(
+fn pack_rows<const MR: usize>(
     x: &[f32],
     inputs: usize,
     i0: usize,
@@ -104,7 +107,15 @@ fn pack_rows(
 /// `first`. `a` is `kc x MR`, `b` is `kc x 2 vectors`, `c` has rows `ldc`
 /// apart.
 #[inline(always)]
-fn tile<S: Simd>(s: S, a: &[f32], b: &[f32], c: &mut [f32], ldc: usize, first: bool, bias: &[f32]) {
+fn tile<S: Simd, const MR: usize>(
+    s: S,
+    a: &[f32],
+    b: &[f32],
+    c: &mut [f32],
+    ldc: usize,
+    first: bool,
+    bias: &[f32],
+) {
     let lanes = S::LANES;
     let (a_steps, _) = a.as_chunks::<MR>();
     let b_steps = b.chunks_exact(2 * lanes);

@@ -72,7 +72,7 @@ mod encoder {
 
     #[target_feature(enable = "avx2,fma")]
     pub fn linear(s: Avx2, w: &PackedLinear, x: &[f32], out: &mut [f32]) {
-        f32_kernels::linear(s, w, x, out)
+        f32_kernels::linear::<_, 6>(s, w, x, out)
     }
 
     #[target_feature(enable = "avx2,fma")]

@@ -61,7 +61,7 @@ impl Avx512 {
 
 #[target_feature(enable = "avx512f,avx2,fma")]
 fn linear(s: Avx512, w: &PackedLinear, x: &[f32], out: &mut [f32]) {
-    f32_kernels::linear(s, w, x, out)
+    f32_kernels::linear::<_, 12>(s, w, x, out)
 }
 
 #[target_feature(enable = "avx512f,avx2,fma")]
