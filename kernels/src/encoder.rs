@@ -139,6 +139,49 @@ pub fn bf16_speedup() -> Option<f64> {
     })
 }
 
+/// `x = layer_norm(x + residual) * weight + bias` for each row of `x`
+/// (`[rows, weight.len()]`; `residual` the same shape), rows in parallel in
+/// chunks of 64. Plain Rust, here rather than beside the model so that it
+/// builds at `opt-level = 3` in every profile.
+pub fn layer_norm(x: &mut [f32], residual: Option<&[f32]>, weight: &[f32], bias: &[f32], eps: f32) {
+    let h = weight.len();
+    assert_eq!(bias.len(), h);
+    assert!(residual.is_none_or(|r| r.len() == x.len()));
+    const ROWS: usize = 64;
+    let norm_rows = |x: &mut [f32], residual: Option<&[f32]>| {
+        for (r, row) in x.chunks_exact_mut(h).enumerate() {
+            if let Some(res) = residual {
+                for (v, s) in row.iter_mut().zip(&res[r * h..(r + 1) * h]) {
+                    *v += s;
+                }
+            }
+            let mean = lane_sum(row.iter().copied()) / h as f32;
+            let var = lane_sum(row.iter().map(|v| (v - mean) * (v - mean))) / h as f32;
+            let inv = 1.0 / (var + eps).sqrt();
+            for ((v, w), b) in row.iter_mut().zip(weight).zip(bias) {
+                *v = (*v - mean) * inv * w + b;
+            }
+        }
+    };
+    match residual {
+        Some(res) => x
+            .par_chunks_mut(ROWS * h)
+            .zip(res.par_chunks(ROWS * h))
+            .for_each(|(x, res)| norm_rows(x, Some(res))),
+        None => x.par_chunks_mut(ROWS * h).for_each(|x| norm_rows(x, None)),
+    }
+}
+
+/// A sum in 8 interleaved lanes (vectorizable, and more accurate than one
+/// running sum).
+fn lane_sum(values: impl Iterator<Item = f32>) -> f32 {
+    let mut lanes = [0f32; 8];
+    for (i, v) in values.enumerate() {
+        lanes[i % 8] += v;
+    }
+    lanes.iter().sum()
+}
+
 /// A linear layer's weights `[outputs, inputs]` (PyTorch's layout) and bias,
 /// packed for [`PackedLinear::forward`] at one kernel level: panels of `nr`
 /// outputs (two of the level's vectors), each stored input-major (`inputs x

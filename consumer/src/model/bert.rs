@@ -12,7 +12,6 @@
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
 use candle_transformers::models::bert::{Config as BertConfig, HiddenAct, PositionEmbeddingType};
-use rayon::prelude::*;
 
 use super::encoder_kernels::{self as kernels, Heads, PackedLinear, Span};
 
@@ -263,39 +262,6 @@ impl BertEncoder {
 impl LayerNorm {
     /// `x = norm(x + residual)`, per row.
     fn apply(&self, x: &mut [f32], residual: Option<&[f32]>) {
-        let h = self.weight.len();
-        const ROWS: usize = 64;
-        let norm_rows = |x: &mut [f32], residual: Option<&[f32]>| {
-            for (r, row) in x.chunks_exact_mut(h).enumerate() {
-                if let Some(res) = residual {
-                    for (v, s) in row.iter_mut().zip(&res[r * h..(r + 1) * h]) {
-                        *v += s;
-                    }
-                }
-                let mean = lane_sum(row.iter().copied()) / h as f32;
-                let var = lane_sum(row.iter().map(|v| (v - mean) * (v - mean))) / h as f32;
-                let inv = 1.0 / (var + self.eps).sqrt();
-                for ((v, w), b) in row.iter_mut().zip(&self.weight).zip(&self.bias) {
-                    *v = (*v - mean) * inv * w + b;
-                }
-            }
-        };
-        match residual {
-            Some(res) => x
-                .par_chunks_mut(ROWS * h)
-                .zip(res.par_chunks(ROWS * h))
-                .for_each(|(x, res)| norm_rows(x, Some(res))),
-            None => x.par_chunks_mut(ROWS * h).for_each(|x| norm_rows(x, None)),
-        }
+        kernels::layer_norm(x, residual, &self.weight, &self.bias, self.eps);
     }
-}
-
-/// A sum in 8 interleaved lanes (vectorizable, and more accurate than one
-/// running sum).
-fn lane_sum(values: impl Iterator<Item = f32>) -> f32 {
-    let mut lanes = [0f32; 8];
-    for (i, v) in values.enumerate() {
-        lanes[i % 8] += v;
-    }
-    lanes.iter().sum()
 }
