@@ -320,10 +320,23 @@ impl PackedMatrix {
 }
 
 /// `1.5 * 2^23`: `(v + ROUND) - ROUND` is `v` rounded to the nearest
-/// integer, ties to even (as llama.cpp's x86 quantization rounds), for
-/// `|v| < 2^22`, in plain f32 arithmetic the compiler vectorizes (`round`
-/// is a library call per value).
+/// integer, ties to even, for `|v| < 2^22`, in plain f32 arithmetic the
+/// compiler vectorizes (`round` is a library call per value).
 const ROUND: f32 = 12_582_912.0;
+
+/// `v.round()` (ties away from zero, as candle's and ggml's reference
+/// quantizations round) for `|v| < 2^22`, without a library call: rounded
+/// to even, then a tie moved away from zero. Ties to even instead changed
+/// a greedy answer of the test model (a near-tie of two tokens' logits).
+#[inline(always)]
+fn round_half_away(v: f32) -> f32 {
+    let even = (v + ROUND) - ROUND;
+    if (v - even).abs() == 0.5 {
+        v + 0.5f32.copysign(v)
+    } else {
+        even
+    }
+}
 
 /// Quantizes each row of `x` (`[tokens, cols]`) per block of 32.
 pub fn quantize_rows(x: &[f32], tokens: usize, cols: usize) -> QuantizedRows {
@@ -344,7 +357,7 @@ pub fn quantize_rows(x: &[f32], tokens: usize, cols: usize) -> QuantizedRows {
             let mut sum = 0i32;
             for (dst, v) in q.iter_mut().zip(block) {
                 // |v * inv| <= 127: exact integers after the rounding.
-                let rounded = ((v * inv) + ROUND) - ROUND;
+                let rounded = round_half_away(v * inv);
                 *dst = rounded as i32 as i8;
                 sum += rounded as i32;
             }
@@ -618,6 +631,20 @@ mod tests {
         let t2 = Tensor::from_vec(values(4 * 32, 1), (4, 32), &Device::Cpu).unwrap();
         let narrow = pack(&QTensor::quantize(&t2, GgmlDType::Q4_1).unwrap()).unwrap();
         assert!(PackedMatrix::stack(&[&q4, &narrow]).is_none());
+    }
+
+    #[test]
+    fn activations_round_half_away_from_zero_like_f32_round() {
+        let mut v = -130.0f32;
+        while v <= 130.0 {
+            for x in [v, v + 0.5, v - 0.5, v + 0.499_99, v + 0.500_01] {
+                assert_eq!(round_half_away(x), x.round(), "{x}");
+            }
+            v += 0.25;
+        }
+        for x in [0.5f32, -0.5, 1.5, -1.5, 2.5, -2.5, 126.5, -126.5, 0.0, -0.0] {
+            assert_eq!(round_half_away(x), x.round(), "{x}");
+        }
     }
 
     #[test]
