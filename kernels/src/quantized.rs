@@ -87,6 +87,10 @@ impl Int8Kernels {
     }
 }
 
+/// (token, block) pairs from which [`PackedMatrix::matmul_on`] quantizes
+/// its input on the team rather than on the caller alone.
+const QUANTIZE_ON_TEAM_BLOCKS: usize = 64;
+
 /// Values per quantization block.
 pub(crate) const BLOCK: usize = 32;
 
@@ -280,7 +284,14 @@ impl PackedMatrix {
     /// [`PackedMatrix::matmul`] with the rows shared among `team`'s members
     /// (the generation step's products: no sleeping threads to wake).
     pub fn matmul_on(&self, team: &Team, x: &[f32], tokens: usize) -> Vec<f32> {
-        self.matmul_in_parts(Int8Kernels::current(), x, tokens, team.size(), |part| {
+        // The input's quantization shared too, where it is more than a
+        // hand-off's worth (a one-token decode's is not).
+        let xq = if tokens * self.blocks >= QUANTIZE_ON_TEAM_BLOCKS {
+            quantize_rows_in_parts(x, tokens, self.cols, team.size(), |part| team.run(part))
+        } else {
+            quantize_rows(x, tokens, self.cols)
+        };
+        self.quantized_matmul_in_parts(Int8Kernels::current(), &xq, team.size(), |part| {
             team.run(part)
         })
     }
@@ -298,6 +309,18 @@ impl PackedMatrix {
         run_parts: impl FnOnce(&(dyn Fn(usize) + Sync)),
     ) -> Vec<f32> {
         let xq = quantize_rows(x, tokens, self.cols);
+        self.quantized_matmul_in_parts(kernels, &xq, parts, run_parts)
+    }
+
+    /// [`PackedMatrix::matmul_in_parts`] of activations quantized already.
+    fn quantized_matmul_in_parts(
+        &self,
+        kernels: Int8Kernels,
+        xq: &QuantizedRows,
+        parts: usize,
+        run_parts: impl FnOnce(&(dyn Fn(usize) + Sync)),
+    ) -> Vec<f32> {
+        let tokens = xq.tokens;
         let mut y = vec![0f32; tokens * self.rows];
         if tokens == 0 {
             return y;
@@ -312,7 +335,7 @@ impl PackedMatrix {
         run_parts(&|part| {
             let mut out = outs[part].lock().unwrap_or_else(|e| e.into_inner());
             let rows = &shares[part];
-            kernels.rows(self, &xq, rows.start, rows.len(), &mut out);
+            kernels.rows(self, xq, rows.start, rows.len(), &mut out);
         });
         drop(outs);
         y
@@ -340,37 +363,74 @@ fn round_half_away(v: f32) -> f32 {
 
 /// Quantizes each row of `x` (`[tokens, cols]`) per block of 32.
 pub fn quantize_rows(x: &[f32], tokens: usize, cols: usize) -> QuantizedRows {
+    quantize_rows_in_parts(x, tokens, cols, 1, |part| part(0))
+}
+
+/// [`quantize_rows`] in `parts` contiguous shares of the (token, block)
+/// pairs, each part run once by `run_parts`.
+fn quantize_rows_in_parts(
+    x: &[f32],
+    tokens: usize,
+    cols: usize,
+    parts: usize,
+    run_parts: impl FnOnce(&(dyn Fn(usize) + Sync)),
+) -> QuantizedRows {
     let blocks = cols / BLOCK;
-    let mut out = QuantizedRows {
+    let n = tokens * blocks;
+    let (mut qs, mut d, mut s) = (vec![[0i8; 32]; n], vec![0f32; n], vec![0f32; n]);
+    let shares: Vec<Range<usize>> = (0..parts).map(|p| share(n, parts, p, 1)).collect();
+    let mut pieces = Vec::with_capacity(parts);
+    let (mut rest_q, mut rest_d, mut rest_s) =
+        (qs.as_mut_slice(), d.as_mut_slice(), s.as_mut_slice());
+    for range in &shares {
+        let (q, tail_q) = rest_q.split_at_mut(range.len());
+        let (dd, tail_d) = rest_d.split_at_mut(range.len());
+        let (ss, tail_s) = rest_s.split_at_mut(range.len());
+        pieces.push(Mutex::new((q, dd, ss)));
+        (rest_q, rest_d, rest_s) = (tail_q, tail_d, tail_s);
+    }
+    run_parts(&|part| {
+        let mut piece = pieces[part].lock().unwrap_or_else(|e| e.into_inner());
+        let (q, dd, ss) = &mut *piece;
+        for (k, at) in shares[part].clone().enumerate() {
+            let (t, b) = (at / blocks, at % blocks);
+            let block = &x[t * cols + b * BLOCK..t * cols + (b + 1) * BLOCK];
+            (q[k], dd[k], ss[k]) = quantize_block(block);
+        }
+    });
+    drop(pieces);
+    QuantizedRows {
         tokens,
         blocks,
-        qs: Vec::with_capacity(tokens * blocks),
-        d: Vec::with_capacity(tokens * blocks),
-        s: Vec::with_capacity(tokens * blocks),
-    };
-    for row in x.chunks_exact(cols).take(tokens) {
-        for block in row.chunks_exact(BLOCK) {
-            let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let d = amax / 127.0;
-            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
-            let mut q = [0i8; 32];
-            let mut sum = 0i32;
-            for (dst, v) in q.iter_mut().zip(block) {
-                // |v * inv| <= 127: exact integers after the rounding.
-                let rounded = round_half_away(v * inv);
-                *dst = rounded as i32 as i8;
-                sum += rounded as i32;
-            }
-            // Scales rounded to f16 as ggml stores them (Q8_0's `d`, Q8_1's
-            // `d` and `s = f16(sum) * d` in f16), so that the products equal
-            // llama.cpp's and candle's up to the order of f32 sums.
-            let d16 = half::f16::from_f32(d);
-            out.qs.push(q);
-            out.d.push(d16.to_f32());
-            out.s.push((half::f16::from_f32(sum as f32) * d16).to_f32());
-        }
+        qs,
+        d,
+        s,
     }
-    out
+}
+
+/// One block of 32: its 8-bit values, scale and scaled sum.
+#[inline]
+fn quantize_block(block: &[f32]) -> ([i8; 32], f32, f32) {
+    let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+    let mut q = [0i8; 32];
+    let mut sum = 0i32;
+    for (dst, v) in q.iter_mut().zip(block) {
+        // |v * inv| <= 127: exact integers after the rounding.
+        let rounded = round_half_away(v * inv);
+        *dst = rounded as i32 as i8;
+        sum += rounded as i32;
+    }
+    // Scales rounded to f16 as ggml stores them (Q8_0's `d`, Q8_1's `d` and
+    // `s = f16(sum) * d` in f16), so that the products equal llama.cpp's
+    // and candle's up to the order of f32 sums.
+    let d16 = half::f16::from_f32(d);
+    (
+        q,
+        d16.to_f32(),
+        (half::f16::from_f32(sum as f32) * d16).to_f32(),
+    )
 }
 
 /// The kernels' arithmetic in plain Rust: `[tokens, rows]` for `x`.
@@ -631,6 +691,20 @@ mod tests {
         let t2 = Tensor::from_vec(values(4 * 32, 1), (4, 32), &Device::Cpu).unwrap();
         let narrow = pack(&QTensor::quantize(&t2, GgmlDType::Q4_1).unwrap()).unwrap();
         assert!(PackedMatrix::stack(&[&q4, &narrow]).is_none());
+    }
+
+    /// Shared among a team's members, the quantization is the same bits.
+    #[test]
+    fn quantizing_in_parts_is_quantizing_at_once() {
+        let (tokens, cols) = (7, 96);
+        let x = values(tokens * cols, 12);
+        let whole = quantize_rows(&x, tokens, cols);
+        let team = Team::new(3).unwrap();
+        let parts = quantize_rows_in_parts(&x, tokens, cols, 3, |part| team.run(part));
+        assert_eq!((parts.tokens, parts.blocks), (tokens, 3));
+        assert_eq!(parts.qs, whole.qs);
+        assert_eq!(parts.d, whole.d);
+        assert_eq!(parts.s, whole.s);
     }
 
     #[test]
