@@ -9,11 +9,9 @@
 //! its own row and its own sequence's cache only, so a token's logits do not
 //! depend on the other sequences of its step (batch invariance).
 
-use std::sync::Mutex;
-
 use rayon::prelude::*;
 
-use crate::team::Team;
+use crate::team::{Team, parts_mut, take};
 
 /// `out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * weight` for each row `t` of
 /// `x` (`[tokens, weight.len()]`).
@@ -182,15 +180,12 @@ fn attention_in_parts(
     }
     bounds.push(items.len());
     let mut out = vec![0f32; items.len() * head_dim];
-    let mut outs = Vec::with_capacity(parts);
-    let mut rest = out.as_mut_slice();
-    for w in bounds.windows(2) {
-        let (part, tail) = rest.split_at_mut((w[1] - w[0]) * head_dim);
-        outs.push(Mutex::new(part));
-        rest = tail;
-    }
+    let outs = parts_mut(
+        &mut out,
+        bounds.windows(2).map(|w| (w[1] - w[0]) * head_dim),
+    );
     run_parts(&|part| {
-        let mut ctx = outs[part].lock().unwrap_or_else(|e| e.into_inner());
+        let mut ctx = take(&outs[part]);
         let mut scores = Vec::new();
         let mine = &items[bounds[part]..bounds[part + 1]];
         for (&(s, i, h), ctx) in mine.iter().zip(ctx.chunks_exact_mut(head_dim)) {

@@ -22,7 +22,7 @@ use std::sync::Mutex;
 
 use rayon::prelude::*;
 
-use crate::team::{Columns, Team, share};
+use crate::team::{Columns, Team, parts_mut, share, take};
 
 use crate::x86_avx2::Avx2;
 use crate::x86_avx512::{Avx512Bw, Avx512Vnni};
@@ -276,7 +276,8 @@ impl PackedMatrix {
     pub fn matmul_with(&self, kernels: Int8Kernels, x: &[f32], tokens: usize) -> Vec<f32> {
         // A task per thread: more tasks cost more in hand-offs than they gain.
         let parts = rayon::current_num_threads().max(1);
-        self.matmul_in_parts(kernels, x, tokens, parts, |part| {
+        let xq = quantize_rows(x, tokens, self.cols);
+        self.product_in_parts(kernels, &xq, parts, |part| {
             (0..parts).into_par_iter().for_each(part)
         })
     }
@@ -291,29 +292,16 @@ impl PackedMatrix {
         } else {
             quantize_rows(x, tokens, self.cols)
         };
-        self.quantized_matmul_in_parts(Int8Kernels::current(), &xq, team.size(), |part| {
+        self.product_in_parts(Int8Kernels::current(), &xq, team.size(), |part| {
             team.run(part)
         })
     }
 
-    /// The product in `parts` contiguous shares of the weight rows (the
-    /// output's columns), each written in place by `run_parts`, which calls
-    /// the part's closure once for each of `0..parts`, in any order, on any
-    /// threads.
-    fn matmul_in_parts(
-        &self,
-        kernels: Int8Kernels,
-        x: &[f32],
-        tokens: usize,
-        parts: usize,
-        run_parts: impl FnOnce(&(dyn Fn(usize) + Sync)),
-    ) -> Vec<f32> {
-        let xq = quantize_rows(x, tokens, self.cols);
-        self.quantized_matmul_in_parts(kernels, &xq, parts, run_parts)
-    }
-
-    /// [`PackedMatrix::matmul_in_parts`] of activations quantized already.
-    fn quantized_matmul_in_parts(
+    /// The product with quantized activations, in `parts` contiguous shares
+    /// of the weight rows (the output's columns), each written in place by
+    /// `run_parts`, which calls the part's closure once for each of
+    /// `0..parts`, in any order, on any threads.
+    fn product_in_parts(
         &self,
         kernels: Int8Kernels,
         xq: &QuantizedRows,
@@ -333,7 +321,7 @@ impl PackedMatrix {
             .map(Mutex::new)
             .collect();
         run_parts(&|part| {
-            let mut out = outs[part].lock().unwrap_or_else(|e| e.into_inner());
+            let mut out = take(&outs[part]);
             let rows = &shares[part];
             kernels.rows(self, xq, rows.start, rows.len(), &mut out);
         });
@@ -379,26 +367,25 @@ fn quantize_rows_in_parts(
     let n = tokens * blocks;
     let (mut qs, mut d, mut s) = (vec![[0i8; 32]; n], vec![0f32; n], vec![0f32; n]);
     let shares: Vec<Range<usize>> = (0..parts).map(|p| share(n, parts, p, 1)).collect();
-    let mut pieces = Vec::with_capacity(parts);
-    let (mut rest_q, mut rest_d, mut rest_s) =
-        (qs.as_mut_slice(), d.as_mut_slice(), s.as_mut_slice());
-    for range in &shares {
-        let (q, tail_q) = rest_q.split_at_mut(range.len());
-        let (dd, tail_d) = rest_d.split_at_mut(range.len());
-        let (ss, tail_s) = rest_s.split_at_mut(range.len());
-        pieces.push(Mutex::new((q, dd, ss)));
-        (rest_q, rest_d, rest_s) = (tail_q, tail_d, tail_s);
-    }
+    let lens = || shares.iter().map(|r| r.len());
+    let (qs_parts, d_parts, s_parts) = (
+        parts_mut(&mut qs, lens()),
+        parts_mut(&mut d, lens()),
+        parts_mut(&mut s, lens()),
+    );
     run_parts(&|part| {
-        let mut piece = pieces[part].lock().unwrap_or_else(|e| e.into_inner());
-        let (q, dd, ss) = &mut *piece;
+        let (mut q, mut dd, mut ss) = (
+            take(&qs_parts[part]),
+            take(&d_parts[part]),
+            take(&s_parts[part]),
+        );
         for (k, at) in shares[part].clone().enumerate() {
             let (t, b) = (at / blocks, at % blocks);
             let block = &x[t * cols + b * BLOCK..t * cols + (b + 1) * BLOCK];
             (q[k], dd[k], ss[k]) = quantize_block(block);
         }
     });
-    drop(pieces);
+    drop((qs_parts, d_parts, s_parts));
     QuantizedRows {
         tokens,
         blocks,

@@ -215,6 +215,27 @@ fn work(shared: &Shared, member: usize) {
     }
 }
 
+/// A member's part, locked (a panic in another member's job does not
+/// poison it for this one).
+pub fn take<T>(part: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    part.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `buf` cut into consecutive parts of the given lengths, each behind its
+/// own (uncontended) lock, for a job's members to take one each.
+pub fn parts_mut<T>(
+    mut buf: &mut [T],
+    lens: impl IntoIterator<Item = usize>,
+) -> Vec<Mutex<&mut [T]>> {
+    lens.into_iter()
+        .map(|len| {
+            let (part, tail) = std::mem::take(&mut buf).split_at_mut(len);
+            buf = tail;
+            Mutex::new(part)
+        })
+        .collect()
+}
+
 /// One share of the columns of a row-major matrix, writable from its own
 /// thread while other threads write the other shares ([`Columns::split`]):
 /// how the members of a product write its `[tokens, rows]` output in place,

@@ -50,7 +50,8 @@ impl Avx2 {
         unsafe { encoder::fma_peak(self, iters) }
     }
 
-    /// Rows `first..first + rows` of `W x` into `out` (`[rows, tokens]`).
+    /// Rows `first..first + rows` of `W x` into their columns of `out`
+    /// (`[tokens, W's rows]`).
     pub fn quantized_rows(
         self,
         w: &PackedMatrix,

@@ -203,7 +203,8 @@ impl Avx512Bw {
             .map(|_| Avx512Bw(()))
     }
 
-    /// Rows `first..first + rows` of `W x` into `out` (`[rows, tokens]`);
+    /// Rows `first..first + rows` of `W x` into their columns of `out`
+    /// (`[tokens, W's rows]`);
     /// `W`'s blocks per row must be even.
     pub fn quantized_rows(
         self,

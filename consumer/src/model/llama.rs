@@ -302,6 +302,8 @@ enum Layers {
         /// `[context, head_dim / 2]` each.
         cos: Vec<f32>,
         sin: Vec<f32>,
+        /// The final RMS norm's weights.
+        norm: Vec<f32>,
         /// The threads the step's products and attention share (as many as
         /// rayon's pool: `RAYON_NUM_THREADS`, else one per core).
         team: Team,
@@ -426,6 +428,7 @@ impl Llama {
                     .collect::<Result<_, _>>()?,
                 cos: cos.flatten_all()?.to_vec1()?,
                 sin: sin.flatten_all()?.to_vec1()?,
+                norm: norm.to_vec1()?,
                 team: Team::new(rayon::current_num_threads()).map_err(|e| {
                     ModelError::Failed(format!("cannot start the step's threads: {e}"))
                 })?,
@@ -512,6 +515,7 @@ impl Llama {
                 blocks,
                 cos,
                 sin,
+                norm,
                 team,
             } => {
                 let x = x.flatten_all()?.to_vec1::<f32>()?;
@@ -520,9 +524,8 @@ impl Llama {
                     s.cache.len += s.tokens.len();
                 }
                 if let Linear::Packed(output) = &self.output {
-                    let norm: Vec<f32> = self.norm.to_vec1()?;
                     let mut h = vec![0f32; last.len()];
-                    decoder::rms_norm(&last, &norm, self.config.rms_eps as f32, &mut h);
+                    decoder::rms_norm(&last, norm, self.config.rms_eps as f32, &mut h);
                     let logits = output.matmul_on(team, &h, segments.len());
                     return Ok(Tensor::from_vec(
                         logits,
