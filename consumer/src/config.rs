@@ -67,11 +67,12 @@ pub struct ModelConfig {
     pub max_batch_tokens: usize,
     /// Embed: the precision of sluice's CPU forward's linear layers. `bf16`
     /// rounds weights and activations to bf16 and sums in f32 on CPUs with
-    /// AVX512_BF16 (cosine of at least 0.99995 to f32), elsewhere f32.
-    /// `auto` (the default) takes bf16 only where a ~20 ms measurement at
-    /// start-up finds it at least 1.1x as fast as f32 (1.4x on a Zen 4;
-    /// slower than f32 on an Intel Xeon). `f32` keeps f32 everywhere. See
-    /// the README's benchmark.
+    /// AVX512_BF16 (on AMX tiles where the CPU has them; cosine of at least
+    /// 0.99995 to f32), elsewhere f32. `auto` (the default) takes bf16 only
+    /// where a ~20 ms measurement at start-up finds it at least 1.1x as fast
+    /// as f32 (1.4x on a Zen 4, 1.8-2.9x on an Intel Xeon's AMX tiles;
+    /// without AMX that Xeon's `vdpbf16ps` was slower than f32). `f32` keeps
+    /// f32 everywhere. See the README's benchmark.
     #[arg(long, env = "SLUICE_EMBED_WEIGHTS", value_enum, default_value = "auto")]
     pub embed_weights: crate::model::EmbedWeights,
 }

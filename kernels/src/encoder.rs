@@ -22,6 +22,7 @@
 
 use rayon::prelude::*;
 
+use crate::x86_amx::AmxBf16;
 use crate::x86_avx2::Avx2;
 use crate::x86_avx512::{Avx512, Avx512Bf16};
 
@@ -96,6 +97,51 @@ impl F32Kernels {
         match self {
             F32Kernels::Reference | F32Kernels::Avx2(_) => 16,
             F32Kernels::Avx512(_) => 32,
+        }
+    }
+}
+
+/// Which kernel runs the bf16 linear layers: AVX512_BF16's `vdpbf16ps`, or
+/// AMX tiles where the CPU has them (and the layer's inputs are a multiple
+/// of 32).
+#[derive(Clone, Copy, Debug)]
+pub enum Bf16Kernels {
+    Avx512(Avx512Bf16),
+    Amx(AmxBf16),
+}
+
+impl Bf16Kernels {
+    /// The fastest this process runs; `None` without AVX512_BF16.
+    pub fn current() -> Option<Bf16Kernels> {
+        AmxBf16::get()
+            .map(Bf16Kernels::Amx)
+            .or_else(|| Avx512Bf16::get().map(Bf16Kernels::Avx512))
+    }
+
+    /// Every one this process runs (for tests).
+    pub fn all() -> Vec<Bf16Kernels> {
+        let mut all: Vec<Bf16Kernels> = Avx512Bf16::get()
+            .map(Bf16Kernels::Avx512)
+            .into_iter()
+            .collect();
+        all.extend(AmxBf16::get().map(Bf16Kernels::Amx));
+        all
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Bf16Kernels::Avx512(_) => "avx512-bf16",
+            Bf16Kernels::Amx(_) => "amx-bf16",
+        }
+    }
+
+    /// The kernel for a layer of `inputs` inputs: the tiles need a multiple
+    /// of [`AmxBf16::INPUT_STEP`], `vdpbf16ps` an even number.
+    fn for_inputs(self, inputs: usize) -> Option<Bf16Kernels> {
+        match self {
+            Bf16Kernels::Amx(_) if inputs.is_multiple_of(AmxBf16::INPUT_STEP) => Some(self),
+            Bf16Kernels::Amx(t) => Bf16Kernels::Avx512(t.avx512()).for_inputs(inputs),
+            Bf16Kernels::Avx512(_) => inputs.is_multiple_of(2).then_some(self),
         }
     }
 }
@@ -196,7 +242,7 @@ pub struct PackedLinear {
     pub(crate) bf16_panels: Vec<u32>,
     pub(crate) bias: Vec<f32>,
     kernels: F32Kernels,
-    bf16: Option<Avx512Bf16>,
+    bf16: Option<Bf16Kernels>,
 }
 
 /// The bias (zeros without one), padded with zeros to the panels' width.
@@ -258,20 +304,31 @@ impl PackedLinear {
         }
     }
 
-    /// The layer with bf16 weights (and bf16 activations, f32 sums), for
-    /// CPUs with AVX512_BF16; `None` where this process does not run them
-    /// or `inputs` is odd. Half the weight bytes, two products per lane per
-    /// instruction; each output is off by about 2^-8 of `sum |w x|`.
+    /// The layer with bf16 weights (and bf16 activations, f32 sums), on the
+    /// fastest bf16 kernel this process runs ([`Bf16Kernels::current`]);
+    /// `None` where it runs none or `inputs` is odd. Half the weight bytes;
+    /// each output is off by about 2^-8 of `sum |w x|`.
     pub fn new_bf16(
         weight: &[f32],
         outputs: usize,
         inputs: usize,
         bias: Option<&[f32]>,
     ) -> Option<PackedLinear> {
-        let token = Avx512Bf16::get()?;
-        if !inputs.is_multiple_of(2) {
-            return None;
-        }
+        PackedLinear::new_bf16_for(Bf16Kernels::current()?, weight, outputs, inputs, bias)
+    }
+
+    /// [`PackedLinear::new_bf16`] on `kernels` (AMX falls back to
+    /// `vdpbf16ps` when `inputs` is not a multiple of 32). Both read the
+    /// same packing: 32-output panels, per pair of inputs `(2p, 2p + 1)` and
+    /// output one u32 holding the two bf16 weights (the even input low).
+    pub fn new_bf16_for(
+        kernels: Bf16Kernels,
+        weight: &[f32],
+        outputs: usize,
+        inputs: usize,
+        bias: Option<&[f32]>,
+    ) -> Option<PackedLinear> {
+        let kernels = kernels.for_inputs(inputs)?;
         assert_eq!(weight.len(), outputs * inputs, "weight shape");
         let nr = 32;
         let count = outputs.div_ceil(nr);
@@ -291,13 +348,18 @@ impl PackedLinear {
             bf16_panels,
             bias: padded_bias,
             kernels: F32Kernels::current(),
-            bf16: Some(token),
+            bf16: Some(kernels),
         })
     }
 
     /// Whether the weights are bf16.
     pub fn is_bf16(&self) -> bool {
         self.bf16.is_some()
+    }
+
+    /// The kernel the bf16 weights run on (`None` for f32 weights).
+    pub fn bf16_kernels(&self) -> Option<Bf16Kernels> {
+        self.bf16
     }
 
     pub fn inputs(&self) -> usize {
@@ -331,12 +393,18 @@ impl PackedLinear {
             return out;
         }
         let threads = rayon::current_num_threads().max(1);
-        // Whole tiles at every level (6 rows at AVX2, 12 at AVX-512).
-        let per_task = rows.div_ceil(threads).next_multiple_of(12);
+        // Whole tiles at every level (6 rows at AVX2, 12 at AVX-512, 32 on
+        // AMX).
+        let tile_rows = match self.bf16 {
+            Some(Bf16Kernels::Amx(_)) => 32,
+            _ => 12,
+        };
+        let per_task = rows.div_ceil(threads).next_multiple_of(tile_rows);
         out.par_chunks_mut(per_task * self.outputs)
             .zip(x.par_chunks(per_task * self.inputs))
             .for_each(|(out, x)| match (self.bf16, self.kernels) {
-                (Some(t), _) => t.linear(self, x, out),
+                (Some(Bf16Kernels::Amx(t)), _) => t.linear(self, x, out),
+                (Some(Bf16Kernels::Avx512(t)), _) => t.linear(self, x, out),
                 (None, F32Kernels::Avx512(t)) => t.linear(self, x, out),
                 (None, F32Kernels::Avx2(t)) => t.linear(self, x, out),
                 (None, F32Kernels::Reference) => self.reference_rows(x, out),
@@ -588,48 +656,64 @@ mod tests {
 
     #[test]
     fn bf16_linear_is_within_bf16_rounding_of_the_product() {
-        let Some(_) = crate::x86_avx512::Avx512Bf16::get() else {
+        if Bf16Kernels::current().is_none() {
             eprintln!("no AVX512_BF16 at this level: new_bf16 must refuse");
             assert!(PackedLinear::new_bf16(&[0.0; 4], 2, 2, None).is_none());
             return;
-        };
+        }
         assert!(
             PackedLinear::new_bf16(&[0.0; 3], 1, 3, None).is_none(),
             "odd inputs"
         );
-        for (rows, outputs, inputs) in [
-            (1, 1, 2),
-            (7, 17, 300),
-            (13, 40, 514),
-            (100, 384, 384),
-            (61, 1536, 384),
-            // More rows per thread than one packed block (MC) holds.
-            (203, 40, 300),
-        ] {
-            let w = values(outputs * inputs, 1);
-            let b = values(outputs, 2);
-            let x = values(rows * inputs, 3);
-            let linear = PackedLinear::new_bf16(&w, outputs, inputs, Some(&b)).unwrap();
-            assert!(linear.is_bf16());
-            let fast = linear.forward(&x, rows);
-            let plain = linear.reference(&x, rows);
-            for r in 0..rows {
-                for o in 0..outputs {
-                    let (mut acc, mut size) = (f64::from(b[o]), f64::from(b[o].abs()));
-                    for k in 0..inputs {
-                        let p = f64::from(x[r * inputs + k]) * f64::from(w[o * inputs + k]);
-                        acc += p;
-                        size += p.abs();
-                    }
-                    let bound = size / 128.0;
-                    for (what, got) in [
-                        ("kernel", fast[r * outputs + o]),
-                        ("reference", plain[r * outputs + o]),
-                    ] {
-                        assert!(
-                            (f64::from(got) - acc).abs() <= bound,
-                            "{rows}x{outputs}x{inputs} [{r},{o}] {what}: {got} vs {acc} (bound {bound})"
-                        );
+        for kernels in Bf16Kernels::all() {
+            eprintln!("bf16 kernels: {}", kernels.name());
+            for (rows, outputs, inputs) in [
+                (1, 1, 2),
+                (7, 17, 300),
+                (13, 40, 514),
+                (100, 384, 384),
+                (61, 1536, 384),
+                // More rows per thread than one packed block (MC) holds.
+                (203, 40, 300),
+                // The tiles' edges: one input step, rows and outputs short
+                // of a tile and of a 32-row block, and the FFN's depth.
+                (1, 1, 32),
+                (45, 40, 64),
+                (33, 17, 96),
+                (67, 384, 1536),
+            ] {
+                let w = values(outputs * inputs, 1);
+                let b = values(outputs, 2);
+                let x = values(rows * inputs, 3);
+                let linear =
+                    PackedLinear::new_bf16_for(kernels, &w, outputs, inputs, Some(&b)).unwrap();
+                assert!(linear.is_bf16());
+                let ran = linear.bf16_kernels().unwrap().name();
+                if inputs.is_multiple_of(32) {
+                    assert_eq!(ran, kernels.name(), "{inputs} inputs");
+                } else {
+                    assert_eq!(ran, "avx512-bf16", "{inputs} inputs");
+                }
+                let fast = linear.forward(&x, rows);
+                let plain = linear.reference(&x, rows);
+                for r in 0..rows {
+                    for o in 0..outputs {
+                        let (mut acc, mut size) = (f64::from(b[o]), f64::from(b[o].abs()));
+                        for k in 0..inputs {
+                            let p = f64::from(x[r * inputs + k]) * f64::from(w[o * inputs + k]);
+                            acc += p;
+                            size += p.abs();
+                        }
+                        let bound = size / 128.0;
+                        for (what, got) in [
+                            ("kernel", fast[r * outputs + o]),
+                            ("reference", plain[r * outputs + o]),
+                        ] {
+                            assert!(
+                                (f64::from(got) - acc).abs() <= bound,
+                                "{ran} {rows}x{outputs}x{inputs} [{r},{o}] {what}: {got} vs {acc} (bound {bound})"
+                            );
+                        }
                     }
                 }
             }

@@ -18,8 +18,12 @@
 //! - `x86_avx2` and `x86_avx512`: each level's vector operations (f32 and
 //!   8-bit) and the `#[target_feature]` functions that compile the generic
 //!   bodies for it, reached through a token that proves the level was
-//!   detected: with `team`'s job hand-off, the crate's only unsafe code. On other architectures
-//!   `no_avx2.rs` and `no_avx512.rs` stand in: their tokens never exist.
+//!   detected. On other architectures `no_avx2.rs` and `no_avx512.rs`
+//!   stand in: their tokens never exist.
+//! - `x86_amx`: the bf16 linear layer on AMX tiles (inline assembly: Rust
+//!   has no stable AMX intrinsics), where the CPU has them and Linux grants
+//!   the tile state; `no_amx.rs` stands in elsewhere. With the three files
+//!   above and `team`'s job hand-off, the crate's only unsafe code.
 //!
 //! Every kernel is tested against its reference at each level the machine
 //! offers (`scripts/test` reruns the model tests at `portable`).
@@ -36,10 +40,15 @@ pub mod team;
 mod test_values;
 
 #[cfg(target_arch = "x86_64")]
+pub mod x86_amx;
+#[cfg(target_arch = "x86_64")]
 pub mod x86_avx2;
 #[cfg(target_arch = "x86_64")]
 pub mod x86_avx512;
 
+#[cfg(not(target_arch = "x86_64"))]
+#[path = "no_amx.rs"]
+pub mod x86_amx;
 #[cfg(not(target_arch = "x86_64"))]
 #[path = "no_avx2.rs"]
 pub mod x86_avx2;

@@ -411,6 +411,14 @@ impl Avx512Bf16 {
         // AVX512_BF16, AVX2 and FMA.
         unsafe { bf16_linear::linear(w, x, out) }
     }
+
+    /// `x` (even length) as bf16 pairs into `out` (half its length),
+    /// rounded to nearest even, the even input in each u32's low half.
+    pub(crate) fn to_pairs(self, x: &[f32], out: &mut [u32]) {
+        assert_eq!(x.len(), 2 * out.len());
+        // SAFETY: as in `linear`.
+        unsafe { bf16_linear::to_pairs(x, out) }
+    }
 }
 
 /// The bf16 linear layer: weights and activations rounded to bf16, products
@@ -508,7 +516,7 @@ mod bf16_linear {
     /// per `vcvtne2ps2bf16`, the rest one pair at a time.
     #[target_feature(enable = "avx512f,avx512bf16,avx2,fma")]
     #[inline]
-    fn to_pairs(x: &[f32], out: &mut [u32]) {
+    pub(super) fn to_pairs(x: &[f32], out: &mut [u32]) {
         let (blocks, rest) = x.as_chunks::<32>();
         let (out_blocks, out_rest) = out.as_chunks_mut::<16>();
         for (src, dst) in blocks.iter().zip(out_blocks.iter_mut()) {

@@ -59,9 +59,10 @@ fn values(t: Tensor) -> candle_core::Result<Vec<f32>> {
 }
 
 impl BertEncoder {
-    /// Whether the linear layers run in bf16.
-    pub fn is_bf16(&self) -> bool {
-        self.layers.first().is_some_and(|l| l.qkv.is_bf16())
+    /// The kernel the linear layers run on when they are bf16 (`None`
+    /// when they are f32).
+    pub fn bf16_kernels(&self) -> Option<kernels::Bf16Kernels> {
+        self.layers.first().and_then(|l| l.qkv.bf16_kernels())
     }
 
     /// Why this forward cannot run `config`, if it cannot (the caller then

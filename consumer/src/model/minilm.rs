@@ -173,16 +173,19 @@ impl MiniLm {
 
 impl EmbeddingModel for MiniLm {
     /// `"sluice-avx512"` / `"sluice-avx2"` (`bert.rs` on that level's
-    /// kernels), `"sluice-portable"` (`bert.rs` on the kernels' plain-Rust
-    /// references) or `"candle"` (candle-transformers).
+    /// kernels), `"sluice-avx512-bf16"` / `"sluice-amx-bf16"` (its bf16
+    /// layers on `vdpbf16ps` or AMX tiles), `"sluice-portable"` (`bert.rs` on
+    /// the kernels' plain-Rust references) or `"candle"`
+    /// (candle-transformers).
     fn forward_name(&self) -> &'static str {
-        use encoder_kernels::F32Kernels;
+        use encoder_kernels::{Bf16Kernels, F32Kernels};
         match self.forward {
-            Forward::Packed(ref e) if e.is_bf16() => "sluice-avx512-bf16",
-            Forward::Packed(_) => match F32Kernels::current() {
-                F32Kernels::Avx512(_) => "sluice-avx512",
-                F32Kernels::Avx2(_) => "sluice-avx2",
-                F32Kernels::Reference => "sluice-portable",
+            Forward::Packed(ref e) => match (e.bf16_kernels(), F32Kernels::current()) {
+                (Some(Bf16Kernels::Amx(_)), _) => "sluice-amx-bf16",
+                (Some(Bf16Kernels::Avx512(_)), _) => "sluice-avx512-bf16",
+                (None, F32Kernels::Avx512(_)) => "sluice-avx512",
+                (None, F32Kernels::Avx2(_)) => "sluice-avx2",
+                (None, F32Kernels::Reference) => "sluice-portable",
             },
             Forward::Candle(_) => "candle",
         }

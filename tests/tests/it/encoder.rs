@@ -154,12 +154,13 @@ fn bad_token_ids_and_lengths_are_errors_not_panics() {
 /// keep a cosine of at least 0.9999 to the f32 forward's on the reference
 /// texts, to sentence-transformers' too, and a text's vector is the same
 /// bits alone and in the batch. Elsewhere the choice runs the f32 forward.
-/// Run on an AMD EPYC (Zen 4, AVX512_BF16).
+/// Run on an AMD EPYC (Zen 4, AVX512_BF16: `vdpbf16ps`) and an Intel Xeon
+/// with AMX (its tiles).
 #[test]
 fn bf16_weights_keep_the_vectors_within_cosine_0_9999() {
     let bf16 = load(ForwardChoice::FastestBf16);
     let f32_forward = load(ForwardChoice::Fastest);
-    if bf16.forward_name() != "sluice-avx512-bf16" {
+    if !["sluice-avx512-bf16", "sluice-amx-bf16"].contains(&bf16.forward_name()) {
         assert_eq!(bf16.forward_name(), f32_forward.forward_name());
         eprintln!(
             "no AVX512_BF16 at this level: bf16 runs {}",
