@@ -101,6 +101,14 @@ impl F32Kernels {
     }
 }
 
+/// What a linear layer applies to its outputs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    None,
+    /// [`gelu`].
+    Gelu,
+}
+
 /// Which kernel runs the bf16 linear layers: AVX512_BF16's `vdpbf16ps`, or
 /// AMX tiles where the CPU has them (and the layer's inputs are a multiple
 /// of 32).
@@ -387,10 +395,21 @@ impl PackedLinear {
 
     /// `x` is `[rows, inputs]` row-major; returns `[rows, outputs]`.
     pub fn forward(&self, x: &[f32], rows: usize) -> Vec<f32> {
+        let mut out = Vec::new();
+        self.forward_into(x, rows, &mut out, Activation::None);
+        out
+    }
+
+    /// [`PackedLinear::forward`] into `out` (resized to `[rows, outputs]`;
+    /// every value is overwritten, so a buffer reused across layers of the
+    /// same shape is neither zeroed nor faulted in again), then
+    /// `activation` on every output (on the tiles, each 32-row block while
+    /// it is still in L2).
+    pub fn forward_into(&self, x: &[f32], rows: usize, out: &mut Vec<f32>, activation: Activation) {
         assert_eq!(x.len(), rows * self.inputs, "input shape");
-        let mut out = vec![0f32; rows * self.outputs];
+        out.resize(rows * self.outputs, 0.0);
         if rows == 0 {
-            return out;
+            return;
         }
         let threads = rayon::current_num_threads().max(1);
         // Whole tiles at every level (6 rows at AVX2, 12 at AVX-512, 32 on
@@ -402,14 +421,18 @@ impl PackedLinear {
         let per_task = rows.div_ceil(threads).next_multiple_of(tile_rows);
         out.par_chunks_mut(per_task * self.outputs)
             .zip(x.par_chunks(per_task * self.inputs))
-            .for_each(|(out, x)| match (self.bf16, self.kernels) {
-                (Some(Bf16Kernels::Amx(t)), _) => t.linear(self, x, out),
-                (Some(Bf16Kernels::Avx512(t)), _) => t.linear(self, x, out),
-                (None, F32Kernels::Avx512(t)) => t.linear(self, x, out),
-                (None, F32Kernels::Avx2(t)) => t.linear(self, x, out),
-                (None, F32Kernels::Reference) => self.reference_rows(x, out),
+            .for_each(|(out, x)| {
+                match (self.bf16, self.kernels) {
+                    (Some(Bf16Kernels::Amx(t)), _) => return t.linear(self, x, out, activation),
+                    (Some(Bf16Kernels::Avx512(t)), _) => t.linear(self, x, out),
+                    (None, F32Kernels::Avx512(t)) => t.linear(self, x, out),
+                    (None, F32Kernels::Avx2(t)) => t.linear(self, x, out),
+                    (None, F32Kernels::Reference) => self.reference_rows(x, out),
+                }
+                if activation == Activation::Gelu {
+                    gelu_rows(self.kernels, out);
+                }
             });
-        out
     }
 
     /// The product in plain Rust (each output summed over inputs in order,
@@ -465,13 +488,31 @@ pub fn attention(qkv: &[f32], spans: &[Span], shape: Heads) -> Vec<f32> {
     attention_with(F32Kernels::current(), qkv, spans, shape)
 }
 
+/// [`attention`] into `out` (resized to `[tokens, hidden]`, every value
+/// overwritten: see [`PackedLinear::forward_into`]).
+pub fn attention_into(qkv: &[f32], spans: &[Span], shape: Heads, out: &mut Vec<f32>) {
+    attention_into_with(F32Kernels::current(), qkv, spans, shape, out)
+}
+
 /// [`attention`] at the level `kernels` (the references when `head_dim` is
 /// not a multiple of 32).
 pub fn attention_with(kernels: F32Kernels, qkv: &[f32], spans: &[Span], shape: Heads) -> Vec<f32> {
+    let mut out = Vec::new();
+    attention_into_with(kernels, qkv, spans, shape, &mut out);
+    out
+}
+
+fn attention_into_with(
+    kernels: F32Kernels,
+    qkv: &[f32],
+    spans: &[Span],
+    shape: Heads,
+    out: &mut Vec<f32>,
+) {
     let hidden = shape.hidden();
     let tokens: usize = spans.iter().map(|s| s.len).sum();
     assert_eq!(qkv.len(), tokens * 3 * hidden, "qkv shape");
-    let mut out = vec![0f32; tokens * hidden];
+    out.resize(tokens * hidden, 0.0);
     let kernels = if shape.head_dim.is_multiple_of(32) {
         kernels
     } else {
@@ -496,7 +537,6 @@ pub fn attention_with(kernels: F32Kernels, qkv: &[f32], spans: &[Span], shape: H
             F32Kernels::Reference => reference_attend(rows, span.len, shape, out),
         }
     });
-    out
 }
 
 /// One sequence's attention in plain Rust.
@@ -538,11 +578,17 @@ pub fn gelu(x: &mut [f32]) {
 
 /// [`gelu`] at the level `kernels`.
 pub fn gelu_with(kernels: F32Kernels, x: &mut [f32]) {
-    x.par_chunks_mut(16 * 1024).for_each(|chunk| match kernels {
-        F32Kernels::Avx512(t) => t.gelu(chunk),
-        F32Kernels::Avx2(t) => t.gelu(chunk),
-        F32Kernels::Reference => chunk.iter_mut().for_each(|v| *v = gelu_scalar(*v)),
-    });
+    x.par_chunks_mut(16 * 1024)
+        .for_each(|chunk| gelu_rows(kernels, chunk));
+}
+
+/// [`gelu`] at the level `kernels` on this thread.
+pub(crate) fn gelu_rows(kernels: F32Kernels, x: &mut [f32]) {
+    match kernels {
+        F32Kernels::Avx512(t) => t.gelu(x),
+        F32Kernels::Avx2(t) => t.gelu(x),
+        F32Kernels::Reference => x.iter_mut().for_each(|v| *v = gelu_scalar(*v)),
+    }
 }
 
 /// Coefficients of erf's rational approximation (Abramowitz and Stegun
@@ -717,6 +763,41 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// `forward_into` overwrites a reused (dirty, longer) buffer whole, and
+    /// its GELU, fused into the tiles' blocks or run after the product,
+    /// equals the product followed by [`gelu`], on every kernel.
+    #[test]
+    fn forward_into_reuses_buffers_and_fuses_gelu() {
+        let (rows, outputs, inputs) = (45, 96, 64);
+        let w = values(outputs * inputs, 5);
+        let b = values(outputs, 6);
+        let x: Vec<f32> = values(rows * inputs, 7).iter().map(|v| v * 4.0).collect();
+        let mut layers: Vec<(String, PackedLinear)> = F32Kernels::all()
+            .into_iter()
+            .map(|k| {
+                (
+                    k.name().to_string(),
+                    PackedLinear::new_for(k, &w, outputs, inputs, Some(&b)),
+                )
+            })
+            .collect();
+        for k in Bf16Kernels::all() {
+            let layer = PackedLinear::new_bf16_for(k, &w, outputs, inputs, Some(&b)).unwrap();
+            layers.push((k.name().to_string(), layer));
+        }
+        for (name, layer) in &layers {
+            let plain = layer.forward(&x, rows);
+            let mut expected = plain.clone();
+            gelu_with(layer.kernels, &mut expected);
+            let mut out = vec![f32::NAN; rows * outputs + 100];
+            layer.forward_into(&x, rows, &mut out, Activation::None);
+            assert_eq!(out, plain, "{name}: reused buffer");
+            out.fill(f32::NAN);
+            layer.forward_into(&x, rows, &mut out, Activation::Gelu);
+            assert_eq!(out, expected, "{name}: gelu");
         }
     }
 

@@ -150,86 +150,76 @@ pub(crate) fn attend<S: Simd>(s: S, qkv: &[f32], len: usize, shape: Heads, out: 
     assert!(hd.is_multiple_of(32));
     assert_eq!(qkv.len(), len * 3 * hidden);
     assert_eq!(out.len(), len * hidden);
-    // Per head: queries in blocks of 4, stored dimension-major per block
-    // (`[block][d][4]`, zeros past the end); keys in blocks of two vectors
-    // (`kb`), also dimension-major (`[block][d][kb]`, zeros past the end,
-    // masked out of the softmax); values row-major. All heads are gathered
-    // in one pass over `qkv` (which can outgrow L2), then each head's share
-    // is contiguous.
-    let (lq, lk) = (len.next_multiple_of(4), len.next_multiple_of(kb));
+    // Per head: keys in blocks of two vectors (`kb`), dimension-major
+    // (`[block][d][kb]`, zeros past the end, masked out of the softmax) and
+    // pre-scaled by `1 / sqrt(head_dim)`; values row-major. All heads are
+    // gathered in one pass over `qkv` (which can outgrow L2), then each
+    // head's share is contiguous. Queries are read in place, 4 rows at a
+    // time, each element broadcast.
+    let lk = len.next_multiple_of(kb);
     let scale = 1.0 / (hd as f32).sqrt();
-    let mut q_heads = vec![0f32; shape.heads * lq * hd];
     let mut k_heads = vec![0f32; shape.heads * lk * hd];
     let mut v_heads = vec![0f32; shape.heads * len * hd];
     let mut scores = vec![0f32; 4 * lk];
     for (t, row) in qkv.chunks_exact(3 * hidden).enumerate() {
-        let (q_row, rest) = row.split_at(hidden);
-        let (k_row, v_row) = rest.split_at(hidden);
-        for h in 0..shape.heads {
-            let at = h * lq * hd + (t / 4) * 4 * hd + t % 4;
-            for (d, src) in q_row[h * hd..(h + 1) * hd].iter().enumerate() {
-                q_heads[at + d * 4] = src * scale;
+        let (k_row, v_row) = row[hidden..].split_at(hidden);
+        let in_block = (t / kb) * kb * hd + t % kb;
+        let k_dst = k_heads.chunks_exact_mut(lk * hd);
+        let v_dst = v_heads.chunks_exact_mut(len * hd);
+        for (((k_src, k_dst), v_src), v_dst) in k_row
+            .chunks_exact(hd)
+            .zip(k_dst)
+            .zip(v_row.chunks_exact(hd))
+            .zip(v_dst)
+        {
+            let k_dst = &mut k_dst[in_block..in_block + (hd - 1) * kb + 1];
+            for (d, src) in k_src.iter().enumerate() {
+                k_dst[d * kb] = src * scale;
             }
-            let at = h * lk * hd + (t / kb) * kb * hd + t % kb;
-            for (d, src) in k_row[h * hd..(h + 1) * hd].iter().enumerate() {
-                k_heads[at + d * kb] = *src;
-            }
-            let at = (h * len + t) * hd;
-            v_heads[at..at + hd].copy_from_slice(&v_row[h * hd..(h + 1) * hd]);
+            v_dst[t * hd..(t + 1) * hd].copy_from_slice(v_src);
         }
     }
+    let zeros = vec![0f32; hd];
     for h in 0..shape.heads {
-        let q = &q_heads[h * lq * hd..(h + 1) * lq * hd];
         let k = &k_heads[h * lk * hd..(h + 1) * lk * hd];
         let v = &v_heads[h * len * hd..(h + 1) * len * hd];
-        for (block, q_block) in q.chunks_exact(4 * hd).enumerate() {
-            let i0 = block * 4;
-            query_scores(s, q_block, k, lk, &mut scores);
+        for i0 in (0..len).step_by(4) {
+            let q: [&[f32]; 4] = std::array::from_fn(|r| match i0 + r < len {
+                true => &qkv[(i0 + r) * 3 * hidden + h * hd..][..hd],
+                false => &zeros[..],
+            });
+            query_scores(s, q, k, &mut scores);
+            // Padded keys get no weight: the softmax runs over whole vectors.
             let mut inv_sums = [0f32; 4];
             for (r, row) in scores.chunks_exact_mut(lk).enumerate() {
-                inv_sums[r] = 1.0 / softmax_unnormalized(s, &mut row[..len]);
+                row[len..].fill(f32::NEG_INFINITY);
+                inv_sums[r] = 1.0 / softmax_unnormalized(s, row);
             }
-            for pair in 0..2 {
-                let r = 2 * pair;
-                let rows_left = len.saturating_sub(i0 + r).min(2);
-                if rows_left == 0 {
-                    break;
-                }
-                let probs = (
-                    &scores[r * lk..r * lk + len],
-                    &scores[(r + 1) * lk..(r + 1) * lk + len],
-                );
-                let at = (i0 + r) * hidden + h * hd;
-                let dst = &mut out[at..at + (rows_left - 1) * hidden + hd];
-                weighted_values(
-                    s,
-                    probs,
-                    v,
-                    hd,
-                    [inv_sums[r], inv_sums[r + 1]],
-                    dst,
-                    hidden,
-                    rows_left,
-                );
+            // Context rows in groups of `R`, `R x 32 / LANES` accumulators
+            // (8: as many FMAs in flight as two ports of 4 cycles take).
+            if S::LANES >= 16 {
+                context_rows::<S, 4>(s, &scores, lk, len, i0, &inv_sums, v, hd, out, hidden, h);
+            } else {
+                context_rows::<S, 2>(s, &scores, lk, len, i0, &inv_sums, v, hd, out, hidden, h);
             }
         }
     }
 }
 
-/// Scores of one block of 4 queries (`q`, `[d][4]`, already scaled)
-/// against every key (`k`, `[block][d][2 vectors]`), into `scores` (`4 x lk`).
+/// Scores of 4 query rows (`q`, each `head_dim` long) against every key
+/// (`k`, `[block][d][2 vectors]`, already scaled), into `scores` (`4 x lk`).
 #[inline(always)]
-fn query_scores<S: Simd>(s: S, q: &[f32], k: &[f32], lk: usize, scores: &mut [f32]) {
+fn query_scores<S: Simd>(s: S, q: [&[f32]; 4], k: &[f32], scores: &mut [f32]) {
     let lanes = S::LANES;
-    let (q_steps, _) = q.as_chunks::<4>();
-    let hd = q_steps.len();
+    let hd = q[0].len();
+    let lk = scores.len() / 4;
     for (block, k_block) in k.chunks_exact(hd * 2 * lanes).enumerate() {
         let z = s.zero();
         let mut acc = [[z; 2]; 4];
-        for (qd, kd) in q_steps.iter().zip(k_block.chunks_exact(2 * lanes)) {
+        for (d, kd) in k_block.chunks_exact(2 * lanes).enumerate() {
             let (k0, k1) = (s.load(kd), s.load(&kd[lanes..]));
             for r in 0..4 {
-                let v = s.splat(qd[r]);
+                let v = s.splat(q[r][d]);
                 acc[r][0] = s.mul_add(v, k0, acc[r][0]);
                 acc[r][1] = s.mul_add(v, k1, acc[r][1]);
             }
@@ -268,37 +258,77 @@ fn softmax_unnormalized<S: Simd>(s: S, row: &mut [f32]) -> f32 {
     sum
 }
 
-/// `rows` (1 or 2) context rows: `dst[r] = inv_sum[r] * sum_j probs[r][j] v[j]`,
-/// head_dim in chunks of 32 (`32 / LANES` vectors); `dst` rows are `ld` apart.
+/// The context rows of one block of 4 queries (rows `i0..` of head `h`,
+/// those before `len`), `R` at a time.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn weighted_values<S: Simd>(
+fn context_rows<S: Simd, const R: usize>(
     s: S,
-    probs: (&[f32], &[f32]),
+    scores: &[f32],
+    lk: usize,
+    len: usize,
+    i0: usize,
+    inv_sums: &[f32; 4],
     v: &[f32],
     hd: usize,
-    inv_sum: [f32; 2],
+    out: &mut [f32],
+    hidden: usize,
+    h: usize,
+) {
+    for group in 0..4 / R {
+        let r0 = group * R;
+        let rows = len.saturating_sub(i0 + r0).min(R);
+        if rows == 0 {
+            break;
+        }
+        let probs: [&[f32]; R] =
+            std::array::from_fn(|r| &scores[(r0 + r) * lk..(r0 + r) * lk + len]);
+        let inv_sum: [f32; R] = std::array::from_fn(|r| inv_sums[r0 + r]);
+        let at = (i0 + r0) * hidden + h * hd;
+        let dst = &mut out[at..at + (rows - 1) * hidden + hd];
+        weighted_values::<S, R>(s, probs, v, hd, inv_sum, dst, hidden, rows);
+    }
+}
+
+/// `rows` (1 to `R`) context rows: `dst[r] = inv_sum[r] * sum_j probs[r][j]
+/// v[j]`, head_dim in chunks of 32 (`32 / LANES` vectors); `dst` rows are
+/// `ld` apart.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn weighted_values<S: Simd, const R: usize>(
+    s: S,
+    probs: [&[f32]; R],
+    v: &[f32],
+    hd: usize,
+    inv_sum: [f32; R],
     dst: &mut [f32],
     ld: usize,
     rows: usize,
 ) {
     let lanes = S::LANES;
     let n = 32 / lanes;
-    assert!((1..=2).contains(&rows));
+    assert!((1..=R).contains(&rows));
     assert!(n <= 4 && n * lanes == 32);
     for c in (0..hd).step_by(32) {
         let z = s.zero();
-        let (mut a, mut b) = ([z; 4], [z; 4]);
-        for ((p, q), row) in probs.0.iter().zip(probs.1).zip(v.chunks_exact(hd)) {
+        let mut acc = [[z; 4]; R];
+        for (j, row) in v.chunks_exact(hd).enumerate() {
             let values = &row[c..c + 32];
-            let (pa, pb) = (s.splat(*p), s.splat(*q));
-            for t in 0..n {
-                let x = s.load(&values[t * lanes..]);
-                a[t] = s.mul_add(pa, x, a[t]);
-                b[t] = s.mul_add(pb, x, b[t]);
+            let x: [S::F; 4] = std::array::from_fn(|t| {
+                if t < n {
+                    s.load(&values[t * lanes..])
+                } else {
+                    z
+                }
+            });
+            for r in 0..R {
+                let p = s.splat(probs[r][j]);
+                for t in 0..n {
+                    acc[r][t] = s.mul_add(p, x[t], acc[r][t]);
+                }
             }
         }
-        for (r, acc) in [a, b].iter().take(rows).enumerate() {
+        for (r, acc) in acc.iter().take(rows).enumerate() {
             let scale = s.splat(inv_sum[r]);
             for (t, acc) in acc.iter().take(n).enumerate() {
                 s.store(&mut dst[r * ld + c + t * lanes..], s.mul(scale, *acc));

@@ -18,7 +18,7 @@ impl AmxBf16 {
         match self {}
     }
 
-    pub fn linear(self, _: &PackedLinear, _: &[f32], _: &mut [f32]) {
+    pub fn linear(self, _: &PackedLinear, _: &[f32], _: &mut [f32], _: crate::encoder::Activation) {
         match self {}
     }
 }

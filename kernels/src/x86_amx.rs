@@ -21,7 +21,7 @@
 use std::arch::asm;
 use std::sync::OnceLock;
 
-use crate::encoder::PackedLinear;
+use crate::encoder::{Activation, F32Kernels, PackedLinear, gelu_rows};
 use crate::x86_avx512::Avx512Bf16;
 
 /// Proof that this process runs the bf16 linear layers on AMX tiles: the
@@ -49,10 +49,11 @@ impl AmxBf16 {
     /// (one tile row of bf16) steps.
     pub const INPUT_STEP: usize = 32;
 
-    /// `out = x W^T + b` for `x`'s rows, `W` packed as bf16 pairs
-    /// (`PackedLinear::new_bf16`) with a multiple of [`Self::INPUT_STEP`]
-    /// inputs.
-    pub fn linear(self, w: &PackedLinear, x: &[f32], out: &mut [f32]) {
+    /// `out = activation(x W^T + b)` for `x`'s rows, `W` packed as bf16
+    /// pairs (`PackedLinear::new_bf16`) with a multiple of
+    /// [`Self::INPUT_STEP`] inputs; the activation runs on each 32-row block
+    /// of outputs as soon as it is done.
+    pub fn linear(self, w: &PackedLinear, x: &[f32], out: &mut [f32], activation: Activation) {
         let (inputs, outputs) = (w.inputs, w.outputs);
         assert!(inputs.is_multiple_of(Self::INPUT_STEP), "inputs {inputs}");
         assert_eq!(w.nr, PANEL);
@@ -103,6 +104,12 @@ impl AmxBf16 {
                         }
                     }
                 }
+            }
+            if activation == Activation::Gelu {
+                gelu_rows(
+                    F32Kernels::current(),
+                    &mut out[r0 * outputs..(r0 + live) * outputs],
+                );
             }
         }
     }

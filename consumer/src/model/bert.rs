@@ -13,7 +13,7 @@ use candle_core::Tensor;
 use candle_nn::VarBuilder;
 use candle_transformers::models::bert::{Config as BertConfig, HiddenAct, PositionEmbeddingType};
 
-use super::encoder_kernels::{self as kernels, Heads, PackedLinear, Span};
+use super::encoder_kernels::{self as kernels, Activation, Heads, PackedLinear, Span};
 
 /// A batch [`BertEncoder::embed_mean`] cannot run: a bug upstream, since
 /// the tokenizer and `MiniLm::embed` check both limits first.
@@ -213,17 +213,24 @@ impl BertEncoder {
             }
         }
         self.embeddings_norm.apply(&mut hidden, None);
+        // One buffer per activation, reused by every layer (the kernels
+        // overwrite them whole): allocated and faulted in once per batch.
+        let (mut qkv, mut context, mut attended, mut inner) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for layer in &self.layers {
-            let qkv = layer.qkv.forward(&hidden, tokens);
-            let context = kernels::attention(&qkv, &spans, self.heads);
-            drop(qkv);
-            let mut attended = layer.attention_out.forward(&context, tokens);
-            drop(context);
+            layer
+                .qkv
+                .forward_into(&hidden, tokens, &mut qkv, Activation::None);
+            kernels::attention_into(&qkv, &spans, self.heads, &mut context);
+            let out = &layer.attention_out;
+            out.forward_into(&context, tokens, &mut attended, Activation::None);
             layer.attention_norm.apply(&mut attended, Some(&hidden));
-            let mut inner = layer.up.forward(&attended, tokens);
-            kernels::gelu(&mut inner);
-            hidden = layer.down.forward(&inner, tokens);
-            drop(inner);
+            layer
+                .up
+                .forward_into(&attended, tokens, &mut inner, Activation::Gelu);
+            layer
+                .down
+                .forward_into(&inner, tokens, &mut hidden, Activation::None);
             layer.output_norm.apply(&mut hidden, Some(&attended));
         }
         Ok(spans
@@ -243,9 +250,9 @@ impl BertEncoder {
     }
 
     /// Peak bytes of [`BertEncoder::embed_mean`] over `tokens` tokens beyond
-    /// the weights, counted generously: the hidden state, Q/K/V, the context
-    /// and the attention output live together, and later the attention
-    /// output, the intermediate and the next hidden state (per token); each
+    /// the weights, counted generously: the hidden state, Q/K/V, the
+    /// context, the attention output and the intermediate all live for the
+    /// whole forward (one buffer each, reused by every layer); each
     /// thread's attention scratch holds one head of a sequence of `len`
     /// (per token of that sequence).
     pub fn batch_cost_bytes(&self, tokens: usize, len: usize) -> u64 {
@@ -253,7 +260,7 @@ impl BertEncoder {
             self.hidden as u64,
             self.layers.first().map_or(0, |l| l.up.outputs()) as u64,
         );
-        let per_token = (6 * h).max(3 * h + i) + 2 * h;
+        let per_token = 6 * h + i;
         let threads = rayon::current_num_threads() as u64;
         let scratch = threads * (len as u64 + 16) * (3 * self.heads.head_dim as u64 + 4);
         4 * (tokens as u64 * per_token + scratch) + threads * (1 << 20)
