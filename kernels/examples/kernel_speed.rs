@@ -10,7 +10,7 @@
 
 use std::time::Instant;
 
-use sluice_kernels::encoder::{F32Kernels, PackedLinear};
+use sluice_kernels::encoder::{Bf16Kernels, F32Kernels, PackedLinear};
 
 /// Best of `rounds` timings of `f`, in seconds.
 fn best(rounds: usize, mut f: impl FnMut()) -> f64 {
@@ -74,13 +74,15 @@ fn main() {
             100.0 * gflops / peak_all
         );
     }
-    // The bf16 layers (AVX512_BF16), against the same f32 FMA peak.
-    if PackedLinear::new_bf16(&[0.0; 2], 1, 2, None).is_some() {
+    // The bf16 layers (AVX512_BF16's `vdpbf16ps`, AMX tiles), against the
+    // same f32 FMA peak.
+    for kernels in Bf16Kernels::all() {
         let (cells, gflops) = linear_speed(&shapes, rows, |w, outputs, inputs, b| {
-            PackedLinear::new_bf16(w, outputs, inputs, Some(b))
+            PackedLinear::new_bf16_for(kernels, w, outputs, inputs, Some(b))
         });
         println!(
-            "| avx512 bf16 weights | - | - | {} | {:.0}% of the f32 peak |",
+            "| {} weights | - | - | {} | {:.0}% of the f32 peak |",
+            kernels.name(),
             cells.join(" | "),
             100.0 * gflops / f32_peak
         );
