@@ -18,8 +18,9 @@ use crate::simd::Int8Simd;
 use crate::team::Columns;
 
 /// Rows `first..first + rows` of `W x` into `out` (`[tokens, W's rows]`,
-/// these rows' columns): for Q8_0, tiles of 2 rows x 8 tokens where the
-/// level has the registers for them ([`Int8Simd::WIDE_TILES`]); then 2 rows
+/// these rows' columns): for Q8_0, and for Q4_1 in decode batches (at most
+/// 16 tokens), tiles of 2 rows x 8 tokens where the level has the registers
+/// for them ([`Int8Simd::WIDE_TILES`]); then 2 rows
 /// x 4 tokens (each weight block unpacked once for 8 or 4 tokens), then the
 /// remaining tokens 4 rows at a time. `W`'s blocks per row must be a multiple of
 /// `S::BLOCKS`.
@@ -36,8 +37,9 @@ pub(crate) fn rows<S: Int8Simd>(
     let tokens = x.tokens;
     let mut t = 0;
     // Measured on a Xeon (AVX-512 VNNI, 3 interleaved runs): 2 x 8 tiles
-    // gave Q8_0 +7% at 8 sequences and +10% at 16, but Q4_1 prompts -10%.
-    if S::WIDE_TILES && matches!(w.weights, Packed::Q8_0 { .. }) {
+    // gave Q8_0 +7% at 8 sequences and +10% at 16, but Q4_1 prompts -10%;
+    // Q4_1 at 8 sequences +3% (378-394 -> 397-406 tokens/s), 16 the same.
+    if S::WIDE_TILES && (matches!(w.weights, Packed::Q8_0 { .. }) || tokens <= 16) {
         while t + 8 <= tokens {
             token_tiles::<S, 8>(s, w, x, first, rows, t, out);
             t += 8;
