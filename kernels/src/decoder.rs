@@ -4,13 +4,16 @@
 //! its KV cache (grouped-query heads), and the SwiGLU product.
 //!
 //! They are plain Rust, built at `opt-level = 3` for every CPU (the compiler
-//! vectorizes the inner loops for the baseline instruction set); the step's
-//! time is in the matrix products, not here. Each token's result depends on
+//! vectorizes the inner loops for the baseline instruction set), except the
+//! attention's per-head work, which runs `f32_kernels::decode_attend` at the
+//! process's level where `head_dim` is a multiple of 32 (it was 6-16% of an
+//! 8-sequence decode in plain Rust, growing with the context). Each token's result depends on
 //! its own row and its own sequence's cache only, so a token's logits do not
 //! depend on the other sequences of its step (batch invariance).
 
 use rayon::prelude::*;
 
+use crate::encoder::F32Kernels;
 use crate::team::{Team, parts_mut, take};
 
 /// `out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * weight` for each row `t` of
@@ -108,6 +111,16 @@ pub struct SequenceAttention<'a> {
 /// sequences' order. The (token, head) items run on the rayon pool when a
 /// step has enough of them to pay for the hand-off.
 pub fn causal_attention(shape: DecoderHeads, sequences: &[SequenceAttention<'_>]) -> Vec<f32> {
+    causal_attention_with(F32Kernels::current(), shape, sequences)
+}
+
+/// [`causal_attention`] at the level `kernels` (the plain-Rust reference
+/// where `head_dim` is not a multiple of 32).
+pub fn causal_attention_with(
+    kernels: F32Kernels,
+    shape: DecoderHeads,
+    sequences: &[SequenceAttention<'_>],
+) -> Vec<f32> {
     let scored: usize = sequences
         .iter()
         .map(|seq| {
@@ -121,7 +134,7 @@ pub fn causal_attention(shape: DecoderHeads, sequences: &[SequenceAttention<'_>]
     } else {
         1
     };
-    attention_in_parts(shape, sequences, parts, |part| {
+    attention_in_parts(kernels, shape, sequences, parts, |part| {
         (0..parts).into_par_iter().for_each(part)
     })
 }
@@ -133,7 +146,10 @@ pub fn causal_attention_on(
     shape: DecoderHeads,
     sequences: &[SequenceAttention<'_>],
 ) -> Vec<f32> {
-    attention_in_parts(shape, sequences, team.size(), |part| team.run(part))
+    let kernels = F32Kernels::current();
+    attention_in_parts(kernels, shape, sequences, team.size(), |part| {
+        team.run(part)
+    })
 }
 
 /// The attention in `parts` runs of consecutive (token, head) items of
@@ -141,6 +157,7 @@ pub fn causal_attention_on(
 /// contiguous part of the output; `run_parts` calls the part's closure once
 /// for each of `0..parts`.
 fn attention_in_parts(
+    kernels: F32Kernels,
     shape: DecoderHeads,
     sequences: &[SequenceAttention<'_>],
     parts: usize,
@@ -180,6 +197,7 @@ fn attention_in_parts(
     }
     bounds.push(items.len());
     let mut out = vec![0f32; items.len() * head_dim];
+    let simd = head_dim.is_multiple_of(32);
     let outs = parts_mut(
         &mut out,
         bounds.windows(2).map(|w| (w[1] - w[0]) * head_dim),
@@ -194,13 +212,12 @@ fn attention_in_parts(
             let g = h / (heads / kv_heads);
             let cached = g * seq.capacity * head_dim..(g * seq.capacity + len) * head_dim;
             let q = &seq.queries[i * width + h * head_dim..i * width + (h + 1) * head_dim];
-            attend(
-                q,
-                &seq.keys[cached.clone()],
-                &seq.values[cached],
-                &mut scores,
-                ctx,
-            );
+            let (keys, values) = (&seq.keys[cached.clone()], &seq.values[cached]);
+            match kernels {
+                F32Kernels::Avx512(t) if simd => t.decode_attend(q, keys, values, &mut scores, ctx),
+                F32Kernels::Avx2(t) if simd => t.decode_attend(q, keys, values, &mut scores, ctx),
+                _ => attend(q, keys, values, &mut scores, ctx),
+            }
         }
     });
     drop(outs);
@@ -208,7 +225,8 @@ fn attention_in_parts(
 }
 
 /// One query head against `keys` and `values` (`[len, head_dim]` each):
-/// `out = softmax(q . k / sqrt(head_dim)) v`.
+/// `out = softmax(q . k / sqrt(head_dim)) v`, in plain Rust (the reference
+/// of `f32_kernels::decode_attend`).
 fn attend(q: &[f32], keys: &[f32], values: &[f32], scores: &mut Vec<f32>, out: &mut [f32]) {
     let dim = q.len();
     let scale = 1.0 / (dim as f32).sqrt();
@@ -276,15 +294,57 @@ mod tests {
     /// whichever sequences share its step.
     #[test]
     fn causal_attention_matches_the_plain_softmax_per_sequence() {
+        // 16: the plain-Rust path; 64: the SIMD one at this process's level.
+        for hd in [16, 64] {
+            causal_attention_matches_at(hd);
+        }
+    }
+
+    /// Every level's per-head kernel against the plain-Rust one, at context
+    /// lengths on and off the vector width.
+    #[test]
+    fn decode_attention_is_the_same_at_every_level() {
+        let shape = DecoderHeads {
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 64,
+        };
+        let cap = 70;
+        let keys = values(2 * cap * 64, 7);
+        let vals = values(2 * cap * 64, 8);
+        for (start, tokens) in [(0, 1), (0, 17), (31, 3), (40, 30)] {
+            let queries: Vec<f32> = values(tokens * 4 * 64, 9).iter().map(|v| v * 3.0).collect();
+            let seq = || SequenceAttention {
+                queries: &queries,
+                keys: &keys,
+                values: &vals,
+                capacity: cap,
+                start,
+            };
+            let plain = causal_attention_with(F32Kernels::Reference, shape, &[seq()]);
+            for kernels in F32Kernels::all() {
+                let got = causal_attention_with(kernels, shape, &[seq()]);
+                for (g, p) in got.iter().zip(&plain) {
+                    assert!(
+                        (g - p).abs() <= 1e-5,
+                        "{} start {start} tokens {tokens}: {g} vs {p}",
+                        kernels.name()
+                    );
+                }
+            }
+        }
+    }
+
+    fn causal_attention_matches_at(hd: usize) {
         let shape = DecoderHeads {
             heads: 6,
             kv_heads: 2,
-            head_dim: 16,
+            head_dim: hd,
         };
-        let width = 6 * 16;
+        let width = 6 * hd;
         for (cap, start, tokens) in [(12, 3, 5), (300, 20, 200)] {
-            let keys = values(2 * cap * 16, 2);
-            let vals = values(2 * cap * 16, 3);
+            let keys = values(2 * cap * hd, 2);
+            let vals = values(2 * cap * hd, 3);
             let queries = values(tokens * width, 4);
             let other_q = values(width, 5);
             let a = SequenceAttention {
@@ -341,8 +401,8 @@ mod tests {
             // The one-token sequence at position 0 sees only its own value.
             for h in 0..6 {
                 let g = h / 3;
-                let v0 = &vals[g * cap * 16..g * cap * 16 + 16];
-                let got = &both[tokens * width + h * 16..tokens * width + (h + 1) * 16];
+                let v0 = &vals[g * cap * hd..g * cap * hd + hd];
+                let got = &both[tokens * width + h * hd..tokens * width + (h + 1) * hd];
                 for (x, y) in got.iter().zip(v0) {
                     assert!((x - y).abs() < 1e-6);
                 }
@@ -350,22 +410,23 @@ mod tests {
             for i in 0..tokens {
                 for h in 0..6 {
                     let g = h / 3;
-                    let q = &queries[i * width + h * 16..i * width + (h + 1) * 16];
+                    let q = &queries[i * width + h * hd..i * width + (h + 1) * hd];
                     let len = start + i + 1;
                     let s: Vec<f64> = (0..len)
                         .map(|j| {
-                            let k = &keys[(g * cap + j) * 16..(g * cap + j + 1) * 16];
-                            q.iter().zip(k).map(|(a, b)| f64::from(a * b)).sum::<f64>() / 4.0
+                            let k = &keys[(g * cap + j) * hd..(g * cap + j + 1) * hd];
+                            q.iter().zip(k).map(|(a, b)| f64::from(a * b)).sum::<f64>()
+                                / (hd as f64).sqrt()
                         })
                         .collect();
                     let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                     let e: Vec<f64> = s.iter().map(|v| (v - m).exp()).collect();
                     let z: f64 = e.iter().sum();
-                    for d in 0..16 {
+                    for d in 0..hd {
                         let want: f64 = (0..len)
-                            .map(|j| e[j] / z * f64::from(vals[(g * cap + j) * 16 + d]))
+                            .map(|j| e[j] / z * f64::from(vals[(g * cap + j) * hd + d]))
                             .sum();
-                        let got = f64::from(both[i * width + h * 16 + d]);
+                        let got = f64::from(both[i * width + h * hd + d]);
                         assert!((got - want).abs() < 1e-5, "{got} vs {want}");
                     }
                 }

@@ -337,6 +337,53 @@ fn weighted_values<S: Simd, const R: usize>(
     }
 }
 
+/// One query head of a decode step against its sequence's cached `keys` and
+/// `values` (`[len, head_dim]` each; `head_dim` a multiple of 32):
+/// `out = softmax(q . k / sqrt(head_dim)) v`, each score one vector dot
+/// product, the context summed 32 dimensions (`32 / LANES` vectors) at a
+/// time over the positions.
+#[inline(always)]
+pub(crate) fn decode_attend<S: Simd>(
+    s: S,
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    let (lanes, dim) = (S::LANES, q.len());
+    assert!(dim.is_multiple_of(32) && out.len() == dim);
+    assert_eq!(keys.len(), values.len());
+    let len = keys.len() / dim;
+    let scale = 1.0 / (dim as f32).sqrt();
+    // Whole vectors for the softmax; the padding scores -inf (weight 0).
+    scores.clear();
+    scores.resize(len.next_multiple_of(lanes), f32::NEG_INFINITY);
+    for (score, k) in scores.iter_mut().zip(keys.chunks_exact(dim)) {
+        let mut acc = [s.zero(); 2];
+        for (i, (qa, ka)) in q.chunks_exact(lanes).zip(k.chunks_exact(lanes)).enumerate() {
+            acc[i % 2] = s.mul_add(s.load(qa), s.load(ka), acc[i % 2]);
+        }
+        *score = s.sum(s.add(acc[0], acc[1])) * scale;
+    }
+    let inv = 1.0 / softmax_unnormalized(s, scores);
+    let n = 32 / lanes;
+    for c in (0..dim).step_by(32) {
+        let z = s.zero();
+        let mut acc = [z; 4];
+        for (p, v) in scores.iter().zip(values.chunks_exact(dim)) {
+            let p = s.splat(*p);
+            for t in 0..n {
+                acc[t] = s.mul_add(p, s.load(&v[c + t * lanes..]), acc[t]);
+            }
+        }
+        let inv = s.splat(inv);
+        for (t, acc) in acc.iter().take(n).enumerate() {
+            s.store(&mut out[c + t * lanes..], s.mul(inv, *acc));
+        }
+    }
+}
+
 /// erf GELU in place, a vector at a time (`gelu_scalar` for the tail).
 #[inline(always)]
 pub(crate) fn gelu<S: Simd>(s: S, x: &mut [f32]) {

@@ -7,7 +7,7 @@
 //!   BERT encoder, with their plain-Rust references.
 //! - `decoder`: the f32 pieces of a llama step between its matrix products
 //!   (RMS norm, rotary embeddings, causal attention against KV caches,
-//!   SwiGLU), in plain Rust.
+//!   SwiGLU), in plain Rust but for each attention head's vector kernel.
 //! - `quantized`: batched matrix products over Q4_1 / Q8_0 blocks, with
 //!   their plain-Rust reference.
 //! - `team`: the threads the generation step's parallel regions run on

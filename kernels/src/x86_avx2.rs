@@ -44,6 +44,19 @@ impl Avx2 {
         unsafe { encoder::gelu(self, x) }
     }
 
+    /// One query head of a decode step (see `decoder::causal_attention`).
+    pub fn decode_attend(
+        self,
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        scores: &mut Vec<f32>,
+        out: &mut [f32],
+    ) {
+        // SAFETY: as in `linear`.
+        unsafe { encoder::decode_attend(self, q, keys, values, scores, out) }
+    }
+
     /// The FMA peak loop (`f32_kernels::fma_peak`).
     pub fn fma_peak(self, iters: usize) -> f32 {
         // SAFETY: as in `linear`.
@@ -84,6 +97,18 @@ mod encoder {
     #[target_feature(enable = "avx2,fma")]
     pub fn gelu(s: Avx2, x: &mut [f32]) {
         f32_kernels::gelu(s, x)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub fn decode_attend(
+        s: Avx2,
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        scores: &mut Vec<f32>,
+        out: &mut [f32],
+    ) {
+        f32_kernels::decode_attend(s, q, keys, values, scores, out)
     }
 
     #[target_feature(enable = "avx2,fma")]

@@ -52,6 +52,19 @@ impl Avx512 {
         unsafe { gelu(self, x) }
     }
 
+    /// One query head of a decode step (see `decoder::causal_attention`).
+    pub fn decode_attend(
+        self,
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        scores: &mut Vec<f32>,
+        out: &mut [f32],
+    ) {
+        // SAFETY: as in `linear`.
+        unsafe { decode_attend(self, q, keys, values, scores, out) }
+    }
+
     /// The FMA peak loop (`f32_kernels::fma_peak`).
     pub fn fma_peak(self, iters: usize) -> f32 {
         // SAFETY: as in `linear`.
@@ -72,6 +85,18 @@ fn attend(s: Avx512, qkv: &[f32], len: usize, shape: Heads, out: &mut [f32]) {
 #[target_feature(enable = "avx512f,avx2,fma")]
 fn gelu(s: Avx512, x: &mut [f32]) {
     f32_kernels::gelu(s, x)
+}
+
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn decode_attend(
+    s: Avx512,
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    f32_kernels::decode_attend(s, q, keys, values, scores, out)
 }
 
 #[target_feature(enable = "avx512f,avx2,fma")]
