@@ -7,7 +7,8 @@
 //! vectorizes the inner loops for the baseline instruction set), except the
 //! attention's per-head work, which runs `f32_kernels::decode_attend` at the
 //! process's level where `head_dim` is a multiple of 32 (it was 6-16% of an
-//! 8-sequence decode in plain Rust, growing with the context). Each token's result depends on
+//! 8-sequence decode in plain Rust, growing with the context), and SwiGLU,
+//! whose `exp` per value is a vector polynomial there too. Each token's result depends on
 //! its own row and its own sequence's cache only, so a token's logits do not
 //! depend on the other sequences of its step (batch invariance).
 
@@ -74,10 +75,24 @@ pub fn rope_interleaved(x: &mut [f32], cos: &[f32], sin: &[f32]) {
 /// `silu(gate) * up` per row of `gate_up` (`[tokens, 2 * ffn]`, each row the
 /// gate's `ffn` values then the up projection's), as `[tokens, ffn]`.
 pub fn swiglu(gate_up: &[f32], ffn: usize) -> Vec<f32> {
-    let mut out = Vec::with_capacity(gate_up.len() / 2);
-    for row in gate_up.chunks_exact(2 * ffn) {
+    swiglu_with(F32Kernels::current(), gate_up, ffn)
+}
+
+/// [`swiglu`] at the level `kernels` (its vector `exp` at AVX2 and
+/// AVX-512, `f32::exp` in the references).
+pub fn swiglu_with(kernels: F32Kernels, gate_up: &[f32], ffn: usize) -> Vec<f32> {
+    let mut out = vec![0f32; gate_up.len() / 2];
+    for (row, out) in gate_up.chunks_exact(2 * ffn).zip(out.chunks_exact_mut(ffn)) {
         let (gate, up) = row.split_at(ffn);
-        out.extend(gate.iter().zip(up).map(|(g, u)| g / (1.0 + (-g).exp()) * u));
+        match kernels {
+            F32Kernels::Avx512(t) => t.swiglu(gate, up, out),
+            F32Kernels::Avx2(t) => t.swiglu(gate, up, out),
+            F32Kernels::Reference => {
+                for ((g, u), o) in gate.iter().zip(up).zip(out.iter_mut()) {
+                    *o = g / (1.0 + (-g).exp()) * u;
+                }
+            }
+        }
     }
     out
 }
@@ -277,6 +292,23 @@ mod tests {
         rope_interleaved(&mut x, &[c, 1.0], &[s, 0.0]);
         assert!((x[0] - c).abs() < 1e-6 && (x[1] - 1.0).abs() < 1e-6);
         assert_eq!(&x[2..], &[3.0, 4.0]);
+    }
+
+    #[test]
+    fn swiglu_is_the_same_at_every_level() {
+        let ffn = 40; // two 16-lane vectors and a tail
+        let gate_up: Vec<f32> = values(3 * 2 * ffn, 11).iter().map(|v| v * 30.0).collect();
+        let plain = swiglu_with(F32Kernels::Reference, &gate_up, ffn);
+        for kernels in F32Kernels::all() {
+            let got = swiglu_with(kernels, &gate_up, ffn);
+            for (i, (g, p)) in got.iter().zip(&plain).enumerate() {
+                assert!(
+                    (g - p).abs() <= 1e-6 * (1.0 + p.abs()),
+                    "{} [{i}]: {g} vs {p}",
+                    kernels.name()
+                );
+            }
+        }
     }
 
     #[test]

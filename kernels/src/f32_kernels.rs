@@ -384,6 +384,32 @@ pub(crate) fn decode_attend<S: Simd>(
     }
 }
 
+/// `out = silu(gate) * up`, a vector at a time (`silu(g) = g / (1 +
+/// exp(-g))`, with this file's `exp`), the tail in plain Rust.
+#[inline(always)]
+pub(crate) fn swiglu<S: Simd>(s: S, gate: &[f32], up: &[f32], out: &mut [f32]) {
+    let lanes = S::LANES;
+    assert!(gate.len() == up.len() && up.len() == out.len());
+    let whole = out.len() / lanes * lanes;
+    let one = s.splat(1.0);
+    for ((g, u), o) in gate[..whole]
+        .chunks_exact(lanes)
+        .zip(up[..whole].chunks_exact(lanes))
+        .zip(out[..whole].chunks_exact_mut(lanes))
+    {
+        let g = s.load(g);
+        let e = exp(s, s.neg(g));
+        s.store(o, s.mul(s.div(g, s.add(one, e)), s.load(u)));
+    }
+    for ((g, u), o) in gate[whole..]
+        .iter()
+        .zip(&up[whole..])
+        .zip(&mut out[whole..])
+    {
+        *o = g / (1.0 + (-g).exp()) * u;
+    }
+}
+
 /// erf GELU in place, a vector at a time (`gelu_scalar` for the tail).
 #[inline(always)]
 pub(crate) fn gelu<S: Simd>(s: S, x: &mut [f32]) {

@@ -25,6 +25,10 @@ impl Avx512 {
         match self {}
     }
 
+    pub fn swiglu(self, _: &[f32], _: &[f32], _: &mut [f32]) {
+        match self {}
+    }
+
     pub fn decode_attend(self, _: &[f32], _: &[f32], _: &[f32], _: &mut Vec<f32>, _: &mut [f32]) {
         match self {}
     }

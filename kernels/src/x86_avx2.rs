@@ -44,6 +44,12 @@ impl Avx2 {
         unsafe { encoder::gelu(self, x) }
     }
 
+    /// SwiGLU of one row (see `decoder::swiglu`).
+    pub fn swiglu(self, gate: &[f32], up: &[f32], out: &mut [f32]) {
+        // SAFETY: as in `linear`.
+        unsafe { encoder::swiglu(self, gate, up, out) }
+    }
+
     /// One query head of a decode step (see `decoder::causal_attention`).
     pub fn decode_attend(
         self,
@@ -97,6 +103,11 @@ mod encoder {
     #[target_feature(enable = "avx2,fma")]
     pub fn gelu(s: Avx2, x: &mut [f32]) {
         f32_kernels::gelu(s, x)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub fn swiglu(s: Avx2, gate: &[f32], up: &[f32], out: &mut [f32]) {
+        f32_kernels::swiglu(s, gate, up, out)
     }
 
     #[target_feature(enable = "avx2,fma")]

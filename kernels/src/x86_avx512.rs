@@ -52,6 +52,12 @@ impl Avx512 {
         unsafe { gelu(self, x) }
     }
 
+    /// SwiGLU of one row (see `decoder::swiglu`).
+    pub fn swiglu(self, gate: &[f32], up: &[f32], out: &mut [f32]) {
+        // SAFETY: as in `linear`.
+        unsafe { swiglu(self, gate, up, out) }
+    }
+
     /// One query head of a decode step (see `decoder::causal_attention`).
     pub fn decode_attend(
         self,
@@ -85,6 +91,11 @@ fn attend(s: Avx512, qkv: &[f32], len: usize, shape: Heads, out: &mut [f32]) {
 #[target_feature(enable = "avx512f,avx2,fma")]
 fn gelu(s: Avx512, x: &mut [f32]) {
     f32_kernels::gelu(s, x)
+}
+
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn swiglu(s: Avx512, gate: &[f32], up: &[f32], out: &mut [f32]) {
+    f32_kernels::swiglu(s, gate, up, out)
 }
 
 #[target_feature(enable = "avx512f,avx2,fma")]
