@@ -195,25 +195,42 @@ pub fn bf16_speedup() -> Option<f64> {
 
 /// `x = layer_norm(x + residual) * weight + bias` for each row of `x`
 /// (`[rows, weight.len()]`; `residual` the same shape), rows in parallel in
-/// chunks of 64. Plain Rust, here rather than beside the model so that it
-/// builds at `opt-level = 3` in every profile.
+/// chunks of 64, at this process's level.
 pub fn layer_norm(x: &mut [f32], residual: Option<&[f32]>, weight: &[f32], bias: &[f32], eps: f32) {
+    layer_norm_with(F32Kernels::current(), x, residual, weight, bias, eps)
+}
+
+/// [`layer_norm`] at the level `kernels` (plain Rust for the references,
+/// here rather than beside the model so that it builds at `opt-level = 3`
+/// in every profile).
+pub fn layer_norm_with(
+    kernels: F32Kernels,
+    x: &mut [f32],
+    residual: Option<&[f32]>,
+    weight: &[f32],
+    bias: &[f32],
+    eps: f32,
+) {
     let h = weight.len();
     assert_eq!(bias.len(), h);
     assert!(residual.is_none_or(|r| r.len() == x.len()));
     const ROWS: usize = 64;
-    let norm_rows = |x: &mut [f32], residual: Option<&[f32]>| {
-        for (r, row) in x.chunks_exact_mut(h).enumerate() {
-            if let Some(res) = residual {
-                for (v, s) in row.iter_mut().zip(&res[r * h..(r + 1) * h]) {
-                    *v += s;
+    let norm_rows = |x: &mut [f32], residual: Option<&[f32]>| match kernels {
+        F32Kernels::Avx512(t) => t.layer_norm(x, residual, weight, bias, eps),
+        F32Kernels::Avx2(t) => t.layer_norm(x, residual, weight, bias, eps),
+        F32Kernels::Reference => {
+            for (r, row) in x.chunks_exact_mut(h).enumerate() {
+                if let Some(res) = residual {
+                    for (v, s) in row.iter_mut().zip(&res[r * h..(r + 1) * h]) {
+                        *v += s;
+                    }
                 }
-            }
-            let mean = lane_sum(row.iter().copied()) / h as f32;
-            let var = lane_sum(row.iter().map(|v| (v - mean) * (v - mean))) / h as f32;
-            let inv = 1.0 / (var + eps).sqrt();
-            for ((v, w), b) in row.iter_mut().zip(weight).zip(bias) {
-                *v = (*v - mean) * inv * w + b;
+                let mean = lane_sum(row.iter().copied()) / h as f32;
+                let var = lane_sum(row.iter().map(|v| (v - mean) * (v - mean))) / h as f32;
+                let inv = 1.0 / (var + eps).sqrt();
+                for ((v, w), b) in row.iter_mut().zip(weight).zip(bias) {
+                    *v = (*v - mean) * inv * w + b;
+                }
             }
         }
     };
@@ -798,6 +815,29 @@ mod tests {
             out.fill(f32::NAN);
             layer.forward_into(&x, rows, &mut out, Activation::Gelu);
             assert_eq!(out, expected, "{name}: gelu");
+        }
+    }
+
+    /// Every level's layer norm against the plain-Rust one, with and
+    /// without a residual, rows on and off the vector width.
+    #[test]
+    fn layer_norm_is_the_same_at_every_level() {
+        for h in [384, 40] {
+            let rows = 70;
+            let x: Vec<f32> = values(rows * h, 12).iter().map(|v| v * 5.0 + 1.0).collect();
+            let res = values(rows * h, 13);
+            let w = values(h, 14);
+            let b = values(h, 15);
+            for residual in [None, Some(res.as_slice())] {
+                let mut plain = x.clone();
+                layer_norm_with(F32Kernels::Reference, &mut plain, residual, &w, &b, 1e-12);
+                for kernels in F32Kernels::all() {
+                    let mut got = x.clone();
+                    layer_norm_with(kernels, &mut got, residual, &w, &b, 1e-12);
+                    let e = relative_error(&got, &plain);
+                    assert!(e < 1e-5, "{} h {h}: {e:e}", kernels.name());
+                }
+            }
         }
     }
 

@@ -410,6 +410,67 @@ pub(crate) fn swiglu<S: Simd>(s: S, gate: &[f32], up: &[f32], out: &mut [f32]) {
     }
 }
 
+/// `row = layer_norm(row + residual) * weight + bias` for each row of `x`
+/// (`weight.len()` wide; `residual` the same shape as `x`): the residual
+/// added, then the mean and the variance about it, in vector lanes (the
+/// tail of a row in plain Rust).
+#[inline(always)]
+pub(crate) fn layer_norm<S: Simd>(
+    s: S,
+    x: &mut [f32],
+    residual: Option<&[f32]>,
+    weight: &[f32],
+    bias: &[f32],
+    eps: f32,
+) {
+    let (lanes, h) = (S::LANES, weight.len());
+    let whole = h / lanes * lanes;
+    for (r, row) in x.chunks_exact_mut(h).enumerate() {
+        if let Some(res) = residual {
+            let res = &res[r * h..(r + 1) * h];
+            for (v, a) in row[..whole]
+                .chunks_exact_mut(lanes)
+                .zip(res.chunks_exact(lanes))
+            {
+                s.store(v, s.add(s.load(v), s.load(a)));
+            }
+            for (v, a) in row[whole..].iter_mut().zip(&res[whole..]) {
+                *v += a;
+            }
+        }
+        let mut sum = s.zero();
+        for v in row[..whole].chunks_exact(lanes) {
+            sum = s.add(sum, s.load(v));
+        }
+        let mean = (s.sum(sum) + row[whole..].iter().sum::<f32>()) / h as f32;
+        let mean_v = s.splat(mean);
+        let mut squares = s.zero();
+        for v in row[..whole].chunks_exact(lanes) {
+            let d = s.sub(s.load(v), mean_v);
+            squares = s.mul_add(d, d, squares);
+        }
+        let tail: f32 = row[whole..].iter().map(|v| (v - mean) * (v - mean)).sum();
+        let var = (s.sum(squares) + tail) / h as f32;
+        let inv = 1.0 / (var + eps).sqrt();
+        let inv_v = s.splat(inv);
+        for ((v, w), b) in row[..whole]
+            .chunks_exact_mut(lanes)
+            .zip(weight.chunks_exact(lanes))
+            .zip(bias.chunks_exact(lanes))
+        {
+            let scaled = s.mul(s.mul(s.sub(s.load(v), mean_v), inv_v), s.load(w));
+            s.store(v, s.add(scaled, s.load(b)));
+        }
+        for ((v, w), b) in row[whole..]
+            .iter_mut()
+            .zip(&weight[whole..])
+            .zip(&bias[whole..])
+        {
+            *v = (*v - mean) * inv * w + b;
+        }
+    }
+}
+
 /// erf GELU in place, a vector at a time (`gelu_scalar` for the tail).
 #[inline(always)]
 pub(crate) fn gelu<S: Simd>(s: S, x: &mut [f32]) {

@@ -25,6 +25,10 @@ impl Avx2 {
         match self {}
     }
 
+    pub fn layer_norm(self, _: &mut [f32], _: Option<&[f32]>, _: &[f32], _: &[f32], _: f32) {
+        match self {}
+    }
+
     pub fn swiglu(self, _: &[f32], _: &[f32], _: &mut [f32]) {
         match self {}
     }

@@ -44,6 +44,19 @@ impl Avx2 {
         unsafe { encoder::gelu(self, x) }
     }
 
+    /// The layer norm of `x`'s rows (see `encoder::layer_norm`).
+    pub fn layer_norm(
+        self,
+        x: &mut [f32],
+        residual: Option<&[f32]>,
+        weight: &[f32],
+        bias: &[f32],
+        eps: f32,
+    ) {
+        // SAFETY: as in `linear`.
+        unsafe { encoder::layer_norm(self, x, residual, weight, bias, eps) }
+    }
+
     /// SwiGLU of one row (see `decoder::swiglu`).
     pub fn swiglu(self, gate: &[f32], up: &[f32], out: &mut [f32]) {
         // SAFETY: as in `linear`.
@@ -103,6 +116,18 @@ mod encoder {
     #[target_feature(enable = "avx2,fma")]
     pub fn gelu(s: Avx2, x: &mut [f32]) {
         f32_kernels::gelu(s, x)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub fn layer_norm(
+        s: Avx2,
+        x: &mut [f32],
+        residual: Option<&[f32]>,
+        weight: &[f32],
+        bias: &[f32],
+        eps: f32,
+    ) {
+        f32_kernels::layer_norm(s, x, residual, weight, bias, eps)
     }
 
     #[target_feature(enable = "avx2,fma")]

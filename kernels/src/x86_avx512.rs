@@ -52,6 +52,19 @@ impl Avx512 {
         unsafe { gelu(self, x) }
     }
 
+    /// The layer norm of `x`'s rows (see `encoder::layer_norm`).
+    pub fn layer_norm(
+        self,
+        x: &mut [f32],
+        residual: Option<&[f32]>,
+        weight: &[f32],
+        bias: &[f32],
+        eps: f32,
+    ) {
+        // SAFETY: as in `linear`.
+        unsafe { layer_norm(self, x, residual, weight, bias, eps) }
+    }
+
     /// SwiGLU of one row (see `decoder::swiglu`).
     pub fn swiglu(self, gate: &[f32], up: &[f32], out: &mut [f32]) {
         // SAFETY: as in `linear`.
@@ -91,6 +104,18 @@ fn attend(s: Avx512, qkv: &[f32], len: usize, shape: Heads, out: &mut [f32]) {
 #[target_feature(enable = "avx512f,avx2,fma")]
 fn gelu(s: Avx512, x: &mut [f32]) {
     f32_kernels::gelu(s, x)
+}
+
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn layer_norm(
+    s: Avx512,
+    x: &mut [f32],
+    residual: Option<&[f32]>,
+    weight: &[f32],
+    bias: &[f32],
+    eps: f32,
+) {
+    f32_kernels::layer_norm(s, x, residual, weight, bias, eps)
 }
 
 #[target_feature(enable = "avx512f,avx2,fma")]
