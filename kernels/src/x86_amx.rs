@@ -15,7 +15,11 @@
 //! The blocking is the one Intel's guides use for 8 tile registers: 4
 //! accumulators (32 rows x 32 outputs), 2 activation tiles, 2 weight tiles.
 //! The accumulators start from the bias (a 16-float row loaded with a zero
-//! stride), so a full tile is stored straight into the output.
+//! stride), so a full tile is stored straight into the output. Each step
+//! prefetches the next step's 2 KiB of weights into L1: the weights stream
+//! from L2, and without it the tiles waited on them (+8% on the encoder).
+//! A C copy of this loop ran 3.8 TFLOP/s on one core with every operand in
+//! L1, 2.7 with the weights streaming, 1.8 with the stores as well.
 #![allow(unsafe_code)]
 
 use std::arch::asm;
@@ -203,6 +207,8 @@ impl Tiles {
         // slices asserted above: activation tiles at `a + 16 i pairs + 16 s`
         // (rows of `a_stride`), weight tiles at `b + 16 s PANEL + 16 j` (rows
         // of `b_stride`), and the bias's two halves 16 times over (stride 0).
+        // The prefetches touch the next step's weights, inside `weights`
+        // too (and a prefetch never faults).
         unsafe {
             asm!(
                 "tileloadd tmm0, [{c} + {zero}*1]",
@@ -218,11 +224,20 @@ impl Tiles {
                 let a0 = a.add(step * TILE);
                 let a1 = a0.add(TILE * pairs);
                 let b0 = b.add(step * TILE * PANEL);
+                if step + 1 < pairs / TILE {
+                    // The next step's weights (2 KiB, contiguous) into L1.
+                    let next = b0.add(TILE * PANEL).cast::<i8>();
+                    for line in 0..TILE * PANEL * 4 / 64 {
+                        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                            next.add(line * 64),
+                        );
+                    }
+                }
                 asm!(
                     "tileloadd tmm4, [{a0} + {sa}*1]",
                     "tileloadd tmm6, [{b0} + {sb}*1]",
-                    "tileloadd tmm7, [{b1} + {sb}*1]",
                     "tdpbf16ps tmm0, tmm4, tmm6",
+                    "tileloadd tmm7, [{b1} + {sb}*1]",
                     "tdpbf16ps tmm1, tmm4, tmm7",
                     "tileloadd tmm5, [{a1} + {sa}*1]",
                     "tdpbf16ps tmm2, tmm5, tmm6",
