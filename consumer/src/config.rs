@@ -45,8 +45,8 @@ impl TaskKind {
 #[derive(Debug, Clone, Args)]
 pub struct ModelConfig {
     /// Directory with the model: for embed, `config.json`, `tokenizer.json`
-    /// and `model.safetensors` (default models/all-minilm-l6-v2); for
-    /// generate, one `.gguf` file (default models/smollm2).
+    /// and `model.safetensors` (default weights/all-minilm-l6-v2); for
+    /// generate, one `.gguf` file (default weights/smollm2).
     #[arg(long, env = "SLUICE_MODEL_DIR")]
     pub model_dir: Option<PathBuf>,
     /// The model name jobs must ask for (default all-minilm-l6-v2 for embed,
@@ -73,8 +73,8 @@ pub struct ModelConfig {
     /// as f32 (1.4x on a Zen 4, 1.8-2.9x on an Intel Xeon's AMX tiles;
     /// without AMX that Xeon's `vdpbf16ps` was slower than f32). `f32` keeps
     /// f32 everywhere. See the README's benchmark.
-    #[arg(long, env = "SLUICE_EMBED_WEIGHTS", value_enum, default_value = "auto")]
-    pub embed_weights: crate::model::EmbedWeights,
+    #[arg(long, env = "SLUICE_EMBED_WEIGHTS", default_value = "auto")]
+    pub embed_weights: sluice_models::EmbedWeights,
 }
 
 /// The generate task's knobs (ignored by embed consumers).
@@ -104,7 +104,7 @@ pub struct GenerateConfig {
     /// CPUs), as-stored (the GGUF's own quantization) or f32 (dense; gains the
     /// most from batching, 4x the memory).
     #[arg(long, env = "SLUICE_WEIGHTS", default_value = "q8_0")]
-    pub weights: crate::model::llama::WeightFormat,
+    pub weights: sluice_models::llama::WeightFormat,
 }
 
 /// The service's config.
@@ -260,8 +260,8 @@ impl ModelConfig {
     pub fn dir(&self, task: Task) -> PathBuf {
         self.model_dir.clone().unwrap_or_else(|| {
             PathBuf::from(match task {
-                Task::Embed => "models/all-minilm-l6-v2",
-                Task::Generate => "models/smollm2",
+                Task::Embed => "weights/all-minilm-l6-v2",
+                Task::Generate => "weights/smollm2",
             })
         })
     }
@@ -525,7 +525,7 @@ pub(crate) mod tests {
         let c = generate(&[]);
         c.validate().unwrap();
         assert_eq!(c.max_items_per_job(), 64);
-        assert_eq!(c.model.dir(c.task()), PathBuf::from("models/smollm2"));
+        assert_eq!(c.model.dir(c.task()), PathBuf::from("weights/smollm2"));
         assert_eq!(c.model.name(c.task()), "smollm2-135m-instruct");
         assert_eq!(c.generate.default_max_new_tokens(), 128);
         assert_eq!(

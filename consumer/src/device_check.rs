@@ -28,7 +28,7 @@ use crate::budget::device_headroom_bytes;
 use crate::config::ModelConfig;
 use crate::engine::embed::{l2_normalize, load_embedding_model};
 use crate::memory::MemoryProbe;
-use crate::model::llama::{Llama, Segment, WeightFormat};
+use sluice_models::llama::{Llama, Segment, WeightFormat};
 
 /// Where the bundle keeps each part (`scripts/device-bundle` writes them).
 pub const BUNDLE_MINILM: &str = "minilm";
@@ -296,7 +296,7 @@ pub fn run(args: &DeviceCheckArgs) -> anyhow::Result<DeviceReport> {
     let _ = std::fs::remove_dir_all(&scratch);
     let report = DeviceReport {
         device,
-        cpu: crate::model::cpu::describe(),
+        cpu: sluice_models::cpu::describe(),
         rows,
     };
     if let Some(path) = &args.json {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use sluice_schemas::{ErrorCode, ErrorInfo};
 
-use crate::model::{ModelError, TokenizeError};
+use sluice_models::{ModelError, TokenizeError};
 
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{code}: {message}")]

@@ -24,7 +24,6 @@ pub mod http;
 pub mod job;
 pub mod levels;
 pub mod memory;
-pub mod model;
 pub mod offline;
 pub mod output;
 pub mod recycle;

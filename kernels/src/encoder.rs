@@ -1,4 +1,4 @@
-//! f32 kernels for the CPU encoder (the consumer's `model/bert.rs`) on
+//! f32 kernels for the CPU encoder (`sluice-models`' `bert.rs`) on
 //! x86-64 with AVX2 + FMA or AVX-512:
 //!
 //! - [`PackedLinear`]: `y = x W^T + b`, a blocked matrix product (6 x 2
@@ -22,18 +22,12 @@
 
 use rayon::prelude::*;
 
+pub use crate::layout::{Activation, Heads, Span};
+use crate::layout::{LinearPanels, bf16_pair};
+pub use crate::scalar::gelu_scalar;
 use crate::x86_amx::AmxBf16;
 use crate::x86_avx2::Avx2;
 use crate::x86_avx512::{Avx512, Avx512Bf16};
-
-/// Rows of the bf16 layers' register tile (the f32 ones' is per level:
-/// `f32_kernels::linear`'s `MR`).
-pub(crate) const MR: usize = 6;
-/// Depth of a packed block: an `MR x KC` slice of activations and a
-/// `KC x 2 vectors` slice of weights together fit the 32 KiB L1 cache.
-pub(crate) const KC: usize = 256;
-/// Rows of a packed activation block (kept in L2 across all weight panels).
-pub(crate) const MC: usize = 72;
 
 /// Which f32 kernels run: one of the SIMD levels (its token the proof that
 /// the CPU has it), or the plain-Rust references.
@@ -99,14 +93,6 @@ impl F32Kernels {
             F32Kernels::Avx512(_) => 32,
         }
     }
-}
-
-/// What a linear layer applies to its outputs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Activation {
-    None,
-    /// [`gelu`].
-    Gelu,
 }
 
 /// Which kernel runs the bf16 linear layers: AVX512_BF16's `vdpbf16ps`, or
@@ -253,23 +239,6 @@ fn lane_sum(values: impl Iterator<Item = f32>) -> f32 {
     lanes.iter().sum()
 }
 
-/// A linear layer's weights `[outputs, inputs]` (PyTorch's layout) and bias,
-/// packed for [`PackedLinear::forward`] at one kernel level: panels of `nr`
-/// outputs (two of the level's vectors), each stored input-major (`inputs x
-/// nr`), the last panel padded with zeros.
-pub struct PackedLinear {
-    pub(crate) inputs: usize,
-    pub(crate) outputs: usize,
-    pub(crate) nr: usize,
-    /// f32 weights (empty when the layer is bf16).
-    pub(crate) panels: Vec<f32>,
-    /// bf16 weights, two inputs per u32 (empty when the layer is f32).
-    pub(crate) bf16_panels: Vec<u32>,
-    pub(crate) bias: Vec<f32>,
-    kernels: F32Kernels,
-    bf16: Option<Bf16Kernels>,
-}
-
 /// The bias (zeros without one), padded with zeros to the panels' width.
 fn padded_bias(bias: Option<&[f32]>, outputs: usize, padded: usize) -> Vec<f32> {
     let mut out = vec![0f32; padded];
@@ -280,11 +249,12 @@ fn padded_bias(bias: Option<&[f32]>, outputs: usize, padded: usize) -> Vec<f32> 
     out
 }
 
-/// bf16 of `a` (low half) and `b` (high half), rounded to nearest even: a
-/// pair of inputs as `vdpbf16ps` multiplies them.
-pub(crate) fn bf16_pair(a: f32, b: f32) -> u32 {
-    u32::from(half::bf16::from_f32(a).to_bits())
-        | (u32::from(half::bf16::from_f32(b).to_bits()) << 16)
+/// A linear layer: its packed weights ([`LinearPanels`]) and the kernel
+/// level they were packed for, which runs them.
+pub struct PackedLinear {
+    pub(crate) layout: LinearPanels,
+    kernels: F32Kernels,
+    bf16: Option<Bf16Kernels>,
 }
 
 impl PackedLinear {
@@ -318,12 +288,14 @@ impl PackedLinear {
         }
         let padded_bias = padded_bias(bias, outputs, count * nr);
         PackedLinear {
-            inputs,
-            outputs,
-            nr,
-            panels,
-            bf16_panels: Vec::new(),
-            bias: padded_bias,
+            layout: LinearPanels {
+                inputs,
+                outputs,
+                nr,
+                panels,
+                bf16_panels: Vec::new(),
+                bias: padded_bias,
+            },
             kernels,
             bf16: None,
         }
@@ -366,12 +338,14 @@ impl PackedLinear {
         }
         let padded_bias = padded_bias(bias, outputs, count * nr);
         Some(PackedLinear {
-            inputs,
-            outputs,
-            nr,
-            panels: Vec::new(),
-            bf16_panels,
-            bias: padded_bias,
+            layout: LinearPanels {
+                inputs,
+                outputs,
+                nr,
+                panels: Vec::new(),
+                bf16_panels,
+                bias: padded_bias,
+            },
             kernels: F32Kernels::current(),
             bf16: Some(kernels),
         })
@@ -388,18 +362,18 @@ impl PackedLinear {
     }
 
     pub fn inputs(&self) -> usize {
-        self.inputs
+        self.layout.inputs
     }
 
     pub fn outputs(&self) -> usize {
-        self.outputs
+        self.layout.outputs
     }
 
     fn weight(&self, output: usize, input: usize) -> f32 {
-        let nr = self.nr;
+        let nr = self.layout.nr;
         if self.bf16.is_some() {
-            let pair =
-                self.bf16_panels[((output / nr) * self.inputs / 2 + input / 2) * nr + output % nr];
+            let pair = self.layout.bf16_panels
+                [((output / nr) * self.layout.inputs / 2 + input / 2) * nr + output % nr];
             let bits = if input.is_multiple_of(2) {
                 pair & 0xFFFF
             } else {
@@ -407,7 +381,7 @@ impl PackedLinear {
             };
             return half::bf16::from_bits(bits as u16).to_f32();
         }
-        self.panels[((output / nr) * self.inputs + input) * nr + output % nr]
+        self.layout.panels[((output / nr) * self.layout.inputs + input) * nr + output % nr]
     }
 
     /// `x` is `[rows, inputs]` row-major; returns `[rows, outputs]`.
@@ -423,8 +397,8 @@ impl PackedLinear {
     /// `activation` on every output (on the tiles, each 32-row block while
     /// it is still in L2).
     pub fn forward_into(&self, x: &[f32], rows: usize, out: &mut Vec<f32>, activation: Activation) {
-        assert_eq!(x.len(), rows * self.inputs, "input shape");
-        out.resize(rows * self.outputs, 0.0);
+        assert_eq!(x.len(), rows * self.layout.inputs, "input shape");
+        out.resize(rows * self.layout.outputs, 0.0);
         if rows == 0 {
             return;
         }
@@ -436,14 +410,16 @@ impl PackedLinear {
             _ => 12,
         };
         let per_task = rows.div_ceil(threads).next_multiple_of(tile_rows);
-        out.par_chunks_mut(per_task * self.outputs)
-            .zip(x.par_chunks(per_task * self.inputs))
+        out.par_chunks_mut(per_task * self.layout.outputs)
+            .zip(x.par_chunks(per_task * self.layout.inputs))
             .for_each(|(out, x)| {
                 match (self.bf16, self.kernels) {
-                    (Some(Bf16Kernels::Amx(t)), _) => return t.linear(self, x, out, activation),
-                    (Some(Bf16Kernels::Avx512(t)), _) => t.linear(self, x, out),
-                    (None, F32Kernels::Avx512(t)) => t.linear(self, x, out),
-                    (None, F32Kernels::Avx2(t)) => t.linear(self, x, out),
+                    (Some(Bf16Kernels::Amx(t)), _) => {
+                        return t.linear(&self.layout, x, out, activation);
+                    }
+                    (Some(Bf16Kernels::Avx512(t)), _) => t.linear(&self.layout, x, out),
+                    (None, F32Kernels::Avx512(t)) => t.linear(&self.layout, x, out),
+                    (None, F32Kernels::Avx2(t)) => t.linear(&self.layout, x, out),
                     (None, F32Kernels::Reference) => self.reference_rows(x, out),
                 }
                 if activation == Activation::Gelu {
@@ -455,45 +431,25 @@ impl PackedLinear {
     /// The product in plain Rust (each output summed over inputs in order,
     /// after the bias).
     pub fn reference(&self, x: &[f32], rows: usize) -> Vec<f32> {
-        assert_eq!(x.len(), rows * self.inputs, "input shape");
-        let mut out = vec![0f32; rows * self.outputs];
+        assert_eq!(x.len(), rows * self.layout.inputs, "input shape");
+        let mut out = vec![0f32; rows * self.layout.outputs];
         self.reference_rows(x, &mut out);
         out
     }
 
     fn reference_rows(&self, x: &[f32], out: &mut [f32]) {
         for (x, y) in x
-            .chunks_exact(self.inputs)
-            .zip(out.chunks_exact_mut(self.outputs))
+            .chunks_exact(self.layout.inputs)
+            .zip(out.chunks_exact_mut(self.layout.outputs))
         {
             for (o, y) in y.iter_mut().enumerate() {
-                let mut acc = self.bias[o];
+                let mut acc = self.layout.bias[o];
                 for (k, v) in x.iter().enumerate() {
                     acc = v.mul_add(self.weight(o, k), acc);
                 }
                 *y = acc;
             }
         }
-    }
-}
-
-/// Where one sequence's tokens are in a packed batch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Span {
-    pub start: usize,
-    pub len: usize,
-}
-
-/// The shape of multi-head attention over rows of `[q | k | v]`.
-#[derive(Clone, Copy, Debug)]
-pub struct Heads {
-    pub heads: usize,
-    pub head_dim: usize,
-}
-
-impl Heads {
-    pub(crate) fn hidden(&self) -> usize {
-        self.heads * self.head_dim
     }
 }
 
@@ -606,26 +562,6 @@ pub(crate) fn gelu_rows(kernels: F32Kernels, x: &mut [f32]) {
         F32Kernels::Avx2(t) => t.gelu(x),
         F32Kernels::Reference => x.iter_mut().for_each(|v| *v = gelu_scalar(*v)),
     }
-}
-
-/// Coefficients of erf's rational approximation (Abramowitz and Stegun
-/// 7.1.26, absolute error below 1.5e-7).
-pub(crate) const ERF_P: f32 = 0.327_591_1;
-pub(crate) const ERF_A: [f32; 5] = [
-    0.254_829_6,
-    -0.284_496_74,
-    1.421_413_7,
-    -1.453_152_1,
-    1.061_405_4,
-];
-
-/// The erf GELU with the approximation the SIMD kernel uses.
-pub fn gelu_scalar(x: f32) -> f32 {
-    let z = (x * std::f32::consts::FRAC_1_SQRT_2).abs();
-    let t = 1.0 / (1.0 + ERF_P * z);
-    let poly = ERF_A.iter().rev().fold(0f32, |acc, a| acc * t + a) * t;
-    let erf = 1.0 - poly * (-z * z).exp();
-    0.5 * x * (1.0 + erf.copysign(x))
 }
 
 #[cfg(test)]

@@ -9,7 +9,8 @@
 //! registers, 12 x 32 with AVX-512's 32), keys are scored in
 //! blocks of two vectors, and values are summed 32 head dimensions at a time.
 
-use crate::encoder::{ERF_A, ERF_P, Heads, KC, MC, PackedLinear};
+use crate::layout::{Heads, KC, LinearPanels, MC};
+use crate::scalar::{ERF_A, ERF_P};
 use crate::simd::Simd;
 
 /// The most columns a register tile has at any level (two AVX-512 vectors).
@@ -19,7 +20,7 @@ const MAX_NR: usize = 32;
 /// rows; `w` must be packed in panels of two of `s`'s vectors. Each output
 /// sums its inputs in the same order whatever `MR` is.
 #[inline(always)]
-pub(crate) fn linear<S: Simd, const MR: usize>(s: S, w: &PackedLinear, x: &[f32], out: &mut [f32]) {
+pub(crate) fn linear<S: Simd, const MR: usize>(s: S, w: &LinearPanels, x: &[f32], out: &mut [f32]) {
     let nr = 2 * S::LANES;
     assert_eq!(w.nr, nr, "weights packed for another vector width");
     assert!(nr <= MAX_NR);
@@ -492,7 +493,7 @@ pub(crate) fn gelu<S: Simd>(s: S, x: &mut [f32]) {
         s.store(chunk, s.mul(s.mul(half, v), s.add(one, erf)));
     }
     for v in tail {
-        *v = crate::encoder::gelu_scalar(*v);
+        *v = crate::scalar::gelu_scalar(*v);
     }
 }
 

@@ -1,5 +1,5 @@
-//! sluice's CPU kernels, apart from the models that use them (the consumer's
-//! `model/bert.rs` and `model/llama.rs`).
+//! sluice's CPU kernels, apart from the models that use them (`sluice-models`'
+//! `bert.rs` and `llama.rs`).
 //!
 //! - `cpu`: the instruction-set level, chosen once per process at run time
 //!   (`SLUICE_CPU_KERNELS` may lower it, never raise it).
@@ -12,6 +12,12 @@
 //!   their plain-Rust reference.
 //! - `team`: the threads the generation step's parallel regions run on
 //!   (spinning between regions instead of sleeping).
+//! - `layout` and `scalar`: leaves every other module may import: the
+//!   packed layouts and shapes the kernels take (`LinearPanels`,
+//!   `PackedMatrix`, `QuantizedRows`, `Heads`, `Span`) and the scalar
+//!   arithmetic the references and the bodies share (GELU's erf). The
+//!   per-level files import them, never the dispatch in `encoder` or
+//!   `quantized`, so no module imports another that imports it back.
 //! - `simd`, `f32_kernels` and `quantized_kernels`: the vector operations
 //!   the kernels are written over (`Simd` for f32, `Int8Simd` for 8-bit
 //!   blocks), and the kernels' bodies, written once for every level.
@@ -32,8 +38,10 @@ pub mod cpu;
 pub mod decoder;
 pub mod encoder;
 mod f32_kernels;
+mod layout;
 pub mod quantized;
 mod quantized_kernels;
+mod scalar;
 mod simd;
 pub mod team;
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! Stands in for `x86_amx.rs` on other architectures: the token has no
 //! value, so the bf16 layers never run on tiles.
 
-use crate::encoder::PackedLinear;
+use crate::layout::LinearPanels;
 
 /// Never made: no AMX here.
 #[derive(Clone, Copy, Debug)]
@@ -18,7 +18,7 @@ impl AmxBf16 {
         match self {}
     }
 
-    pub fn linear(self, _: &PackedLinear, _: &[f32], _: &mut [f32], _: crate::encoder::Activation) {
+    pub fn linear(self, _: &LinearPanels, _: &[f32], _: &mut [f32], _: crate::layout::Activation) {
         match self {}
     }
 }

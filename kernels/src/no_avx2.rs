@@ -1,8 +1,8 @@
 //! Stands in for `x86_avx2.rs` on other architectures: the token has no
 //! value, so the kernels always take their plain-Rust references.
 
-use crate::encoder::{Heads, PackedLinear};
-use crate::quantized::{PackedMatrix, QuantizedRows};
+use crate::layout::{Heads, LinearPanels};
+use crate::layout::{PackedMatrix, QuantizedRows};
 
 /// Never made: no AVX2 here.
 #[derive(Clone, Copy, Debug)]
@@ -13,7 +13,7 @@ impl Avx2 {
         None
     }
 
-    pub fn linear(self, _: &PackedLinear, _: &[f32], _: &mut [f32]) {
+    pub fn linear(self, _: &LinearPanels, _: &[f32], _: &mut [f32]) {
         match self {}
     }
 

@@ -1,8 +1,8 @@
 //! Stands in for `x86_avx512.rs` on other architectures: the token has no
 //! value, so the kernels take another level.
 
-use crate::encoder::{Heads, PackedLinear};
-use crate::quantized::{PackedMatrix, QuantizedRows};
+use crate::layout::{Heads, LinearPanels};
+use crate::layout::{PackedMatrix, QuantizedRows};
 
 /// Never made: no AVX-512 here.
 #[derive(Clone, Copy, Debug)]
@@ -13,7 +13,7 @@ impl Avx512 {
         None
     }
 
-    pub fn linear(self, _: &PackedLinear, _: &[f32], _: &mut [f32]) {
+    pub fn linear(self, _: &LinearPanels, _: &[f32], _: &mut [f32]) {
         match self {}
     }
 
@@ -93,7 +93,7 @@ impl Avx512Bf16 {
         None
     }
 
-    pub fn linear(self, _: &PackedLinear, _: &[f32], _: &mut [f32]) {
+    pub fn linear(self, _: &LinearPanels, _: &[f32], _: &mut [f32]) {
         match self {}
     }
 }

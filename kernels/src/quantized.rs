@@ -22,6 +22,8 @@ use std::sync::Mutex;
 
 use rayon::prelude::*;
 
+use crate::layout::{BLOCK, Packed};
+pub use crate::layout::{BlockType, PackedMatrix, QuantizedRows};
 use crate::team::{Columns, Team, parts_mut, share, take};
 
 use crate::x86_avx2::Avx2;
@@ -90,48 +92,6 @@ impl Int8Kernels {
 /// (token, block) pairs from which [`PackedMatrix::matmul_on`] quantizes
 /// its input on the team rather than on the caller alone.
 const QUANTIZE_ON_TEAM_BLOCKS: usize = 64;
-
-/// Values per quantization block.
-pub(crate) const BLOCK: usize = 32;
-
-/// A weight matrix `[rows (outputs), cols (inputs)]` in its quantized blocks.
-pub struct PackedMatrix {
-    pub(crate) rows: usize,
-    pub(crate) cols: usize,
-    pub(crate) blocks: usize,
-    pub(crate) weights: Packed,
-}
-
-/// The GGUF block types the kernels take.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BlockType {
-    /// 20 bytes a block of 32: f16 scale, f16 minimum, 16 bytes of nibbles.
-    Q4_1,
-    /// 34 bytes a block of 32: f16 scale, 32 signed bytes.
-    Q8_0,
-}
-
-pub(crate) enum Packed {
-    /// `w = d * q + m`, `q` in 0..=15; low nibbles are values 0..16 of the
-    /// block, high nibbles 16..32 (the GGUF layout).
-    Q4_1 {
-        d: Vec<f32>,
-        m: Vec<f32>,
-        qs: Vec<[u8; 16]>,
-    },
-    /// `w = d * q`, `q` in -127..=127.
-    Q8_0 { d: Vec<f32>, qs: Vec<[i8; 32]> },
-}
-
-/// Activations quantized per block: `x ~ d * q`, and `s = d * sum(q)`
-/// (scales rounded to f16, as ggml keeps them).
-pub struct QuantizedRows {
-    pub(crate) tokens: usize,
-    pub(crate) blocks: usize,
-    pub(crate) qs: Vec<[i8; 32]>,
-    pub(crate) d: Vec<f32>,
-    pub(crate) s: Vec<f32>,
-}
 
 /// Whether the SIMD kernels run in this process: the CPU has AVX2 and FMA
 /// and `SLUICE_CPU_KERNELS` did not lower the level (see [`crate::cpu`]).

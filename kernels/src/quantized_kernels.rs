@@ -13,7 +13,7 @@
 //! on its own row: the tile shapes change which tokens share a pass over
 //! the weights, never the order of a sum.
 
-use crate::quantized::{Packed, PackedMatrix, QuantizedRows};
+use crate::layout::{Packed, PackedMatrix, QuantizedRows};
 use crate::simd::Int8Simd;
 use crate::team::Columns;
 

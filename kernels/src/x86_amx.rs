@@ -25,7 +25,7 @@
 use std::arch::asm;
 use std::sync::OnceLock;
 
-use crate::encoder::{Activation, F32Kernels, PackedLinear, gelu_rows};
+use crate::layout::{Activation, LinearPanels};
 use crate::x86_avx512::Avx512Bf16;
 
 /// Proof that this process runs the bf16 linear layers on AMX tiles: the
@@ -57,7 +57,7 @@ impl AmxBf16 {
     /// pairs (`PackedLinear::new_bf16`) with a multiple of
     /// [`Self::INPUT_STEP`] inputs; the activation runs on each 32-row block
     /// of outputs as soon as it is done.
-    pub fn linear(self, w: &PackedLinear, x: &[f32], out: &mut [f32], activation: Activation) {
+    pub fn linear(self, w: &LinearPanels, x: &[f32], out: &mut [f32], activation: Activation) {
         let (inputs, outputs) = (w.inputs, w.outputs);
         assert!(inputs.is_multiple_of(Self::INPUT_STEP), "inputs {inputs}");
         assert_eq!(w.nr, PANEL);
@@ -110,10 +110,10 @@ impl AmxBf16 {
                 }
             }
             if activation == Activation::Gelu {
-                gelu_rows(
-                    F32Kernels::current(),
-                    &mut out[r0 * outputs..(r0 + live) * outputs],
-                );
+                // The AVX-512 level runs wherever the tiles do.
+                self.0
+                    .avx512()
+                    .gelu(&mut out[r0 * outputs..(r0 + live) * outputs]);
             }
         }
     }

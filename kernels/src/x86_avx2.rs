@@ -10,8 +10,8 @@
 use std::arch::x86_64::*;
 
 use crate::cpu::{self, KernelLevel};
-use crate::encoder::{Heads, PackedLinear};
-use crate::quantized::{PackedMatrix, QuantizedRows};
+use crate::layout::{Heads, LinearPanels};
+use crate::layout::{PackedMatrix, QuantizedRows};
 use crate::simd::{Int8Simd, Simd};
 use crate::team::Columns;
 
@@ -27,7 +27,7 @@ impl Avx2 {
     }
 
     /// `out = x W^T + b` for `x`'s rows (see `PackedLinear::forward`).
-    pub fn linear(self, w: &PackedLinear, x: &[f32], out: &mut [f32]) {
+    pub fn linear(self, w: &LinearPanels, x: &[f32], out: &mut [f32]) {
         // SAFETY: an `Avx2` exists only where the CPU has AVX2 and FMA.
         unsafe { encoder::linear(self, w, x, out) }
     }
@@ -100,11 +100,11 @@ impl Avx2 {
 /// The encoder's f32 kernels: `f32_kernels`' bodies compiled for AVX2 + FMA.
 mod encoder {
     use super::Avx2;
-    use crate::encoder::{Heads, PackedLinear};
     use crate::f32_kernels;
+    use crate::layout::{Heads, LinearPanels};
 
     #[target_feature(enable = "avx2,fma")]
-    pub fn linear(s: Avx2, w: &PackedLinear, x: &[f32], out: &mut [f32]) {
+    pub fn linear(s: Avx2, w: &LinearPanels, x: &[f32], out: &mut [f32]) {
         f32_kernels::linear::<_, 6>(s, w, x, out)
     }
 
@@ -264,7 +264,7 @@ impl Simd for Avx2 {
 /// for AVX2 + FMA, one block per 256-bit vector.
 mod quantized {
     use super::Avx2;
-    use crate::quantized::{PackedMatrix, QuantizedRows};
+    use crate::layout::{PackedMatrix, QuantizedRows};
     use crate::quantized_kernels;
     use crate::team::Columns;
 

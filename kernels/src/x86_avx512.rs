@@ -16,9 +16,9 @@
 use std::arch::x86_64::*;
 
 use crate::cpu::{self, KernelLevel};
-use crate::encoder::{Heads, PackedLinear};
 use crate::f32_kernels;
-use crate::quantized::{PackedMatrix, QuantizedRows};
+use crate::layout::{Heads, LinearPanels};
+use crate::layout::{PackedMatrix, QuantizedRows};
 use crate::quantized_kernels;
 use crate::simd::{Int8Simd, Simd};
 use crate::team::Columns;
@@ -35,7 +35,7 @@ impl Avx512 {
     }
 
     /// `out = x W^T + b` for `x`'s rows (see `PackedLinear::forward`).
-    pub fn linear(self, w: &PackedLinear, x: &[f32], out: &mut [f32]) {
+    pub fn linear(self, w: &LinearPanels, x: &[f32], out: &mut [f32]) {
         // SAFETY: an `Avx512` exists only where the CPU has AVX-512F, AVX2 and FMA.
         unsafe { linear(self, w, x, out) }
     }
@@ -92,7 +92,7 @@ impl Avx512 {
 }
 
 #[target_feature(enable = "avx512f,avx2,fma")]
-fn linear(s: Avx512, w: &PackedLinear, x: &[f32], out: &mut [f32]) {
+fn linear(s: Avx512, w: &LinearPanels, x: &[f32], out: &mut [f32]) {
     f32_kernels::linear::<_, 12>(s, w, x, out)
 }
 
@@ -465,9 +465,14 @@ impl Avx512Bf16 {
             .map(|_| Avx512Bf16(()))
     }
 
+    /// The AVX-512 level's token: bf16 runs only at that level.
+    pub fn avx512(self) -> Avx512 {
+        Avx512(())
+    }
+
     /// `out = x W^T + b` for `x`'s rows, `W` packed as bf16 pairs
     /// (`PackedLinear::new_bf16`).
-    pub fn linear(self, w: &PackedLinear, x: &[f32], out: &mut [f32]) {
+    pub fn linear(self, w: &LinearPanels, x: &[f32], out: &mut [f32]) {
         // SAFETY: an `Avx512Bf16` exists only where the CPU has AVX-512F,
         // AVX512_BF16, AVX2 and FMA.
         unsafe { bf16_linear::linear(w, x, out) }
@@ -491,7 +496,7 @@ impl Avx512Bf16 {
 mod bf16_linear {
     use std::arch::x86_64::*;
 
-    use crate::encoder::{KC, MC, MR, PackedLinear, bf16_pair as pair};
+    use crate::layout::{KC, LinearPanels, MC, MR, bf16_pair as pair};
 
     const NR: usize = 32;
 
@@ -504,7 +509,7 @@ mod bf16_linear {
     }
 
     #[target_feature(enable = "avx512f,avx512bf16,avx2,fma")]
-    pub fn linear(w: &PackedLinear, x: &[f32], out: &mut [f32]) {
+    pub fn linear(w: &LinearPanels, x: &[f32], out: &mut [f32]) {
         let (inputs, outputs) = (w.inputs, w.outputs);
         let rows = x.len() / inputs;
         assert_eq!(w.nr, NR);

@@ -41,7 +41,7 @@ pub fn bin_dir() -> PathBuf {
 pub fn models_dir() -> PathBuf {
     std::env::var_os("SLUICE_MODELS_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("models"))
+        .unwrap_or_else(|| repo_root().join("weights"))
 }
 
 fn find_binary(name: &str) -> Result<PathBuf> {

@@ -3,9 +3,9 @@
 //! start-up: a CUDA consumer never does work on the host without saying so.
 //!
 //! On CUDA, embeddings run candle-transformers' BERT on padded batches (the
-//! packed forward in `model/bert.rs` is x86 host code), and generation runs
+//! packed forward in `sluice-models`' `bert.rs` is x86 host code), and generation runs
 //! the candle llama step with candle's quantized matmul on the device (the
-//! host step in `model/llama.rs` is CPU-only). What stays on the host there:
+//! host step in `sluice-models`' `llama.rs` is CPU-only). What stays on the host there:
 //! tokenizing (always), sampling (the step's logits are copied back each
 //! step), and, with `--weights q8_0`, the requantization at load (candle
 //! quantizes on the host and uploads the blocks).
@@ -13,8 +13,8 @@
 use sluice_schemas::Task;
 
 use crate::config::{DeviceKind, ModelConfig};
-use crate::model::EmbedWeights;
-use crate::model::llama::WeightFormat;
+use sluice_models::EmbedWeights;
+use sluice_models::llama::WeightFormat;
 
 /// Where a part runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

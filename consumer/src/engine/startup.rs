@@ -36,7 +36,7 @@ impl<E> Started<E> {
 
 /// Opens the configured device.
 pub fn open_device(config: &ModelConfig) -> candle_core::Result<Device> {
-    let kernels = crate::model::cpu::choice();
+    let kernels = sluice_models::cpu::choice();
     match &kernels.note {
         Some(note) => tracing::warn!(level = kernels.level.name(), "{note}"),
         None => tracing::debug!(level = kernels.level.name(), "CPU kernels"),

@@ -12,9 +12,9 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use candle_core::Device;
-use sluice_consumer::model::generation::{GenerationParams, Generator};
-use sluice_consumer::model::gguf_tokenizer::ChatMessage;
-use sluice_consumer::model::llama::{Llama, StepChoice, WeightFormat};
+use sluice_models::generation::{GenerationParams, Generator};
+use sluice_models::gguf_tokenizer::ChatMessage;
+use sluice_models::llama::{Llama, StepChoice, WeightFormat};
 
 use sluice_tests::GENERATE_PROMPTS as PROMPTS;
 

@@ -18,9 +18,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use candle_core::Device;
 use serde_json::Value;
-use sluice_consumer::model::generation::{GenerationParams, Generator};
-use sluice_consumer::model::gguf_tokenizer::ChatMessage;
-use sluice_consumer::model::llama::{Llama, WeightFormat};
+use sluice_models::generation::{GenerationParams, Generator};
+use sluice_models::gguf_tokenizer::ChatMessage;
+use sluice_models::llama::{Llama, WeightFormat};
 use sluice_tests::deploy::Deployment;
 use sluice_tests::{models_dir, repo_root};
 
@@ -129,7 +129,7 @@ async fn main() -> Result<()> {
 /// N sequences on the generator at once, their text taken after each step.
 fn model_alone(
     model: &Llama,
-    tokenizer: &sluice_consumer::model::gguf_tokenizer::GgufTokenizer,
+    tokenizer: &sluice_models::gguf_tokenizer::GgufTokenizer,
     ids: &[Vec<u32>],
     n: usize,
     new_tokens: usize,

@@ -1,6 +1,11 @@
 //! Structure checks that read the source, not run it (see ARCHITECTURE.md).
 //!
-//! No import cycles in the consumer: at every level of its module tree (the
+//! Between crates: each workspace crate depends only on the sluice crates
+//! ARCHITECTURE.md's "Crate direction" allows it ([`ALLOWED`]), and the
+//! crates below the services (schemas, kernels, models) on no networking,
+//! storage or command-line crate.
+//!
+//! Within a crate, for every crate of the workspace: at every level of its module tree (the
 //! crate's top-level modules, then the children of each folder module), no
 //! module uses, directly or through its siblings, a sibling that uses it
 //! back. A module is its whole subtree here: `job::settle` naming
@@ -350,25 +355,113 @@ fn strongly_connected(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<Str
     s.out
 }
 
-fn assert_no_cycles(crate_src: &str) {
-    let src = sluice_tests::repo_root().join(crate_src);
-    let modules = modules(&src);
-    assert!(modules.len() > 10, "read {} modules", modules.len());
-    let found = cycles(&modules);
+/// The workspace's crates (`[workspace] members` of the root `Cargo.toml`).
+fn workspace_members() -> Vec<String> {
+    let root = sluice_tests::repo_root();
+    let text = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    let manifest: toml::Table = text.parse().unwrap();
+    manifest["workspace"]["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m.as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Every crate's module tree has no import cycle at any level.
+#[test]
+fn no_crate_has_import_cycles() {
+    let members = workspace_members();
+    assert!(members.len() >= 9, "read {members:?}");
+    let mut all = Vec::new();
+    for member in &members {
+        let src = sluice_tests::repo_root().join(member).join("src");
+        let modules = modules(&src);
+        assert!(!modules.is_empty(), "read no module in {}", src.display());
+        let found = cycles(&modules);
+        if !found.is_empty() {
+            all.push((member.clone(), found));
+        }
+    }
     assert!(
-        found.is_empty(),
-        "import cycles in {crate_src} (at which level: the modules that use each other): {found:?}"
+        all.is_empty(),
+        "import cycles (crate, then at which level: the modules that use each other): {all:?}"
     );
 }
 
-#[test]
-fn the_consumer_has_no_import_cycles() {
-    assert_no_cycles("consumer/src");
+/// The sluice crates each crate may depend on (normal, dev and build
+/// dependencies alike), by folder; ARCHITECTURE.md's "Crate direction" says
+/// why. `tests` is the harness and may use them all.
+const ALLOWED: &[(&str, &[&str])] = &[
+    ("schemas", &[]),
+    ("kernels", &[]),
+    ("connect", &["schemas"]),
+    ("status", &["schemas"]),
+    ("models", &["kernels"]),
+    ("producer", &["schemas", "connect", "status"]),
+    ("consumer", &["schemas", "connect", "status", "models"]),
+    ("gateway", &["schemas", "connect", "status", "producer"]),
+    (
+        "tests",
+        &[
+            "schemas", "connect", "status", "kernels", "models", "consumer", "producer", "gateway",
+        ],
+    ),
+];
+
+/// Outside crates the lower crates never take: the wire, storage, the
+/// command line and the async runtime belong to the services.
+const SERVICE_ONLY: &[&str] = &[
+    "async-nats",
+    "aws-config",
+    "aws-sdk-s3",
+    "axum",
+    "clap",
+    "reqwest",
+    "tokio",
+];
+
+/// The dependencies of `member`'s manifest, every section.
+fn dependencies(member: &str) -> Vec<String> {
+    let path = sluice_tests::repo_root().join(member).join("Cargo.toml");
+    let manifest: toml::Table = std::fs::read_to_string(&path).unwrap().parse().unwrap();
+    let mut out = Vec::new();
+    for section in ["dependencies", "dev-dependencies", "build-dependencies"] {
+        if let Some(table) = manifest.get(section).and_then(|t| t.as_table()) {
+            out.extend(table.keys().cloned());
+        }
+    }
+    out
 }
 
 #[test]
-fn the_gateway_has_no_import_cycles() {
-    assert_no_cycles("gateway/src");
+fn crates_depend_in_one_direction() {
+    let members = workspace_members();
+    let mut wrong = Vec::new();
+    for member in &members {
+        let Some((_, allowed)) = ALLOWED.iter().find(|(m, _)| m == member) else {
+            panic!(
+                "{member} is not in ALLOWED: say what it may depend on here and in ARCHITECTURE.md"
+            );
+        };
+        for dep in dependencies(member) {
+            let Some(inner) = dep.strip_prefix("sluice-") else {
+                if ["schemas", "kernels", "models"].contains(&member.as_str())
+                    && SERVICE_ONLY.contains(&dep.as_str())
+                {
+                    wrong.push(format!("{member} -> {dep}"));
+                }
+                continue;
+            };
+            if !allowed.contains(&inner) {
+                wrong.push(format!("{member} -> sluice-{inner}"));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "dependencies against the crate direction (ARCHITECTURE.md): {wrong:?}"
+    );
 }
 
 /// The check itself finds what it is for: a cycle through a `use` group,

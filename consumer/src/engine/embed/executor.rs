@@ -11,8 +11,8 @@ use tokio::sync::mpsc;
 use super::batcher::{Batch, BatchReport, ItemOutcome};
 use crate::budget::Budget;
 use crate::error::JobError;
-use crate::model::{EmbeddingModel, ModelError};
 use crate::telemetry::{Stats, Tracing};
+use sluice_models::{EmbeddingModel, ModelError};
 
 /// Starts the executor thread. It ends when the batcher hangs up.
 pub fn spawn(

@@ -22,8 +22,8 @@ use super::startup::{Started, budget_limit, device_name, open_device};
 use crate::budget::{Budget, ItemCost, JobCost};
 use crate::config::{Config, ModelConfig};
 use crate::error::JobError;
-use crate::model::{EmbeddingModel, MiniLm, TextTokenizer, TokenizedItem};
 use crate::telemetry::{JobTrace, Stats, Tracing};
+use sluice_models::{EmbeddingModel, MiniLm, TextTokenizer, TokenizedItem};
 
 /// embed: tokenizer, and the batcher that feeds the executor.
 pub struct EmbedEngine {
@@ -50,7 +50,7 @@ pub fn load_embedding_model(config: &ModelConfig) -> anyhow::Result<LoadedModel>
     let dir = &config.dir(Task::Embed);
     if !dir.join("model.safetensors").is_file() {
         bail!(
-            "no model at {}: run ./scripts/setup (it unpacks all-MiniLM-L6-v2 into models/), or set --model-dir",
+            "no model at {}: run ./scripts/setup (it unpacks all-MiniLM-L6-v2 into weights/), or set --model-dir",
             dir.display()
         );
     }
@@ -80,8 +80,10 @@ pub fn start(
     let model = loaded.model;
     let dim = model.dim();
     let limit = budget_limit(config, &loaded.device)?;
-    let (n, len) =
-        crate::model::worst_batch_shape(config.model.max_batch_tokens, model.max_tokens_per_item());
+    let (n, len) = sluice_models::worst_batch_shape(
+        config.model.max_batch_tokens,
+        model.max_tokens_per_item(),
+    );
     let activation = model.batch_cost_bytes(n, len);
     let cost = JobCost {
         max_input_bytes: config.max_input_bytes,
@@ -120,7 +122,7 @@ pub fn start(
     tracing::info!(
         task = "embed",
         forward = model.forward_name(),
-        cpu_kernels = crate::model::cpu::level().name(),
+        cpu_kernels = sluice_models::cpu::level().name(),
         budget_mib = limit >> 20,
         activation_mib = activation >> 20,
         worst_job_kib = worst_job >> 10,

@@ -14,10 +14,10 @@ use sluice_schemas::ErrorCode;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::JobError;
-use crate::model::generation::{FinishReason, Generated, GenerationParams, Generator};
-use crate::model::gguf_tokenizer::GgufTokenizer;
-use crate::model::llama::Llama;
 use crate::telemetry::Stats;
+use sluice_models::generation::{FinishReason, Generated, GenerationParams, Generator};
+use sluice_models::gguf_tokenizer::GgufTokenizer;
+use sluice_models::llama::Llama;
 
 /// One prompt on its way to the generation thread.
 pub struct Sequence {
@@ -46,10 +46,19 @@ pub enum StreamEvent {
     Finished {
         item: usize,
         text: String,
-        finish_reason: FinishReason,
+        finish_reason: sluice_schemas::FinishReason,
         prompt_tokens: usize,
         completion_tokens: usize,
     },
+}
+
+/// The wire contract's name for why a generation ended.
+pub(crate) fn wire_finish_reason(reason: FinishReason) -> sluice_schemas::FinishReason {
+    match reason {
+        FinishReason::Length => sluice_schemas::FinishReason::Length,
+        FinishReason::Stop => sluice_schemas::FinishReason::Stop,
+        FinishReason::Eos => sluice_schemas::FinishReason::Eos,
+    }
 }
 
 /// A sequence's answer channels while it runs.
@@ -188,7 +197,7 @@ pub fn spawn(
                                     let _ = to.events.send(StreamEvent::Finished {
                                         item: to.item,
                                         text: last_text.remove(&key).unwrap_or_default(),
-                                        finish_reason: generated.finish_reason,
+                                        finish_reason: wire_finish_reason(generated.finish_reason),
                                         prompt_tokens: generated.prompt_tokens,
                                         completion_tokens: generated.completion_tokens,
                                     });

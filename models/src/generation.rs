@@ -137,8 +137,16 @@ impl Default for GenerationParams {
     }
 }
 
-/// Why a sequence ended (the wire type: length, stop or eos).
-pub use sluice_schemas::FinishReason;
+/// Why a sequence ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// `max_new_tokens` reached.
+    Length,
+    /// A stop sequence appeared (it is not part of the text).
+    Stop,
+    /// The model ended its turn.
+    Eos,
+}
 
 /// What a finished sequence produced.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,22 +1,25 @@
 //! The embedding model alone (no servers): sluice's CPU forward against
 //! candle-transformers' BERT and against sentence-transformers' vectors.
 
+// A test that cannot run is a failed test: unwrapping is how it says so.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
 use candle_core::Device;
-use sluice_consumer::model::{
-    EmbeddingModel, ForwardChoice, MiniLm, TextTokenizer, encoder_kernels,
-};
-use sluice_tests::fixtures::{cosine, minilm_reference};
+use common::{cosine, minilm_reference};
+use sluice_models::{EmbeddingModel, ForwardChoice, MiniLm, TextTokenizer, encoder_kernels};
 
 const MAX_TOKENS: usize = 256;
 
 fn load(choice: ForwardChoice) -> MiniLm {
-    let dir = sluice_tests::models_dir().join("all-minilm-l6-v2");
+    let dir = common::models_dir().join("all-minilm-l6-v2");
     MiniLm::load_with(&dir, Device::Cpu, MAX_TOKENS, choice).unwrap()
 }
 
 fn reference_ids() -> (Vec<Vec<u32>>, Vec<Vec<f32>>) {
     let reference = minilm_reference().unwrap();
-    let dir = sluice_tests::models_dir().join("all-minilm-l6-v2");
+    let dir = common::models_dir().join("all-minilm-l6-v2");
     let tokenizer = TextTokenizer::load(&dir.join("tokenizer.json"), MAX_TOKENS).unwrap();
     let texts = reference.items.iter().map(|i| i.text.clone()).collect();
     let ids = tokenizer

@@ -264,5 +264,9 @@ impl GgufTokenizer {
     }
 }
 
-/// One chat message (`role`: system, user or assistant), as jobs carry it.
-pub use sluice_schemas::ChatMessage;
+/// One chat turn: its `role` (system, user or assistant) and its text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}

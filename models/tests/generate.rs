@@ -3,16 +3,21 @@
 //! candle-transformers' independent quantized llama, batch invariance of
 //! continuous batching, sampling determinism and stop sequences.
 
+// A test that cannot run is a failed test: unwrapping is how it says so.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use candle_core::{Device, Tensor};
-use sluice_consumer::model::generation::{FinishReason, GenerationParams, Generator};
-use sluice_consumer::model::gguf_tokenizer::{ChatMessage, GgufTokenizer};
-use sluice_consumer::model::llama::{Llama, Segment, StepChoice, WeightFormat, argmax};
+use sluice_models::generation::{FinishReason, GenerationParams, Generator};
+use sluice_models::gguf_tokenizer::{ChatMessage, GgufTokenizer};
+use sluice_models::llama::{Llama, Segment, StepChoice, WeightFormat, argmax};
 
 fn gguf() -> PathBuf {
-    sluice_tests::models_dir().join("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    common::models_dir().join("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
 }
 
 /// The model as the consumer runs it by default (weights requantized to Q8_0).
@@ -71,7 +76,7 @@ fn generate_together(
     prompts: &[Vec<u32>],
     params: &GenerationParams,
     max_step_tokens: usize,
-) -> Vec<sluice_consumer::model::generation::Generated> {
+) -> Vec<sluice_models::generation::Generated> {
     generate_with(model(), prompts, params, max_step_tokens)
 }
 
@@ -80,7 +85,7 @@ fn generate_with(
     prompts: &[Vec<u32>],
     params: &GenerationParams,
     max_step_tokens: usize,
-) -> Vec<sluice_consumer::model::generation::Generated> {
+) -> Vec<sluice_models::generation::Generated> {
     let mut generator = Generator::new(llama, tokenizer, max_step_tokens);
     for (i, p) in prompts.iter().enumerate() {
         generator.add(i, p.clone(), params.clone()).unwrap();
@@ -357,7 +362,7 @@ fn the_host_step_matches_the_candle_step() {
     )
     .unwrap();
     assert_eq!(candle.forward_name(), "candle");
-    if !sluice_consumer::model::qmatmul::available() {
+    if !sluice_models::qmatmul::available() {
         assert_eq!(host.forward_name(), "candle");
         return;
     }

@@ -1,6 +1,12 @@
-//! Models behind one trait, so the service, the offline `embed` command and the
-//! tests drive any of them the same way. A model reports its limits and what a
-//! batch costs in memory, which is what the budget and the batcher plan with.
+//! sluice's networks, with no knowledge of jobs, queues or storage (this
+//! crate depends on `sluice-kernels` alone among sluice's crates): the
+//! embedding encoders behind one trait ([`EmbeddingModel`]), the llama step
+//! ([`llama`]), the tokenizers ([`TextTokenizer`] for `tokenizer.json`,
+//! [`gguf_tokenizer`] for a GGUF's own vocabulary) and the continuous-batching
+//! generator ([`generation`]). The consumer, the offline `embed` command, the
+//! benchmarks and this crate's tests drive them the same way. A model reports
+//! its limits and what a batch costs in memory, which is what the budget and
+//! the batcher plan with.
 
 mod bert;
 pub mod generation;
@@ -16,7 +22,7 @@ pub use sluice_kernels::{cpu, encoder as encoder_kernels, quantized as qmatmul};
 pub use bert::EncoderInputError;
 
 /// The precision of the packed BERT forward's linear layers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum EmbedWeights {
     /// bf16 where the CPU has AVX512_BF16 and a measurement at start-up
     /// ([`sluice_kernels::encoder::bf16_speedup`]) finds the bf16 layers at
@@ -32,6 +38,18 @@ pub enum EmbedWeights {
 
 /// The speed-up over f32 `auto` asks of bf16 before it rounds the weights.
 pub const BF16_MIN_SPEEDUP: f64 = 1.1;
+
+impl std::str::FromStr for EmbedWeights {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(EmbedWeights::Auto),
+            "f32" => Ok(EmbedWeights::F32),
+            "bf16" => Ok(EmbedWeights::Bf16),
+            other => Err(format!("unknown embed weights {other:?} (auto, f32, bf16)")),
+        }
+    }
+}
 
 impl EmbedWeights {
     /// `Auto` decided (measuring once per process, logged); the others as

@@ -1,0 +1,51 @@
+//! What the model tests share: where `scripts/setup` put the models, and the
+//! repository's reference vectors (`tests/fixtures/`, where its README says
+//! how each file was produced).
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// The repository root (the workspace holding this crate).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// Where `scripts/setup` put the models (or `$SLUICE_MODELS_DIR`).
+pub fn models_dir() -> PathBuf {
+    std::env::var_os("SLUICE_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("weights"))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Reference {
+    pub items: Vec<ReferenceItem>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ReferenceItem {
+    pub text: String,
+    pub embedding: Vec<f32>,
+}
+
+/// sentence-transformers' all-MiniLM-L6-v2 vectors for a set of texts
+/// (`tests/fixtures/minilm_reference.json`).
+pub fn minilm_reference() -> Result<Reference, String> {
+    let path = repo_root().join("tests/fixtures/minilm_reference.json");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| format!("cannot read {} (the test fixtures): {e}", path.display()))?;
+    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+    let na = a.iter().map(|x| x * x).sum::<f32>().sqrt();
+    let nb = b.iter().map(|x| x * x).sum::<f32>().sqrt();
+    dot / (na * nb).max(1e-12)
+}
