@@ -3,7 +3,7 @@
 //! tokens, not the batch's longest), each linear layer is one blocked matrix
 //! product over every token of the batch (Q, K and V fused into one), and
 //! attention runs per sequence and head without materializing the score
-//! tensor. Mean pooling happens on the packed rows.
+//! tensor. Pooling (`pooling.rs`) happens on each sequence's packed rows.
 //!
 //! Same arithmetic as candle-transformers' `BertModel` (post-norm layers, erf
 //! GELU, absolute positions, token type 0) up to f32 rounding; the model tests
@@ -14,8 +14,9 @@ use candle_nn::VarBuilder;
 use candle_transformers::models::bert::{Config as BertConfig, HiddenAct, PositionEmbeddingType};
 
 use super::encoder_kernels::{self as kernels, Activation, Heads, PackedLinear, Span};
+use super::pooling::Pooling;
 
-/// A batch [`BertEncoder::embed_mean`] cannot run: a bug upstream, since
+/// A batch [`BertEncoder::embed`] cannot run: a bug upstream, since
 /// the tokenizer and `MiniLm::embed` check both limits first.
 #[derive(Debug, thiserror::Error)]
 pub enum EncoderInputError {
@@ -179,8 +180,12 @@ impl BertEncoder {
         })
     }
 
-    /// Mean-pooled last hidden states, one per sequence.
-    pub fn embed_mean(&self, batch: &[&[u32]]) -> Result<Vec<Vec<f32>>, EncoderInputError> {
+    /// The last hidden states pooled by `pooling`, one vector per sequence.
+    pub fn embed(
+        &self,
+        batch: &[&[u32]],
+        pooling: Pooling,
+    ) -> Result<Vec<Vec<f32>>, EncoderInputError> {
         let h = self.hidden;
         let mut spans = Vec::with_capacity(batch.len());
         let mut tokens = 0;
@@ -235,21 +240,11 @@ impl BertEncoder {
         }
         Ok(spans
             .iter()
-            .map(|span| {
-                let mut mean = vec![0f32; h];
-                for row in hidden[span.start * h..(span.start + span.len) * h].chunks_exact(h) {
-                    for (m, v) in mean.iter_mut().zip(row) {
-                        *m += v;
-                    }
-                }
-                let n = span.len.max(1) as f32;
-                mean.iter_mut().for_each(|m| *m /= n);
-                mean
-            })
+            .map(|span| pooling.pool(&hidden[span.start * h..(span.start + span.len) * h], h))
             .collect())
     }
 
-    /// Peak bytes of [`BertEncoder::embed_mean`] over `tokens` tokens beyond
+    /// Peak bytes of [`BertEncoder::embed`] over `tokens` tokens beyond
     /// the weights, counted generously: the hidden state, Q/K/V, the
     /// context, the attention output and the intermediate all live for the
     /// whole forward (one buffer each, reused by every layer); each

@@ -13,6 +13,8 @@ pub mod generation;
 pub mod gguf_tokenizer;
 pub mod llama;
 mod minilm;
+pub mod pooling;
+pub mod sentence_transformers;
 mod tokenizer;
 
 /// The CPU kernels (the `sluice-kernels` crate), under the names the models
@@ -80,7 +82,8 @@ impl EmbedWeights {
 pub use minilm::{ForwardChoice, MiniLm};
 pub use tokenizer::{TextTokenizer, TokenizeError, TokenizedItem};
 
-/// An embedding model: token ids in, one mean-pooled vector per item out.
+/// An embedding model: token ids in, one pooled vector per item out (pooled
+/// as the model's sentence-transformers files say).
 pub trait EmbeddingModel: Send {
     /// Which forward runs (for logs and reports), e.g. `"sluice-avx512"`.
     fn forward_name(&self) -> &'static str;
@@ -92,7 +95,7 @@ pub trait EmbeddingModel: Send {
     /// tokens needs beyond the weights: activations, and attention, which grows
     /// with `len^2`.
     fn batch_cost_bytes(&self, items: usize, len: usize) -> u64;
-    /// Mean-pooled, unnormalized vectors, one per sequence, in order.
+    /// Pooled, unnormalized vectors, one per sequence, in order.
     fn embed(&self, batch: &[&[u32]]) -> Result<Vec<Vec<f32>>, ModelError>;
 }
 

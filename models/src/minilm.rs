@@ -1,6 +1,8 @@
-//! all-MiniLM-L6-v2 (and other BERT sentence encoders) with sentence-transformers'
-//! pooling: the mean of the last hidden state over the sequence's own tokens.
-//! Normalization is the job's choice and happens later.
+//! all-MiniLM-L6-v2 and other BERT sentence encoders, with the pooling their
+//! sentence-transformers files ask for (`sentence_transformers.rs`: the mean
+//! of the last hidden state over the sequence's own tokens, its `[CLS]`
+//! state, or the maximum), over the sequence's own tokens. Normalization is
+//! the job's choice and happens later.
 //!
 //! Two forwards: sluice's own (`bert.rs`) on x86-64 CPUs whose kernel level
 //! is AVX2 + FMA (see `cpu.rs`), and candle-transformers' BERT elsewhere
@@ -14,6 +16,8 @@ use candle_nn::VarBuilder;
 use candle_transformers::models::bert::{BertModel, Config as BertConfig};
 
 use super::bert::BertEncoder;
+use super::pooling::Pooling;
+use super::sentence_transformers::EncoderFiles;
 use super::{EmbeddingModel, LoadError, ModelError, encoder_kernels};
 
 pub struct MiniLm {
@@ -24,6 +28,7 @@ pub struct MiniLm {
     heads: usize,
     vocab_size: usize,
     max_tokens_per_item: usize,
+    pooling: Pooling,
 }
 
 enum Forward {
@@ -77,6 +82,21 @@ impl MiniLm {
         max_tokens_per_item: usize,
         choice: ForwardChoice,
     ) -> Result<MiniLm, LoadError> {
+        let files = EncoderFiles::read(dir)?;
+        if let Some(limit) = files.max_seq_length
+            && max_tokens_per_item > limit
+        {
+            return Err(LoadError::Unsupported(format!(
+                "max_tokens_per_item {max_tokens_per_item} exceeds the {limit} tokens the model was made for ({}: max_seq_length); sentence-transformers truncates there, so longer inputs would answer differently: set --max-tokens-per-item {limit} or less",
+                dir.join("sentence_bert_config.json").display()
+            )));
+        }
+        tracing::info!(
+            model = %dir.display(),
+            pooling = files.pooling.name(),
+            normalize_module = files.normalize,
+            "encoder files read"
+        );
         let config_path = dir.join("config.json");
         let config_text =
             std::fs::read_to_string(&config_path).map_err(|source| LoadError::Read {
@@ -143,7 +163,13 @@ impl MiniLm {
             intermediate: config.intermediate_size,
             heads: config.num_attention_heads,
             max_tokens_per_item,
+            pooling: files.pooling,
         })
+    }
+
+    /// How the vectors are pooled (from the model's files).
+    pub fn pooling(&self) -> Pooling {
+        self.pooling
     }
 
     fn candle_forward(
@@ -163,11 +189,28 @@ impl MiniLm {
         let mask = Tensor::from_vec(mask, (n, len), &self.device)?;
         let types = ids.zeros_like()?;
         let hidden = model.forward(&ids, &types, Some(&mask))?;
-        let mask = mask.to_dtype(DType::F32)?.unsqueeze(2)?;
-        let summed = hidden.broadcast_mul(&mask)?.sum(1)?;
-        let counts = mask.sum(1)?;
-        let mean = summed.broadcast_div(&counts)?;
-        mean.to_device(&Device::Cpu)?.to_vec2::<f32>()
+        // Mean and CLS on the device (one vector per sequence comes back);
+        // max over each sequence's own rows on the host.
+        let pooled = match self.pooling {
+            Pooling::Mean => {
+                let mask = mask.to_dtype(DType::F32)?.unsqueeze(2)?;
+                let summed = hidden.broadcast_mul(&mask)?.sum(1)?;
+                summed.broadcast_div(&mask.sum(1)?)?
+            }
+            Pooling::Cls => hidden.narrow(1, 0, 1)?.squeeze(1)?,
+            Pooling::Max => {
+                let states = hidden.to_device(&Device::Cpu)?.to_vec3::<f32>()?;
+                return Ok(states
+                    .iter()
+                    .zip(batch)
+                    .map(|(rows, seq)| {
+                        let own: Vec<f32> = rows[..seq.len()].iter().flatten().copied().collect();
+                        self.pooling.pool(&own, self.hidden)
+                    })
+                    .collect());
+            }
+        };
+        pooled.to_device(&Device::Cpu)?.to_vec2::<f32>()
     }
 }
 
@@ -238,7 +281,7 @@ impl EmbeddingModel for MiniLm {
             )));
         }
         match &self.forward {
-            Forward::Packed(encoder) => Ok(encoder.embed_mean(batch)?),
+            Forward::Packed(encoder) => Ok(encoder.embed(batch, self.pooling)?),
             Forward::Candle(model) => Ok(self.candle_forward(model, batch)?),
         }
     }

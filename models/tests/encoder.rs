@@ -8,6 +8,7 @@ mod common;
 
 use candle_core::Device;
 use common::{cosine, minilm_reference};
+use sluice_models::pooling::Pooling;
 use sluice_models::{EmbeddingModel, ForwardChoice, MiniLm, TextTokenizer, encoder_kernels};
 
 const MAX_TOKENS: usize = 256;
@@ -188,5 +189,112 @@ fn bf16_weights_keep_the_vectors_within_cosine_0_9999() {
     assert!(to_st >= 0.9999, "{to_st}");
     for (i, text) in batch.iter().enumerate() {
         assert_eq!(bf16.embed(&[text]).unwrap()[0], a[i], "text {i} alone");
+    }
+}
+
+/// A sentence-transformers directory over MiniLM's weights whose pooling
+/// module asks for `mode` (no Normalize module): the files a user's model
+/// brings, beside the weights (linked, not copied).
+fn pooled_model_dir(mode: &str) -> tempfile::TempDir {
+    let weights = common::models_dir().join("all-minilm-l6-v2");
+    let dir = tempfile::tempdir().unwrap();
+    for file in ["config.json", "tokenizer.json", "model.safetensors"] {
+        std::os::unix::fs::symlink(weights.join(file), dir.path().join(file)).unwrap();
+    }
+    std::fs::write(
+        dir.path().join("modules.json"),
+        r#"[{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]"#,
+    )
+    .unwrap();
+    std::fs::create_dir(dir.path().join("1_Pooling")).unwrap();
+    std::fs::write(
+        dir.path().join("1_Pooling/config.json"),
+        format!(
+            r#"{{"word_embedding_dimension": 384, "pooling_mode_{mode}": true, "include_prompt": true}}"#
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("sentence_bert_config.json"),
+        r#"{"max_seq_length": 256, "do_lower_case": false}"#,
+    )
+    .unwrap();
+    dir
+}
+
+/// Each pooling mode a model's files may ask for, on both forwards, against
+/// sentence-transformers' own pipeline of that mode on the same weights
+/// (`tests/fixtures/pooling_reference.json`). The modes give different
+/// vectors, so a forward that ignored the files would fail here.
+#[test]
+fn every_pooling_mode_matches_sentence_transformers() {
+    let reference = common::pooling_reference().unwrap();
+    let mut by_mode = Vec::new();
+    for (mode, config_name, pooling) in [
+        ("mean", "mean_tokens", Pooling::Mean),
+        ("cls", "cls_token", Pooling::Cls),
+        ("max", "max_tokens", Pooling::Max),
+    ] {
+        let dir = pooled_model_dir(config_name);
+        let tokenizer =
+            TextTokenizer::load(&dir.path().join("tokenizer.json"), MAX_TOKENS).unwrap();
+        let ids: Vec<Vec<u32>> = tokenizer
+            .encode(reference.texts.clone(), true)
+            .unwrap()
+            .into_iter()
+            .map(|t| t.ids)
+            .collect();
+        let batch: Vec<&[u32]> = ids.iter().map(Vec::as_slice).collect();
+        let expected = &reference.modes[mode];
+        for choice in [ForwardChoice::Packed, ForwardChoice::Candle] {
+            let model = MiniLm::load_with(dir.path(), Device::Cpu, MAX_TOKENS, choice).unwrap();
+            assert_eq!(model.pooling(), pooling);
+            let got = model.embed(&batch).unwrap();
+            let worst = got
+                .iter()
+                .zip(expected)
+                .map(|(a, e)| cosine(a, e))
+                .fold(1f32, f32::min);
+            eprintln!(
+                "{mode} pooling, {}: min cosine {worst:.7} to sentence-transformers over {} texts",
+                model.forward_name(),
+                got.len()
+            );
+            assert!(worst >= 0.9999, "{mode}, {}: {worst}", model.forward_name());
+            if choice == ForwardChoice::Packed {
+                by_mode.push(got);
+            }
+        }
+    }
+    // The modes are told apart: CLS and max are far from the mean.
+    for (other, name) in [(1, "cls"), (2, "max")] {
+        let closest = by_mode[0]
+            .iter()
+            .zip(&by_mode[other])
+            .map(|(a, b)| cosine(a, b))
+            .fold(-1f32, f32::max);
+        assert!(
+            closest < 0.99,
+            "{name} is the mean in disguise: cosine {closest}"
+        );
+    }
+}
+
+/// A directory that asks for more tokens than sentence-transformers'
+/// `max_seq_length` is refused, naming the file and the flag.
+#[test]
+fn more_tokens_than_the_model_was_made_for_is_refused() {
+    let dir = pooled_model_dir("mean_tokens");
+    let err = match MiniLm::load_with(dir.path(), Device::Cpu, 512, ForwardChoice::Packed) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("loaded 512 tokens per item over a 256-token model"),
+    };
+    for words in [
+        "sentence_bert_config.json",
+        "max_seq_length",
+        "--max-tokens-per-item 256",
+    ] {
+        assert!(err.contains(words), "{err:?} lacks {words:?}");
     }
 }

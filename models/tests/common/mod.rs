@@ -43,6 +43,21 @@ pub fn minilm_reference() -> Result<Reference, String> {
     serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
+/// sentence-transformers' unnormalized vectors per pooling mode (`mean`,
+/// `cls`, `max`) for a set of texts (`tests/fixtures/pooling_reference.json`).
+#[derive(Debug, Deserialize)]
+pub struct PoolingReference {
+    pub texts: Vec<String>,
+    pub modes: std::collections::BTreeMap<String, Vec<Vec<f32>>>,
+}
+
+pub fn pooling_reference() -> Result<PoolingReference, String> {
+    let path = repo_root().join("tests/fixtures/pooling_reference.json");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| format!("cannot read {} (the test fixtures): {e}", path.display()))?;
+    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
 pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
     let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
     let na = a.iter().map(|x| x * x).sum::<f32>().sqrt();

@@ -244,3 +244,56 @@ async fn truncation_off_refuses_long_items_with_a_clear_code() {
     assert_eq!(dlq.info().await.unwrap().state.messages, 1);
     consumer.shutdown(Duration::from_secs(10)).await.unwrap();
 }
+
+/// A model directory sluice would run differently from sentence-transformers
+/// (here an XLM-RoBERTa config over BERT weights: its position ids start
+/// after the padding id) stops the consumer at start-up with the file, the
+/// field and what is supported; the job waiting for it stays in the stream
+/// and is answered once a consumer with a model it runs starts.
+#[tokio::test]
+async fn a_model_the_encoder_would_run_wrong_is_refused_at_start_and_no_job_is_lost() {
+    let d = Deployment::start().await.unwrap();
+    let job = d.producer.embed_job(
+        "waits-for-a-model",
+        vec![Input::Inline {
+            items: vec!["hello".into()],
+        }],
+    );
+    d.producer.submit(&job).await.unwrap();
+
+    let weights = sluice_tests::models_dir().join("all-minilm-l6-v2");
+    let dir = tempfile::tempdir().unwrap();
+    for file in ["tokenizer.json", "model.safetensors"] {
+        std::os::unix::fs::symlink(weights.join(file), dir.path().join(file)).unwrap();
+    }
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(weights.join("config.json")).unwrap())
+            .unwrap();
+    config["model_type"] = "xlm-roberta".into();
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    let mut refused = d.consumer_config(&[]);
+    refused.model.model_dir = Some(dir.path().to_path_buf());
+    let err = match sluice_consumer::start(refused).await {
+        Err(e) => format!("{e:#}"),
+        Ok(_) => panic!("a consumer started on an xlm-roberta config"),
+    };
+    eprintln!("start-up refused: {err}");
+    for words in [
+        "config.json",
+        "model_type = \"xlm-roberta\" is not supported",
+        "supported: bert",
+    ] {
+        assert!(err.contains(words), "{err:?} lacks {words:?}");
+    }
+    assert_eq!(d.jobs_in_stream().await, 1, "the job waits in the stream");
+
+    let mut results = d.producer.subscribe_results().await.unwrap();
+    let _consumer = d.start_consumer(&[]).await.unwrap();
+    let got = wait_results(&mut results, 1, Duration::from_secs(60)).await;
+    assert_eq!(got[0].job_id.as_deref(), Some("waits-for-a-model"));
+    assert!(
+        matches!(got[0].outcome, Outcome::Ok { .. }),
+        "{:?}",
+        got[0].outcome
+    );
+}

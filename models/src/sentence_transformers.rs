@@ -1,0 +1,393 @@
+//! What a sentence-transformers (or plain Hugging Face) encoder directory
+//! says beyond the network's weights, read and checked before anything is
+//! loaded: the architecture (`config.json`'s `model_type`), the modules
+//! (`modules.json`), the pooling (`1_Pooling/config.json`, or the path
+//! `modules.json` gives) and the longest input (`sentence_bert_config.json`'s
+//! `max_seq_length`).
+//!
+//! Anything sluice would run differently from sentence-transformers is
+//! refused here with the file, the field and what is supported, so a model
+//! either gives the reference's vectors or does not start: never loads and
+//! answers silently wrong. A directory with none of the sentence-transformers
+//! files is a plain transformer, which sentence-transformers itself mean-pools.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use super::LoadError;
+use super::pooling::Pooling;
+
+/// The `model_type`s the encoder runs. `roberta` and `xlm-roberta` differ
+/// in their position ids (they start after `pad_token_id`), which the
+/// forwards do not take yet, so they are refused rather than run wrong.
+pub const MODEL_TYPES: [&str; 1] = ["bert"];
+
+/// The sentence-transformers modules the encoder runs, by the last part of
+/// their `type`.
+const MODULES: [&str; 3] = ["Transformer", "Pooling", "Normalize"];
+
+/// What the directory asks of the encoder beyond its weights.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EncoderFiles {
+    pub pooling: Pooling,
+    /// sentence-transformers' own limit on tokens per input, if it has one.
+    pub max_seq_length: Option<usize>,
+    /// Whether the model's last module normalizes its vectors (sluice
+    /// normalizes as the job asks, by default).
+    pub normalize: bool,
+}
+
+impl EncoderFiles {
+    /// Reads and checks the directory's files (`config.json` must exist;
+    /// the sentence-transformers files are optional).
+    pub fn read(dir: &Path) -> Result<EncoderFiles, LoadError> {
+        let config_path = dir.join("config.json");
+        check_model_type(&config_path, &read_json(&config_path)?)?;
+        let modules_path = dir.join("modules.json");
+        let (pooling_dir, normalize) = match read_optional_json(&modules_path)? {
+            Some(modules) => modules_of(&modules_path, &modules)?,
+            None => (Some(PathBuf::from("1_Pooling")), false),
+        };
+        let pooling = match pooling_dir {
+            Some(sub) => {
+                let path = dir.join(sub).join("config.json");
+                match read_optional_json(&path)? {
+                    Some(config) => pooling_of(&path, &config)?,
+                    None => Pooling::Mean,
+                }
+            }
+            None => Pooling::Mean,
+        };
+        let sbert_path = dir.join("sentence_bert_config.json");
+        let max_seq_length = match read_optional_json(&sbert_path)? {
+            Some(config) => match config.get("max_seq_length") {
+                None | Some(Value::Null) => None,
+                Some(v) => Some(v.as_u64().ok_or_else(|| {
+                    unsupported(&sbert_path, "max_seq_length", v, "a whole number of tokens")
+                })? as usize),
+            },
+            None => None,
+        };
+        Ok(EncoderFiles {
+            pooling,
+            max_seq_length,
+            normalize,
+        })
+    }
+}
+
+fn unsupported(path: &Path, field: &str, value: &Value, supported: &str) -> LoadError {
+    LoadError::Unsupported(format!(
+        "{}: {field} = {value} is not supported (supported: {supported})",
+        path.display()
+    ))
+}
+
+fn read_json(path: &Path) -> Result<Value, LoadError> {
+    let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|source| LoadError::Config {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn read_optional_json(path: &Path) -> Result<Option<Value>, LoadError> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    read_json(path).map(Some)
+}
+
+/// `config.json`'s `model_type` is one the encoder runs (absent: BERT, as
+/// candle-transformers reads it).
+fn check_model_type(path: &Path, config: &Value) -> Result<(), LoadError> {
+    match config.get("model_type") {
+        None => Ok(()),
+        Some(Value::String(t)) if MODEL_TYPES.contains(&t.as_str()) => Ok(()),
+        Some(other) => Err(unsupported(
+            path,
+            "model_type",
+            other,
+            &MODEL_TYPES.join(", "),
+        )),
+    }
+}
+
+/// From `modules.json`: the pooling module's folder (if there is one) and
+/// whether a `Normalize` module ends the pipeline. Every module must be one
+/// the encoder runs, in sentence-transformers' order.
+fn modules_of(path: &Path, modules: &Value) -> Result<(Option<PathBuf>, bool), LoadError> {
+    let list = modules.as_array().ok_or_else(|| {
+        unsupported(
+            path,
+            "(the file)",
+            modules,
+            "a list of {idx, name, path, type}",
+        )
+    })?;
+    let mut kinds = Vec::new();
+    let mut pooling = None;
+    for module in list {
+        let kind = module
+            .get("type")
+            .and_then(Value::as_str)
+            .and_then(|t| t.rsplit('.').next())
+            .unwrap_or_default();
+        if !MODULES.contains(&kind) {
+            let value = module.get("type").cloned().unwrap_or(Value::Null);
+            return Err(unsupported(
+                path,
+                "type",
+                &value,
+                "sentence_transformers.models.Transformer, .Pooling, .Normalize",
+            ));
+        }
+        if kind == "Pooling" {
+            let sub = module
+                .get("path")
+                .and_then(Value::as_str)
+                .unwrap_or("1_Pooling");
+            pooling = Some(PathBuf::from(sub));
+        }
+        kinds.push(kind);
+    }
+    let order_ok = matches!(
+        kinds.as_slice(),
+        ["Transformer"] | ["Transformer", "Pooling"] | ["Transformer", "Pooling", "Normalize"]
+    );
+    if !order_ok {
+        return Err(LoadError::Unsupported(format!(
+            "{}: modules {kinds:?} are not supported (supported: Transformer, then Pooling, then an optional Normalize)",
+            path.display()
+        )));
+    }
+    Ok((pooling, kinds.last() == Some(&"Normalize")))
+}
+
+/// The one pooling mode `config` turns on, if sluice runs it.
+fn pooling_of(path: &Path, config: &Value) -> Result<Pooling, LoadError> {
+    let on = |field: &str| config.get(field).and_then(Value::as_bool).unwrap_or(false);
+    let runs = [
+        ("pooling_mode_mean_tokens", Pooling::Mean),
+        ("pooling_mode_cls_token", Pooling::Cls),
+        ("pooling_mode_max_tokens", Pooling::Max),
+    ];
+    let refused = [
+        "pooling_mode_mean_sqrt_len_tokens",
+        "pooling_mode_weightedmean_tokens",
+        "pooling_mode_lasttoken",
+    ];
+    let supported =
+        "exactly one of pooling_mode_mean_tokens, pooling_mode_cls_token, pooling_mode_max_tokens";
+    if let Some(field) = refused.iter().find(|f| on(f)) {
+        return Err(unsupported(path, field, &Value::Bool(true), supported));
+    }
+    if config.get("include_prompt") == Some(&Value::Bool(false)) {
+        return Err(unsupported(
+            path,
+            "include_prompt",
+            &Value::Bool(false),
+            "include_prompt = true (prompts are pooled with the text)",
+        ));
+    }
+    let chosen: Vec<Pooling> = runs
+        .iter()
+        .filter(|(f, _)| on(f))
+        .map(|(_, p)| *p)
+        .collect();
+    match chosen.as_slice() {
+        [one] => Ok(*one),
+        // sentence-transformers' own default when nothing is set.
+        [] => Ok(Pooling::Mean),
+        _ => Err(LoadError::Unsupported(format!(
+            "{}: several pooling modes are on ({}); supported: {supported}",
+            path.display(),
+            chosen
+                .iter()
+                .map(|p| p.name())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    /// A directory with `files` (relative path, contents) and a BERT
+    /// `config.json` unless `files` brings its own.
+    fn dir_with(files: &[(&str, &str)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        if !files.iter().any(|(p, _)| *p == "config.json") {
+            std::fs::write(dir.path().join("config.json"), r#"{"model_type": "bert"}"#).unwrap();
+        }
+        for (path, text) in files {
+            let path = dir.path().join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        }
+        dir
+    }
+
+    const ST_MODULES: &str = r#"[
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}
+    ]"#;
+
+    fn pooling_config(mode: &str) -> String {
+        format!(r#"{{"word_embedding_dimension": 384, "{mode}": true, "include_prompt": true}}"#)
+    }
+
+    /// What each directory loads as, or the words its refusal must carry.
+    #[test]
+    fn each_directory_loads_as_sentence_transformers_would_or_is_refused_by_name() {
+        let mean = pooling_config("pooling_mode_mean_tokens");
+        let cls = pooling_config("pooling_mode_cls_token");
+        let max = pooling_config("pooling_mode_max_tokens");
+        let last = pooling_config("pooling_mode_lasttoken");
+        let weighted = pooling_config("pooling_mode_weightedmean_tokens");
+        let two = r#"{"pooling_mode_mean_tokens": true, "pooling_mode_cls_token": true}"#;
+        let no_prompt = r#"{"pooling_mode_mean_tokens": true, "include_prompt": false}"#;
+        let dense = r#"[
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+            {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}
+        ]"#;
+        let pooling_elsewhere = r#"[
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "pool", "type": "sentence_transformers.models.Pooling"}
+        ]"#;
+        let ok = |pooling, max_seq_length, normalize| {
+            Ok(EncoderFiles {
+                pooling,
+                max_seq_length,
+                normalize,
+            })
+        };
+        type Case<'a> = (
+            &'a str,
+            Vec<(&'a str, &'a str)>,
+            Result<EncoderFiles, Vec<&'a str>>,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "a plain transformer",
+                vec![],
+                ok(Pooling::Mean, None, false),
+            ),
+            (
+                "no model_type",
+                vec![("config.json", "{}")],
+                ok(Pooling::Mean, None, false),
+            ),
+            (
+                "mean, normalized, 256 tokens",
+                vec![
+                    ("modules.json", ST_MODULES),
+                    ("1_Pooling/config.json", &mean),
+                    ("sentence_bert_config.json", r#"{"max_seq_length": 256}"#),
+                ],
+                ok(Pooling::Mean, Some(256), true),
+            ),
+            (
+                "cls",
+                vec![
+                    ("modules.json", ST_MODULES),
+                    ("1_Pooling/config.json", &cls),
+                ],
+                ok(Pooling::Cls, None, true),
+            ),
+            (
+                "max, pooling config without modules.json",
+                vec![("1_Pooling/config.json", &max)],
+                ok(Pooling::Max, None, false),
+            ),
+            (
+                "the pooling folder modules.json names",
+                vec![
+                    ("modules.json", pooling_elsewhere),
+                    ("pool/config.json", &cls),
+                ],
+                ok(Pooling::Cls, None, false),
+            ),
+            (
+                "xlm-roberta",
+                vec![("config.json", r#"{"model_type": "xlm-roberta"}"#)],
+                Err(vec![
+                    "config.json",
+                    "model_type",
+                    "\"xlm-roberta\"",
+                    "supported: bert",
+                ]),
+            ),
+            (
+                "roberta",
+                vec![("config.json", r#"{"model_type": "roberta"}"#)],
+                Err(vec!["model_type", "\"roberta\""]),
+            ),
+            (
+                "last token",
+                vec![("1_Pooling/config.json", &last)],
+                Err(vec![
+                    "1_Pooling/config.json",
+                    "pooling_mode_lasttoken",
+                    "exactly one of",
+                ]),
+            ),
+            (
+                "weighted mean",
+                vec![("1_Pooling/config.json", &weighted)],
+                Err(vec!["pooling_mode_weightedmean_tokens"]),
+            ),
+            (
+                "two modes",
+                vec![("1_Pooling/config.json", two)],
+                Err(vec!["several pooling modes", "mean_tokens, cls_token"]),
+            ),
+            (
+                "prompt left out of the pooling",
+                vec![("1_Pooling/config.json", no_prompt)],
+                Err(vec!["include_prompt = false"]),
+            ),
+            (
+                "a Dense module",
+                vec![("modules.json", dense)],
+                Err(vec!["modules.json", "sentence_transformers.models.Dense"]),
+            ),
+            (
+                "a bad max_seq_length",
+                vec![("sentence_bert_config.json", r#"{"max_seq_length": "long"}"#)],
+                Err(vec!["sentence_bert_config.json", "max_seq_length"]),
+            ),
+        ];
+        for (what, files, expected) in cases {
+            let dir = dir_with(&files);
+            let got = EncoderFiles::read(dir.path());
+            match (got, expected) {
+                (Ok(got), Ok(expected)) => assert_eq!(got, expected, "{what}"),
+                (Err(e), Err(words)) => {
+                    let text = e.to_string();
+                    for w in words {
+                        assert!(text.contains(w), "{what}: {text:?} lacks {w:?}");
+                    }
+                }
+                (got, expected) => panic!("{what}: got {got:?}, expected {expected:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_missing_config_names_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = EncoderFiles::read(dir.path()).unwrap_err();
+        assert!(matches!(err, LoadError::Read { .. }), "{err:?}");
+        assert!(err.to_string().contains("config.json"), "{err}");
+    }
+}
