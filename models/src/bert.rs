@@ -27,6 +27,7 @@ pub enum EncoderInputError {
 }
 
 pub struct BertEncoder {
+    positions_from: PositionIds,
     hidden: usize,
     heads: Heads,
     vocab: usize,
@@ -37,6 +38,50 @@ pub struct BertEncoder {
     positions: Vec<f32>,
     embeddings_norm: LayerNorm,
     layers: Vec<EncoderLayer>,
+}
+
+/// Where a sequence's position ids start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PositionIds {
+    /// BERT: 0, 1, 2, ...
+    FromZero,
+    /// RoBERTa and XLM-RoBERTa: after the padding id, `pad + 1, pad + 2,
+    /// ...`, a padding token itself at `pad` (transformers'
+    /// `create_position_ids_from_input_ids`).
+    AfterPadding { pad: u32 },
+}
+
+impl PositionIds {
+    /// The positions `config` numbers its tokens from (by `model_type`).
+    pub fn of(config: &BertConfig) -> PositionIds {
+        match config.model_type.as_deref() {
+            Some("roberta" | "xlm-roberta") => PositionIds::AfterPadding {
+                pad: config.pad_token_id as u32,
+            },
+            _ => PositionIds::FromZero,
+        }
+    }
+
+    /// Tokens a sequence may have with `table` position embeddings.
+    pub fn max_tokens(self, table: usize) -> usize {
+        match self {
+            PositionIds::FromZero => table,
+            PositionIds::AfterPadding { pad } => table.saturating_sub(pad as usize + 1),
+        }
+    }
+
+    /// Each token's row of the position table.
+    fn rows(self, seq: &[u32]) -> impl Iterator<Item = usize> + '_ {
+        let mut real = 0usize;
+        seq.iter().enumerate().map(move |(i, id)| match self {
+            PositionIds::FromZero => i,
+            PositionIds::AfterPadding { pad } if *id == pad => pad as usize,
+            PositionIds::AfterPadding { pad } => {
+                real += 1;
+                pad as usize + real
+            }
+        })
+    }
 }
 
 struct EncoderLayer {
@@ -112,10 +157,14 @@ impl BertEncoder {
                 PackedLinear::new(w, outputs, inputs, Some(b))
             }
         };
-        let vb = if vb.contains_tensor("bert.embeddings.word_embeddings.weight") {
-            vb.pp("bert")
-        } else {
-            vb
+        // A checkpoint saved from a task model keeps the encoder under its
+        // family's name.
+        let vb = match ["bert", "roberta"]
+            .into_iter()
+            .find(|p| vb.contains_tensor(&format!("{p}.embeddings.word_embeddings.weight")))
+        {
+            Some(prefix) => vb.pp(prefix),
+            None => vb,
         };
         let (h, i) = (config.hidden_size, config.intermediate_size);
         let eps = config.layer_norm_eps as f32;
@@ -166,6 +215,7 @@ impl BertEncoder {
             });
         }
         Ok(BertEncoder {
+            positions_from: PositionIds::of(config),
             hidden: h,
             heads: Heads {
                 heads: config.num_attention_heads,
@@ -190,10 +240,11 @@ impl BertEncoder {
         let mut spans = Vec::with_capacity(batch.len());
         let mut tokens = 0;
         for seq in batch {
-            if seq.len() > self.max_positions {
+            let max_tokens = self.positions_from.max_tokens(self.max_positions);
+            if seq.len() > max_tokens {
                 return Err(EncoderInputError::TooLong {
                     tokens: seq.len(),
-                    positions: self.max_positions,
+                    positions: max_tokens,
                 });
             }
             if let Some(id) = seq.iter().find(|id| **id as usize >= self.vocab) {
@@ -209,7 +260,9 @@ impl BertEncoder {
             tokens += seq.len();
         }
         let mut hidden = vec![0f32; tokens * h];
-        let positioned = batch.iter().flat_map(|seq| seq.iter().enumerate());
+        let positioned = batch
+            .iter()
+            .flat_map(|seq| self.positions_from.rows(seq).zip(seq.iter()));
         for (row, (pos, id)) in hidden.chunks_exact_mut(h).zip(positioned) {
             let word = &self.words[*id as usize * h..(*id as usize + 1) * h];
             let position = &self.positions[pos * h..(pos + 1) * h];

@@ -14,8 +14,9 @@ use std::path::Path;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::bert::{BertModel, Config as BertConfig};
+use candle_transformers::models::xlm_roberta::{Config as RobertaConfig, XLMRobertaModel};
 
-use super::bert::BertEncoder;
+use super::bert::{BertEncoder, PositionIds};
 use super::pooling::Pooling;
 use super::sentence_transformers::EncoderFiles;
 use super::{EmbeddingModel, LoadError, ModelError, encoder_kernels};
@@ -29,6 +30,8 @@ pub struct MiniLm {
     vocab_size: usize,
     max_tokens_per_item: usize,
     pooling: Pooling,
+    /// The id padded batches are filled with (the candle forwards).
+    pad_id: u32,
 }
 
 enum Forward {
@@ -36,6 +39,9 @@ enum Forward {
     Packed(BertEncoder),
     /// Padded batches on candle-transformers' BERT (any device).
     Candle(BertModel),
+    /// Padded batches on candle-transformers' XLM-RoBERTa (RoBERTa too:
+    /// the same network, position ids after the padding id).
+    CandleRoberta(XLMRobertaModel),
 }
 
 /// Which forward [`MiniLm::load_with`] builds.
@@ -108,10 +114,13 @@ impl MiniLm {
                 path: config_path.clone(),
                 source,
             })?;
-        if max_tokens_per_item > config.max_position_embeddings {
+        let positions = PositionIds::of(&config);
+        let max_tokens = positions.max_tokens(config.max_position_embeddings);
+        if max_tokens_per_item > max_tokens {
             return Err(LoadError::Unsupported(format!(
-                "max_tokens_per_item {max_tokens_per_item} exceeds the model's {} positions",
-                config.max_position_embeddings
+                "max_tokens_per_item {max_tokens_per_item} exceeds the {max_tokens} tokens the model's {} positions hold ({}): set --max-tokens-per-item {max_tokens} or less",
+                config.max_position_embeddings,
+                config_path.display()
             )));
         }
         let weights = dir.join("model.safetensors");
@@ -152,8 +161,27 @@ impl MiniLm {
                 _ => super::EmbedWeights::F32,
             };
             Forward::Packed(BertEncoder::load(vb, &config, weights).map_err(build)?)
-        } else {
+        } else if positions == PositionIds::FromZero {
             Forward::Candle(BertModel::load(vb, &config).map_err(build)?)
+        } else {
+            let bad = |source| LoadError::Config {
+                path: config_path.clone(),
+                source,
+            };
+            let mut value: serde_json::Value = serde_json::from_str(&config_text).map_err(bad)?;
+            // transformers 5 no longer writes the (only) absolute type.
+            if let Some(fields) = value.as_object_mut() {
+                fields
+                    .entry("position_embedding_type")
+                    .or_insert_with(|| "absolute".into());
+            }
+            let roberta: RobertaConfig = serde_json::from_value(value).map_err(bad)?;
+            let vb = if vb.contains_tensor("roberta.embeddings.word_embeddings.weight") {
+                vb.pp("roberta")
+            } else {
+                vb
+            };
+            Forward::CandleRoberta(XLMRobertaModel::new(&roberta, vb).map_err(build)?)
         };
         Ok(MiniLm {
             forward,
@@ -164,6 +192,7 @@ impl MiniLm {
             heads: config.num_attention_heads,
             max_tokens_per_item,
             pooling: files.pooling,
+            pad_id: config.pad_token_id as u32,
         })
     }
 
@@ -172,14 +201,10 @@ impl MiniLm {
         self.pooling
     }
 
-    fn candle_forward(
-        &self,
-        model: &BertModel,
-        batch: &[&[u32]],
-    ) -> candle_core::Result<Vec<Vec<f32>>> {
+    fn candle_forward(&self, batch: &[&[u32]]) -> candle_core::Result<Vec<Vec<f32>>> {
         let n = batch.len();
         let len = batch.iter().map(|s| s.len()).max().unwrap_or(0);
-        let mut ids = vec![0u32; n * len];
+        let mut ids = vec![self.pad_id; n * len];
         let mut mask = vec![0u32; n * len];
         for (row, seq) in batch.iter().enumerate() {
             ids[row * len..row * len + seq.len()].copy_from_slice(seq);
@@ -188,7 +213,13 @@ impl MiniLm {
         let ids = Tensor::from_vec(ids, (n, len), &self.device)?;
         let mask = Tensor::from_vec(mask, (n, len), &self.device)?;
         let types = ids.zeros_like()?;
-        let hidden = model.forward(&ids, &types, Some(&mask))?;
+        let hidden = match &self.forward {
+            Forward::Candle(model) => model.forward(&ids, &types, Some(&mask))?,
+            Forward::CandleRoberta(model) => {
+                model.forward(&ids, &mask, &types, None, None, None)?
+            }
+            Forward::Packed(_) => candle_core::bail!("bug: the packed forward has no candle model"),
+        };
         // Mean and CLS on the device (one vector per sequence comes back);
         // max over each sequence's own rows on the host.
         let pooled = match self.pooling {
@@ -230,7 +261,7 @@ impl EmbeddingModel for MiniLm {
                 (None, F32Kernels::Avx2(_)) => "sluice-avx2",
                 (None, F32Kernels::Reference) => "sluice-portable",
             },
-            Forward::Candle(_) => "candle",
+            Forward::Candle(_) | Forward::CandleRoberta(_) => "candle",
         }
     }
 
@@ -282,7 +313,7 @@ impl EmbeddingModel for MiniLm {
         }
         match &self.forward {
             Forward::Packed(encoder) => Ok(encoder.embed(batch, self.pooling)?),
-            Forward::Candle(model) => Ok(self.candle_forward(model, batch)?),
+            Forward::Candle(_) | Forward::CandleRoberta(_) => Ok(self.candle_forward(batch)?),
         }
     }
 }

@@ -2,8 +2,13 @@
 //! says beyond the network's weights, read and checked before anything is
 //! loaded: the architecture (`config.json`'s `model_type`), the modules
 //! (`modules.json`), the pooling (`1_Pooling/config.json`, or the path
-//! `modules.json` gives) and the longest input (`sentence_bert_config.json`'s
-//! `max_seq_length`).
+//! `modules.json` gives), the longest input (`sentence_bert_config.json`'s
+//! `max_seq_length`, or since sentence-transformers 6 the tokenizer's
+//! `model_max_length`) and a default prompt
+//! (`config_sentence_transformers.json`). Both the older files
+//! (`pooling_mode_mean_tokens: true`, `...models.Pooling`) and
+//! sentence-transformers 6's (`pooling_mode: "mean"`,
+//! `...base.modules.transformer.Transformer`) are read.
 //!
 //! Anything sluice would run differently from sentence-transformers is
 //! refused here with the file, the field and what is supported, so a model
@@ -18,10 +23,9 @@ use serde_json::Value;
 use super::LoadError;
 use super::pooling::Pooling;
 
-/// The `model_type`s the encoder runs. `roberta` and `xlm-roberta` differ
-/// in their position ids (they start after `pad_token_id`), which the
-/// forwards do not take yet, so they are refused rather than run wrong.
-pub const MODEL_TYPES: [&str; 1] = ["bert"];
+/// The `model_type`s the encoder runs: BERT, and RoBERTa / XLM-RoBERTa,
+/// whose position ids start after `pad_token_id` (`bert::PositionIds`).
+pub const MODEL_TYPES: [&str; 3] = ["bert", "roberta", "xlm-roberta"];
 
 /// The sentence-transformers modules the encoder runs, by the last part of
 /// their `type`.
@@ -60,20 +64,51 @@ impl EncoderFiles {
             None => Pooling::Mean,
         };
         let sbert_path = dir.join("sentence_bert_config.json");
-        let max_seq_length = match read_optional_json(&sbert_path)? {
-            Some(config) => match config.get("max_seq_length") {
-                None | Some(Value::Null) => None,
-                Some(v) => Some(v.as_u64().ok_or_else(|| {
-                    unsupported(&sbert_path, "max_seq_length", v, "a whole number of tokens")
-                })? as usize),
-            },
+        let mut max_seq_length = match read_optional_json(&sbert_path)? {
+            Some(config) => whole_number(&sbert_path, &config, "max_seq_length")?,
             None => None,
         };
+        if max_seq_length.is_none() {
+            let path = dir.join("tokenizer_config.json");
+            if let Some(config) = read_optional_json(&path)? {
+                // transformers writes int(1e30) for "no limit" (read as a
+                // float here).
+                let unlimited = config
+                    .get("model_max_length")
+                    .and_then(Value::as_f64)
+                    .is_some_and(|n| n >= 4_294_967_296.0);
+                if !unlimited {
+                    max_seq_length = whole_number(&path, &config, "model_max_length")?;
+                }
+            }
+        }
+        let st_path = dir.join("config_sentence_transformers.json");
+        if let Some(config) = read_optional_json(&st_path)?
+            && let Some(name) = config.get("default_prompt_name").filter(|v| !v.is_null())
+        {
+            return Err(unsupported(
+                &st_path,
+                "default_prompt_name",
+                name,
+                "null (sluice does not prepend prompts yet, so every input would be embedded without it)",
+            ));
+        }
         Ok(EncoderFiles {
             pooling,
             max_seq_length,
             normalize,
         })
+    }
+}
+
+/// `config[field]` as a whole number, absent or null as `None`.
+fn whole_number(path: &Path, config: &Value, field: &str) -> Result<Option<usize>, LoadError> {
+    match config.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .map(|n| Some(n as usize))
+            .ok_or_else(|| unsupported(path, field, v, "a whole number of tokens")),
     }
 }
 
@@ -168,9 +203,27 @@ fn modules_of(path: &Path, modules: &Value) -> Result<(Option<PathBuf>, bool), L
     Ok((pooling, kinds.last() == Some(&"Normalize")))
 }
 
-/// The one pooling mode `config` turns on, if sluice runs it.
+/// The one pooling mode `config` turns on, if sluice runs it: the string
+/// `pooling_mode` (sentence-transformers 6) or the older booleans.
 fn pooling_of(path: &Path, config: &Value) -> Result<Pooling, LoadError> {
     let on = |field: &str| config.get(field).and_then(Value::as_bool).unwrap_or(false);
+    let supported = "pooling_mode mean, cls or max (or exactly one of pooling_mode_mean_tokens, pooling_mode_cls_token, pooling_mode_max_tokens)";
+    if config.get("include_prompt") == Some(&Value::Bool(false)) {
+        return Err(unsupported(
+            path,
+            "include_prompt",
+            &Value::Bool(false),
+            "include_prompt = true (prompts are pooled with the text)",
+        ));
+    }
+    if let Some(mode) = config.get("pooling_mode") {
+        return match mode.as_str() {
+            Some("mean") => Ok(Pooling::Mean),
+            Some("cls") => Ok(Pooling::Cls),
+            Some("max") => Ok(Pooling::Max),
+            _ => Err(unsupported(path, "pooling_mode", mode, supported)),
+        };
+    }
     let runs = [
         ("pooling_mode_mean_tokens", Pooling::Mean),
         ("pooling_mode_cls_token", Pooling::Cls),
@@ -181,18 +234,8 @@ fn pooling_of(path: &Path, config: &Value) -> Result<Pooling, LoadError> {
         "pooling_mode_weightedmean_tokens",
         "pooling_mode_lasttoken",
     ];
-    let supported =
-        "exactly one of pooling_mode_mean_tokens, pooling_mode_cls_token, pooling_mode_max_tokens";
     if let Some(field) = refused.iter().find(|f| on(f)) {
         return Err(unsupported(path, field, &Value::Bool(true), supported));
-    }
-    if config.get("include_prompt") == Some(&Value::Bool(false)) {
-        return Err(unsupported(
-            path,
-            "include_prompt",
-            &Value::Bool(false),
-            "include_prompt = true (prompts are pooled with the text)",
-        ));
     }
     let chosen: Vec<Pooling> = runs
         .iter()
@@ -239,6 +282,11 @@ mod tests {
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
         {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}
+    ]"#;
+
+    const ST6_MODULES: &str = r#"[
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.base.modules.transformer.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.sentence_transformer.modules.pooling.Pooling"}
     ]"#;
 
     fn pooling_config(mode: &str) -> String {
@@ -318,19 +366,78 @@ mod tests {
                 ok(Pooling::Cls, None, false),
             ),
             (
+                "sentence-transformers 6: pooling_mode and the tokenizer's limit",
+                vec![
+                    ("modules.json", ST6_MODULES),
+                    (
+                        "1_Pooling/config.json",
+                        r#"{"embedding_dimension": 64, "pooling_mode": "cls", "include_prompt": true}"#,
+                    ),
+                    (
+                        "sentence_bert_config.json",
+                        r#"{"transformer_task": "feature-extraction"}"#,
+                    ),
+                    ("tokenizer_config.json", r#"{"model_max_length": 128}"#),
+                    (
+                        "config_sentence_transformers.json",
+                        r#"{"prompts": {"query": ""}, "default_prompt_name": null}"#,
+                    ),
+                ],
+                ok(Pooling::Cls, Some(128), false),
+            ),
+            (
+                "no limit in the tokenizer",
+                vec![(
+                    "tokenizer_config.json",
+                    r#"{"model_max_length": 1000000000000000019884624838656}"#,
+                )],
+                ok(Pooling::Mean, None, false),
+            ),
+            (
+                "sentence_bert_config.json's limit first",
+                vec![
+                    ("sentence_bert_config.json", r#"{"max_seq_length": 256}"#),
+                    ("tokenizer_config.json", r#"{"model_max_length": 512}"#),
+                ],
+                ok(Pooling::Mean, Some(256), false),
+            ),
+            (
+                "sentence-transformers 6, last token",
+                vec![("1_Pooling/config.json", r#"{"pooling_mode": "lasttoken"}"#)],
+                Err(vec![
+                    "1_Pooling/config.json",
+                    "pooling_mode = \"lasttoken\"",
+                ]),
+            ),
+            (
+                "a default prompt",
+                vec![(
+                    "config_sentence_transformers.json",
+                    r#"{"prompts": {"query": "query: "}, "default_prompt_name": "query"}"#,
+                )],
+                Err(vec![
+                    "config_sentence_transformers.json",
+                    "default_prompt_name = \"query\"",
+                ]),
+            ),
+            (
                 "xlm-roberta",
                 vec![("config.json", r#"{"model_type": "xlm-roberta"}"#)],
-                Err(vec![
-                    "config.json",
-                    "model_type",
-                    "\"xlm-roberta\"",
-                    "supported: bert",
-                ]),
+                ok(Pooling::Mean, None, false),
             ),
             (
                 "roberta",
                 vec![("config.json", r#"{"model_type": "roberta"}"#)],
-                Err(vec!["model_type", "\"roberta\""]),
+                ok(Pooling::Mean, None, false),
+            ),
+            (
+                "another architecture",
+                vec![("config.json", r#"{"model_type": "modernbert"}"#)],
+                Err(vec![
+                    "config.json",
+                    "model_type = \"modernbert\" is not supported",
+                    "supported: bert, roberta, xlm-roberta",
+                ]),
             ),
             (
                 "last token",

@@ -192,6 +192,17 @@ fn bf16_weights_keep_the_vectors_within_cosine_0_9999() {
     }
 }
 
+/// `texts` through the `tokenizer.json` in `dir`, truncated to `max`.
+fn token_ids(dir: &std::path::Path, max: usize, texts: &[String]) -> Vec<Vec<u32>> {
+    let tokenizer = TextTokenizer::load(&dir.join("tokenizer.json"), max).unwrap();
+    tokenizer
+        .encode(texts.to_vec(), true)
+        .unwrap()
+        .into_iter()
+        .map(|t| t.ids)
+        .collect()
+}
+
 /// A sentence-transformers directory over MiniLM's weights whose pooling
 /// module asks for `mode` (no Normalize module): the files a user's model
 /// brings, beside the weights (linked, not copied).
@@ -237,14 +248,7 @@ fn every_pooling_mode_matches_sentence_transformers() {
         ("max", "max_tokens", Pooling::Max),
     ] {
         let dir = pooled_model_dir(config_name);
-        let tokenizer =
-            TextTokenizer::load(&dir.path().join("tokenizer.json"), MAX_TOKENS).unwrap();
-        let ids: Vec<Vec<u32>> = tokenizer
-            .encode(reference.texts.clone(), true)
-            .unwrap()
-            .into_iter()
-            .map(|t| t.ids)
-            .collect();
+        let ids = token_ids(dir.path(), MAX_TOKENS, &reference.texts);
         let batch: Vec<&[u32]> = ids.iter().map(Vec::as_slice).collect();
         let expected = &reference.modes[mode];
         for choice in [ForwardChoice::Packed, ForwardChoice::Candle] {
@@ -296,5 +300,48 @@ fn more_tokens_than_the_model_was_made_for_is_refused() {
         "--max-tokens-per-item 256",
     ] {
         assert!(err.contains(words), "{err:?} lacks {words:?}");
+    }
+}
+
+/// A random-weight model of each family the encoder runs
+/// (`tests/fixtures/encoders/<family>/`, made by
+/// `tests/fixtures/make/random_encoders.py`): BERT with CLS pooling and a
+/// WordPiece tokenizer, XLM-RoBERTa (position ids after the padding id, one
+/// token type) with mean pooling and a Unigram tokenizer. Our tokenizer
+/// gives transformers' ids, and both forwards sentence-transformers'
+/// vectors, at every kernel level.
+#[test]
+fn every_family_matches_sentence_transformers_on_random_weights() {
+    for family in ["bert-cls", "xlm-roberta-mean"] {
+        let dir = common::repo_root()
+            .join("tests/fixtures/encoders")
+            .join(family);
+        let reference = common::family_reference(&dir).unwrap();
+        let max = reference.max_seq_length;
+        let ids = token_ids(&dir, max, &reference.texts);
+        for (i, (ours, theirs)) in ids.iter().zip(&reference.ids).enumerate() {
+            assert_eq!(ours, theirs, "{family}: text {i}'s token ids");
+        }
+        let batch: Vec<&[u32]> = ids.iter().map(Vec::as_slice).collect();
+        for choice in [ForwardChoice::Packed, ForwardChoice::Candle] {
+            let model = MiniLm::load_with(&dir, Device::Cpu, max, choice).unwrap();
+            let got = model.embed(&batch).unwrap();
+            let worst = got
+                .iter()
+                .zip(&reference.vectors)
+                .map(|(a, e)| cosine(a, e))
+                .fold(1f32, f32::min);
+            eprintln!(
+                "{family} ({:?} pooling), {}: min cosine {worst:.7} to sentence-transformers over {} texts",
+                model.pooling(),
+                model.forward_name(),
+                got.len()
+            );
+            assert!(
+                worst >= 0.9999,
+                "{family}, {}: {worst}",
+                model.forward_name()
+            );
+        }
     }
 }

@@ -58,6 +58,23 @@ pub fn pooling_reference() -> Result<PoolingReference, String> {
     serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
+/// A random-weight family fixture's `reference.json`: transformers' token
+/// ids and sentence-transformers' vectors for its texts.
+#[derive(Debug, Deserialize)]
+pub struct FamilyReference {
+    pub max_seq_length: usize,
+    pub texts: Vec<String>,
+    pub ids: Vec<Vec<u32>>,
+    pub vectors: Vec<Vec<f32>>,
+}
+
+pub fn family_reference(dir: &Path) -> Result<FamilyReference, String> {
+    let path = dir.join("reference.json");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| format!("cannot read {} (the test fixtures): {e}", path.display()))?;
+    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
 pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
     let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
     let na = a.iter().map(|x| x * x).sum::<f32>().sqrt();

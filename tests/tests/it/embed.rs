@@ -246,8 +246,8 @@ async fn truncation_off_refuses_long_items_with_a_clear_code() {
 }
 
 /// A model directory sluice would run differently from sentence-transformers
-/// (here an XLM-RoBERTa config over BERT weights: its position ids start
-/// after the padding id) stops the consumer at start-up with the file, the
+/// (here one whose pooling module asks for the last token, a decoder
+/// embedder's pooling) stops the consumer at start-up with the file, the
 /// field and what is supported; the job waiting for it stays in the stream
 /// and is answered once a consumer with a model it runs starts.
 #[tokio::test]
@@ -263,25 +263,26 @@ async fn a_model_the_encoder_would_run_wrong_is_refused_at_start_and_no_job_is_l
 
     let weights = sluice_tests::models_dir().join("all-minilm-l6-v2");
     let dir = tempfile::tempdir().unwrap();
-    for file in ["tokenizer.json", "model.safetensors"] {
+    for file in ["config.json", "tokenizer.json", "model.safetensors"] {
         std::os::unix::fs::symlink(weights.join(file), dir.path().join(file)).unwrap();
     }
-    let mut config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(weights.join("config.json")).unwrap())
-            .unwrap();
-    config["model_type"] = "xlm-roberta".into();
-    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    std::fs::create_dir(dir.path().join("1_Pooling")).unwrap();
+    std::fs::write(
+        dir.path().join("1_Pooling/config.json"),
+        r#"{"embedding_dimension": 384, "pooling_mode": "lasttoken", "include_prompt": true}"#,
+    )
+    .unwrap();
     let mut refused = d.consumer_config(&[]);
     refused.model.model_dir = Some(dir.path().to_path_buf());
     let err = match sluice_consumer::start(refused).await {
         Err(e) => format!("{e:#}"),
-        Ok(_) => panic!("a consumer started on an xlm-roberta config"),
+        Ok(_) => panic!("a consumer started on last-token pooling"),
     };
     eprintln!("start-up refused: {err}");
     for words in [
-        "config.json",
-        "model_type = \"xlm-roberta\" is not supported",
-        "supported: bert",
+        "1_Pooling/config.json",
+        "pooling_mode = \"lasttoken\" is not supported",
+        "supported: pooling_mode mean, cls or max",
     ] {
         assert!(err.contains(words), "{err:?} lacks {words:?}");
     }
