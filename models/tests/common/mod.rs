@@ -37,8 +37,12 @@ pub struct ReferenceItem {
 /// sentence-transformers' all-MiniLM-L6-v2 vectors for a set of texts
 /// (`tests/fixtures/minilm_reference.json`).
 pub fn minilm_reference() -> Result<Reference, String> {
-    let path = repo_root().join("tests/fixtures/minilm_reference.json");
-    let text = std::fs::read_to_string(&path)
+    read_json(&repo_root().join("tests/fixtures/minilm_reference.json"))
+}
+
+/// A fixture file, parsed; the error names the file.
+fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, String> {
+    let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read {} (the test fixtures): {e}", path.display()))?;
     serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
 }
@@ -52,10 +56,7 @@ pub struct PoolingReference {
 }
 
 pub fn pooling_reference() -> Result<PoolingReference, String> {
-    let path = repo_root().join("tests/fixtures/pooling_reference.json");
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| format!("cannot read {} (the test fixtures): {e}", path.display()))?;
-    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+    read_json(&repo_root().join("tests/fixtures/pooling_reference.json"))
 }
 
 /// A random-weight family fixture's `reference.json`: transformers' token
@@ -69,10 +70,7 @@ pub struct FamilyReference {
 }
 
 pub fn family_reference(dir: &Path) -> Result<FamilyReference, String> {
-    let path = dir.join("reference.json");
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| format!("cannot read {} (the test fixtures): {e}", path.display()))?;
-    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+    read_json(&dir.join("reference.json"))
 }
 
 pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
