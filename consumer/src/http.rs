@@ -10,12 +10,14 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::budget::Budget;
+use crate::in_flight::InFlight;
 use crate::memory::MemoryProbe;
 use crate::telemetry::{Readings, Stats};
 
 #[derive(Clone)]
 pub struct State {
     pub stats: Arc<Stats>,
+    pub in_flight: Arc<InFlight>,
     pub budget: Budget,
     /// Set once the model is warm and the consumer bound; cleared on drain.
     pub ready: Arc<AtomicBool>,
@@ -110,6 +112,7 @@ impl State {
     pub fn readings(&self) -> Readings {
         Readings {
             budget: self.budget.snapshot(),
+            in_flight: Arc::clone(&self.in_flight),
             memory: self.memory.read(),
             ready: readiness(self).is_ok(),
         }
@@ -129,8 +132,8 @@ fn memory_json(state: &State) -> serde_json::Value {
         // The GPU's memory from its driver (null on the CPU): the whole
         // device, other processes included.
         "device_memory": m.device,
-        "jobs_in_flight": state.stats.jobs_in_flight.load(Ordering::Relaxed),
-        "tokens_in_flight": state.stats.tokens_in_flight.load(Ordering::Relaxed),
+        "jobs_in_flight": state.in_flight.jobs(),
+        "tokens_in_flight": state.in_flight.tokens(),
     })
 }
 

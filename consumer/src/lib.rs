@@ -2,7 +2,7 @@
 //! ARCHITECTURE.md at the repository root for the whole map):
 //!
 //! ```text
-//! service::admit -> job::pipeline -> fetch -> engine::embed -> output -> job::settle
+//! admission -> job::pipeline -> fetch -> engine::embed -> output -> job::settle
 //! (pull within     (one task per    (inputs)  (tokenize, batch  (S3 or    (status, result,
 //!  the budget)      job)                       by tokens, run)   inline)   ack / retry / DLQ)
 //! ```
@@ -13,6 +13,7 @@
 //!
 //! `main` parses a [`Config`] and calls [`run`]; tests call [`start`].
 
+pub mod admission;
 pub mod alloc;
 pub mod budget;
 pub mod config;
@@ -21,8 +22,8 @@ pub mod engine;
 pub mod error;
 pub mod fetch;
 pub mod http;
+pub mod in_flight;
 pub mod job;
-pub mod levels;
 pub mod memory;
 pub mod offline;
 pub mod output;
@@ -30,12 +31,11 @@ pub mod recycle;
 pub mod service;
 pub mod shared;
 pub mod telemetry;
-pub mod tenants;
 
 use std::time::Duration;
 
 pub use config::{Config, ModelConfig};
-pub use service::{Running, start};
+pub use service::{Consumer, start};
 
 /// Runs the consumer until SIGTERM or SIGINT, or until a recycle limit is
 /// reached (`recycle.rs`), then drains and returns.

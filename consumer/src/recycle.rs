@@ -20,20 +20,20 @@ pub use crate::telemetry::RecycleReason as Reason;
 
 /// The limits of one process, jitter applied.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Limits {
+pub struct RecycleLimits {
     pub after_jobs: Option<u64>,
     pub after: Option<Duration>,
     pub growth_bytes: Option<u64>,
 }
 
-impl Limits {
+impl RecycleLimits {
     /// The configured limits, the job and age limits scaled by a factor in
     /// [0.9, 1.1] drawn from `seed`.
-    pub fn new(config: &Config, seed: u64) -> Limits {
+    pub fn new(config: &Config, seed: u64) -> RecycleLimits {
         let factor = jitter_factor(seed);
         let scaled = |v: u64| ((v as f64 * factor).round() as u64).max(1);
         let nonzero = |v: u64| (v > 0).then_some(v);
-        Limits {
+        RecycleLimits {
             after_jobs: nonzero(config.recycle_after_jobs).map(scaled),
             after: nonzero(config.recycle_after_secs)
                 .map(|s| Duration::from_secs_f64(s as f64 * factor)),
@@ -102,7 +102,7 @@ mod tests {
         let config = config(&["--recycle-after-jobs=1000", "--recycle-after-secs=3600"]);
         let mut jobs = Vec::new();
         for seed in 0..200u64 {
-            let l = Limits::new(&config, seed);
+            let l = RecycleLimits::new(&config, seed);
             let n = l.after_jobs.unwrap_or(0);
             assert!((900..=1100).contains(&n), "{n}");
             let secs = l.after.unwrap_or_default().as_secs_f64();
@@ -120,9 +120,9 @@ mod tests {
 
     #[test]
     fn zero_turns_a_limit_off_and_none_set_never_recycles() {
-        let none = Limits::new(&config(&[]), 7);
+        let none = RecycleLimits::new(&config(&[]), 7);
         assert!(!none.any());
-        let memory = Limits::new(&config(&["--recycle-rss-growth-mib=64"]), 7);
+        let memory = RecycleLimits::new(&config(&["--recycle-rss-growth-mib=64"]), 7);
         assert_eq!(
             memory.growth_bytes,
             Some(64 << 20),
@@ -133,7 +133,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_job_limit_fires_once_enough_jobs_finished() {
-        let limits = Limits {
+        let limits = RecycleLimits {
             after_jobs: Some(3),
             after: None,
             growth_bytes: None,
@@ -147,7 +147,7 @@ mod tests {
         .await;
         assert_eq!(reason.ok(), Some(Reason::Jobs));
         // Nothing set: never.
-        let never = Limits {
+        let never = RecycleLimits {
             after_jobs: None,
             after: None,
             growth_bytes: None,

@@ -10,12 +10,13 @@ use sluice_schemas::Topology;
 use crate::budget::JobCost;
 use crate::engine::Engine;
 use crate::fetch::Fetcher;
+use crate::in_flight::InFlight;
 use crate::output::{DeadLetters, OutputStore, ResultPublisher};
 use crate::telemetry::{Stats, Tracing};
 use sluice_status::StatusStore;
 
 /// Per-job limits from the config.
-pub struct Limits {
+pub struct JobLimits {
     pub max_input_bytes: u64,
     pub max_items_per_job: u64,
 }
@@ -25,7 +26,7 @@ pub struct Shared {
     pub topology: Topology,
     pub js: jetstream::Context,
     pub model_name: String,
-    pub limits: Limits,
+    pub limits: JobLimits,
     pub cost: JobCost,
     pub fetcher: Fetcher,
     pub engine: Engine,
@@ -38,6 +39,8 @@ pub struct Shared {
     /// The dead-letter stream.
     pub dead_letters: DeadLetters,
     pub stats: std::sync::Arc<Stats>,
+    /// What admission took and has not settled (read by the in-flight cap).
+    pub in_flight: std::sync::Arc<InFlight>,
     pub max_deliver: i64,
     pub progress_interval: Duration,
     pub retry_base: Duration,

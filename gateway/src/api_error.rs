@@ -66,15 +66,19 @@ impl ApiError {
         .code("file_too_large")
     }
 
-    /// A failure of ours (NATS or S3): logged in full, answered 503 so the
-    /// SDKs retry it.
+    /// A failure of ours (NATS or S3): logged in full under an error id,
+    /// answered 503 (so the SDKs retry it) with a stable message naming the
+    /// id. The cause's text never reaches the client: it can name internal
+    /// hosts, buckets and subjects.
     pub fn unavailable(error: anyhow::Error) -> ApiError {
-        tracing::error!(error = format!("{error:#}"), "request failed");
+        let id = uuid::Uuid::now_v7().simple().to_string();
+        tracing::error!(error_id = %id, error = format!("{error:#}"), "request failed");
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "server_error",
-            format!("the gateway could not complete the request: {error:#}"),
+            unavailable_message(&id),
         )
+        .code("service_unavailable")
     }
 
     pub fn body(&self) -> serde_json::Value {
@@ -87,6 +91,13 @@ impl ApiError {
             }
         })
     }
+}
+
+/// What a client is told of a failure of ours.
+fn unavailable_message(error_id: &str) -> String {
+    format!(
+        "The gateway could not complete the request; try again. (error id {error_id}: the gateway's log has the cause)"
+    )
 }
 
 impl IntoResponse for ApiError {
@@ -104,5 +115,33 @@ impl IntoResponse for ApiError {
 impl From<anyhow::Error> for ApiError {
     fn from(e: anyhow::Error) -> ApiError {
         ApiError::unavailable(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_internal_failure_is_answered_without_its_cause() {
+        let cause = anyhow::anyhow!("dispatch failure: connect to nats://10.0.0.7:4222 refused")
+            .context("publishing to sluice.jobs.embed");
+        let e = ApiError::unavailable(cause);
+        assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
+        let body = e.body().to_string();
+        assert!(
+            !body.contains("10.0.0.7") && !body.contains("sluice.jobs"),
+            "{body}"
+        );
+        assert!(
+            e.message
+                .starts_with("The gateway could not complete the request; try again. (error id "),
+            "{}",
+            e.message
+        );
+        assert_eq!(
+            (e.kind, e.code),
+            ("server_error", Some("service_unavailable"))
+        );
     }
 }

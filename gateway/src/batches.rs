@@ -1,10 +1,9 @@
 //! The Batches API: `POST /v1/batches`, `GET /v1/batches/{id}`, `GET
 //! /v1/batches`, `POST /v1/batches/{id}/cancel`. Handlers only record what
-//! the client asked; the driver (`driver.rs`) does the work.
+//! the client asked; the driver (`driver/`) does the work.
 
 use std::collections::HashSet;
 
-use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::{Extension, Json};
@@ -14,6 +13,7 @@ use serde_json::{Map, Value, json};
 use crate::api_error::ApiError;
 use crate::auth::Tenant;
 use crate::batch_record::{BatchRecord, BatchStatus, Counts, window_secs};
+use crate::extract::{BodyName, OpenAiJson};
 use crate::files::{self, FileRecord};
 use crate::objects::{self, ObjectWriter};
 use crate::openai::Endpoint;
@@ -21,9 +21,10 @@ use crate::records;
 use crate::state::{AppState, now};
 use crate::traces::RequestTrace;
 
+/// The body of `POST /v1/batches`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct CreateBatch {
+pub struct CreateBatch {
     input_file_id: String,
     endpoint: String,
     completion_window: String,
@@ -33,14 +34,16 @@ struct CreateBatch {
     output_expires_after: Option<Value>,
 }
 
+impl BodyName for CreateBatch {
+    const NAME: &'static str = "a valid batch";
+}
+
 pub async fn create(
     State(state): State<AppState>,
     Tenant(tenant): Tenant,
     Extension(trace): Extension<RequestTrace>,
-    body: Bytes,
+    OpenAiJson(request): OpenAiJson<CreateBatch>,
 ) -> Result<Json<Value>, ApiError> {
-    let request: CreateBatch = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::invalid(format!("the request body is not a valid batch: {e}")))?;
     let _ = request.output_expires_after;
     if Endpoint::parse(&request.endpoint).is_none() {
         return Err(ApiError::invalid(format!(

@@ -25,8 +25,7 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
-use axum::body::Bytes;
-use axum::extract::{MatchedPath, State};
+use axum::extract::{FromRequest, MatchedPath, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
@@ -40,8 +39,9 @@ use sluice_schemas::{
 
 use crate::api_error::ApiError;
 use crate::auth::Tenant;
-use crate::driver::{self, Outputs};
+use crate::extract::OpenAiJson;
 use crate::openai::{self, Delta, Endpoint};
+use crate::outputs::{self, Outputs};
 use crate::state::{AppState, now};
 use crate::traces::RequestTrace;
 
@@ -114,39 +114,71 @@ struct StartBy {
     by_queue_limit: bool,
 }
 
+/// One online request as its route, headers and body ask, checked against
+/// the models this deployment serves; a request that is not one is refused
+/// in OpenAI's error shape before anything is published.
+pub struct OnlineRequest {
+    endpoint: Endpoint,
+    request: openai::Request,
+    streaming: Option<Streaming>,
+    deadline_secs: f64,
+}
+
+impl FromRequest<AppState> for OnlineRequest {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
+        let route = req
+            .extensions()
+            .get::<MatchedPath>()
+            .map(|r| r.as_str().to_string())
+            .unwrap_or_default();
+        let Some(endpoint) = Endpoint::parse(&route) else {
+            return Err(ApiError::invalid(format!(
+                "{route} is not an online endpoint"
+            )));
+        };
+        let headers = req.headers().clone();
+        let OpenAiJson(mut body) =
+            OpenAiJson::<Map<String, Value>>::from_request(req, state).await?;
+        let streaming = take_streaming(endpoint, &mut body)?;
+        let deadline_secs = deadline_secs(state, &headers)?;
+        let request =
+            openai::parse_request(endpoint, body, &|task, model| state.serves(task, model))
+                .map_err(|e| {
+                    let mut error = ApiError::new(
+                        StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST),
+                        "invalid_request_error",
+                        e.message,
+                    )
+                    .code(e.code);
+                    error.param = e.param;
+                    error
+                })?;
+        Ok(OnlineRequest {
+            endpoint,
+            request,
+            streaming,
+            deadline_secs,
+        })
+    }
+}
+
 /// One online request: `/v1/embeddings`, `/v1/chat/completions` or
 /// `/v1/completions`, by its route.
 pub async fn answer(
     State(state): State<AppState>,
     Tenant(tenant): Tenant,
     Extension(trace): Extension<RequestTrace>,
-    route: MatchedPath,
-    headers: HeaderMap,
-    body: Bytes,
+    online: OnlineRequest,
 ) -> Result<Response, ApiError> {
     let asked = tokio::time::Instant::now();
-    let Some(endpoint) = Endpoint::parse(route.as_str()) else {
-        return Err(ApiError::invalid(format!(
-            "{} is not an online endpoint",
-            route.as_str()
-        )));
-    };
-    let Ok(Value::Object(mut body)) = serde_json::from_slice::<Value>(&body) else {
-        return Err(ApiError::invalid("the request body must be a JSON object"));
-    };
-    let streaming = take_streaming(endpoint, &mut body)?;
-    let deadline_secs = deadline_secs(&state, &headers)?;
-    let request = openai::parse_request(endpoint, body, &|task, model| state.serves(task, model))
-        .map_err(|e| {
-        let mut error = ApiError::new(
-            StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST),
-            "invalid_request_error",
-            e.message,
-        )
-        .code(e.code);
-        error.param = e.param;
-        error
-    })?;
+    let OnlineRequest {
+        endpoint,
+        request,
+        streaming,
+        deadline_secs,
+    } = online;
     let start_by = match state.config.max_queue_wait_secs {
         Some(limit) if limit < deadline_secs => StartBy {
             at: asked + Duration::from_secs_f64(limit),
@@ -323,7 +355,7 @@ fn job_error(job_id: &str, start_by: &StartBy, error: &sluice_schemas::ErrorInfo
     if error.code == ErrorCode::DeadlineExceeded {
         return not_started(job_id, start_by);
     }
-    let status = StatusCode::from_u16(driver::http_status(error.code))
+    let status = StatusCode::from_u16(crate::openai::http_status(error.code))
         .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let kind = if status.is_server_error() {
         "server_error"
@@ -704,6 +736,6 @@ async fn read_output(state: &AppState, output: Output) -> Result<Outputs, ApiErr
         Output::Inline { generations, .. } => Outputs::Generations(generations),
         // Boxed: the S3 read's future is large, and it would otherwise be
         // part of every waiting request's future (their memory, each).
-        Output::S3(o) => Box::pin(driver::read_output(state, &o, Vec::new())).await?,
+        Output::S3(o) => Box::pin(outputs::read_output(state, &o, Vec::new())).await?,
     })
 }

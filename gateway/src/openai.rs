@@ -9,7 +9,7 @@
 
 use base64::Engine;
 use serde_json::{Map, Value, json};
-use sluice_schemas::{FinishReason, GenerateParameters, Generation, Item, Task};
+use sluice_schemas::{ErrorCode, FinishReason, GenerateParameters, Generation, Item, Task};
 
 /// The endpoints a batch line may call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -612,6 +612,18 @@ pub fn unrun_line(id: &str, custom_id: &str, code: &str, message: &str) -> Value
         "response": null,
         "error": {"code": code, "message": message},
     })
+}
+
+/// The HTTP status OpenAI would answer a request that failed with `code`.
+pub fn http_status(code: ErrorCode) -> u16 {
+    match code {
+        ErrorCode::InputFetchFailed
+        | ErrorCode::StorageUnavailable
+        | ErrorCode::DeviceOutOfMemory
+        | ErrorCode::MaxDeliveriesExceeded
+        | ErrorCode::Internal => 500,
+        _ => 400,
+    }
 }
 
 #[cfg(test)]

@@ -271,7 +271,7 @@ impl Deployment {
     }
 
     /// Starts a consumer in this process.
-    pub async fn start_consumer(&self, extra: &[&str]) -> Result<sluice_consumer::Running> {
+    pub async fn start_consumer(&self, extra: &[&str]) -> Result<sluice_consumer::Consumer> {
         sluice_consumer::start(self.consumer_config(extra)).await
     }
 

@@ -26,7 +26,7 @@ use crate::engine::generate::GenerateEngine;
 use crate::error::JobError;
 use crate::output::JobStream;
 use crate::shared::Shared;
-use crate::telemetry::{JobTrace, TokensInFlight};
+use crate::telemetry::JobTrace;
 
 /// Handles one delivered job message; `reservation` is the budget it was
 /// admitted under (from `asked_at` on) and is released when this returns.
@@ -302,7 +302,7 @@ async fn run_embed(
             KeyValue::new("sluice.tokens", usage.tokens as i64),
         ],
     );
-    let _in_flight = TokensInFlight::add(&shared.stats, usage.tokens);
+    let _in_flight = shared.in_flight.tokenized(usage.tokens);
     // The real cost is known now: give back the rest of the worst case.
     reservation.shrink_to(shared.cost.actual_bytes(usage.items, usage.tokens));
 
@@ -354,7 +354,7 @@ async fn run_generate(
             KeyValue::new("sluice.tokens", prompt_tokens as i64),
         ],
     );
-    let _in_flight = TokensInFlight::add(&shared.stats, prompt_tokens);
+    let _in_flight = shared.in_flight.tokenized(prompt_tokens);
     reservation.shrink_to(shared.cost.actual_bytes(items, sequence_tokens));
 
     let started = Instant::now();

@@ -7,5 +7,5 @@ pub mod otlp;
 pub mod stats;
 pub mod trace;
 
-pub use stats::{BatchFigures, Readings, RecycleReason, Stats, TokensInFlight};
+pub use stats::{BatchFigures, Readings, RecycleReason, Stats};
 pub use trace::{JobTrace, OtlpProtocol, Tracing};

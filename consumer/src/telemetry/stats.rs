@@ -142,16 +142,10 @@ pub struct Stats {
     jobs_retried: Mutex<[u64; ErrorCode::ALL.len()]>,
     pub items_done: AtomicU64,
     pub tokens_done: AtomicU64,
-    pub jobs_in_flight: AtomicU64,
     /// Jobs this process took and finished, whatever the outcome.
     pub jobs_finished: AtomicU64,
     /// Times this process recycled itself, by [`RecycleReason`] (at most once).
     recycles: [AtomicU64; 3],
-    /// Real tokens of tokenized jobs not yet settled.
-    pub tokens_in_flight: AtomicU64,
-    /// Jobs counted in `tokens_in_flight` (the rest of `jobs_in_flight` are
-    /// not tokenized yet).
-    pub jobs_tokenized_in_flight: AtomicU64,
     pub batch_items_histogram: Histogram,
     pub batch_padded_tokens_histogram: Histogram,
     /// generate: forward steps run, their model time, and tokens generated.
@@ -196,11 +190,8 @@ impl Default for Stats {
             jobs_retried: Mutex::new([0; ErrorCode::ALL.len()]),
             items_done: AtomicU64::new(0),
             tokens_done: AtomicU64::new(0),
-            jobs_in_flight: AtomicU64::new(0),
             jobs_finished: AtomicU64::new(0),
             recycles: Default::default(),
-            tokens_in_flight: AtomicU64::new(0),
-            jobs_tokenized_in_flight: AtomicU64::new(0),
             batch_items_histogram: Histogram::new(BATCH_ITEMS),
             batch_padded_tokens_histogram: Histogram::new(BATCH_TOKENS),
             generate_steps: AtomicU64::new(0),
@@ -340,17 +331,10 @@ impl Stats {
         m.iter().map(|(t, n)| (t.clone(), *n)).collect()
     }
 
-    /// The tokens admitted and not yet settled: those of tokenized jobs,
-    /// plus, for each job not tokenized yet, the mean tokens of the jobs
-    /// answered so far (`fallback` before any).
-    pub fn tokens_admitted(&self, fallback: u64) -> u64 {
+    /// The mean real tokens of the jobs answered so far (none before any).
+    pub fn mean_tokens_per_job(&self) -> Option<u64> {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let untokenized =
-            get(&self.jobs_in_flight).saturating_sub(get(&self.jobs_tokenized_in_flight));
-        let mean = get(&self.tokens_done)
-            .checked_div(get(&self.jobs_ok))
-            .unwrap_or(fallback);
-        get(&self.tokens_in_flight) + untokenized * mean.max(1)
+        get(&self.tokens_done).checked_div(get(&self.jobs_ok))
     }
 
     pub fn record_job_ok(&self, items: u64, tokens: u64) {
@@ -442,6 +426,8 @@ impl Stats {
 /// readiness now.
 pub struct Readings {
     pub budget: BudgetSnapshot,
+    /// What admission took and has not settled.
+    pub in_flight: std::sync::Arc<crate::in_flight::InFlight>,
     pub memory: MemoryFigures,
     pub ready: bool,
 }
@@ -660,12 +646,12 @@ pub const SCALARS: &[Scalar] = &[
     gauge(
         "sluice_jobs_in_flight",
         "Jobs admitted and not yet settled.",
-        |s, _| load(&s.jobs_in_flight),
+        |_, r| r.in_flight.jobs() as f64,
     ),
     gauge(
         "sluice_tokens_in_flight",
         "Real tokens of tokenized jobs not yet settled.",
-        |s, _| load(&s.tokens_in_flight),
+        |_, r| r.in_flight.tokens() as f64,
     ),
     bytes_gauge(
         "sluice_budget_bytes",
@@ -832,33 +818,6 @@ fn all_codes(
         .collect()
 }
 
-/// Counts a job's tokens as in flight until dropped.
-pub struct TokensInFlight<'a> {
-    stats: &'a Stats,
-    tokens: u64,
-}
-
-impl<'a> TokensInFlight<'a> {
-    pub fn add(stats: &'a Stats, tokens: u64) -> TokensInFlight<'a> {
-        stats.tokens_in_flight.fetch_add(tokens, Ordering::Relaxed);
-        stats
-            .jobs_tokenized_in_flight
-            .fetch_add(1, Ordering::Relaxed);
-        TokensInFlight { stats, tokens }
-    }
-}
-
-impl Drop for TokensInFlight<'_> {
-    fn drop(&mut self) {
-        self.stats
-            .tokens_in_flight
-            .fetch_sub(self.tokens, Ordering::Relaxed);
-        self.stats
-            .jobs_tokenized_in_flight
-            .fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -885,6 +844,7 @@ mod tests {
         let budget = crate::budget::Budget::new(100).snapshot();
         let text = stats.render_prometheus(&Readings {
             budget,
+            in_flight: Default::default(),
             memory: MemoryFigures {
                 host_resident_bytes: 1,
                 host_peak_resident_bytes: 2,
@@ -919,6 +879,7 @@ mod tests {
     fn on_a_gpu_the_device_memory_is_exported_beside_the_hosts() {
         let text = Stats::default().render_prometheus(&Readings {
             budget: crate::budget::Budget::new(100).snapshot(),
+            in_flight: Default::default(),
             memory: MemoryFigures {
                 host_resident_bytes: 1,
                 host_peak_resident_bytes: 2,
@@ -977,6 +938,7 @@ mod dashboard_tests {
         // Labelled series appear once they have a label value.
         stats.add_tenant_tokens("default", 0);
         let exported = stats.render_prometheus(&Readings {
+            in_flight: Default::default(),
             budget: crate::budget::Budget::new(1).snapshot(),
             memory: MemoryFigures {
                 host_resident_bytes: 0,

@@ -36,7 +36,7 @@ async fn publish(d: &Deployment, prefix: &str, n: usize) -> Vec<String> {
 }
 
 /// Jobs `consumers` have finished between them.
-fn jobs_ok(consumers: &[&sluice_consumer::Running]) -> u64 {
+fn jobs_ok(consumers: &[&sluice_consumer::Consumer]) -> u64 {
     consumers
         .iter()
         .map(|c| c.stats.jobs_ok.load(std::sync::atomic::Ordering::Relaxed))
@@ -45,7 +45,7 @@ fn jobs_ok(consumers: &[&sluice_consumer::Running]) -> u64 {
 
 /// Waits (up to 300 s) until `consumers` have finished `n` jobs between
 /// them: the fault then strikes mid-run.
-async fn wait_jobs_ok(consumers: &[&sluice_consumer::Running], n: u64) {
+async fn wait_jobs_ok(consumers: &[&sluice_consumer::Consumer], n: u64) {
     let ok = read_until(
         Duration::from_secs(300),
         || async { jobs_ok(consumers) },

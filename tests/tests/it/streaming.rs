@@ -51,7 +51,7 @@ async fn python(script: &str, base: &str, timeout: Duration) -> Value {
 /// A generate consumer whose job budget holds `jobs` jobs at their worst
 /// case (so a backlog waits in the stream, not in the consumer): a first
 /// start measures the activations set aside and a job's worst case.
-async fn consumer_for_jobs(d: &Deployment, jobs: u64, extra: &[&str]) -> sluice_consumer::Running {
+async fn consumer_for_jobs(d: &Deployment, jobs: u64, extra: &[&str]) -> sluice_consumer::Consumer {
     const PROBE: u64 = 400_000_000;
     let args = |budget: u64| {
         let mut args = vec![

@@ -1,0 +1,129 @@
+//! A chunk's (or a split line's) job: its input written to S3 and the job
+//! published, once: a job that already has a status record is never
+//! published again.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use aws_sdk_s3::presigning::PresigningConfig;
+use sluice_schemas::{Input, InputFormat, Job, ObjectRef, OutputOptions, VERSION};
+
+use super::chunks::{self, OpenChunk};
+use super::input::runnable_lines;
+use crate::batch_record::{BatchRecord, Chunk, ChunkState};
+use crate::objects::ObjectWriter;
+use crate::state::AppState;
+
+/// Writes chunk number `index`'s input to S3: the chunk, pending.
+pub async fn write_chunk(
+    state: &AppState,
+    batch_id: &str,
+    index: usize,
+    chunk: OpenChunk,
+) -> Result<Chunk> {
+    let job_id = chunks::chunk_job(batch_id, chunk.task, index);
+    write_input(state, &job_id, &chunk.body).await?;
+    Ok(Chunk {
+        job_id,
+        model: chunk.model,
+        first_line: chunk.first_line,
+        last_line: chunk.last_line,
+        lines: chunk.lines,
+        state: ChunkState::Pending,
+    })
+}
+
+async fn write_input(state: &AppState, job_id: &str, body: &[u8]) -> Result<()> {
+    let mut writer = ObjectWriter::new(&state.s3, state.bucket(), &state.chunk_key(job_id));
+    writer.write(body).await?;
+    writer.finish().await?;
+    Ok(())
+}
+
+/// Runs a failed chunk again as one job per line.
+pub async fn split(state: &AppState, batch: &BatchRecord, chunk: &Chunk) -> Result<()> {
+    for (line, _, request) in
+        runnable_lines(state, batch, chunk.first_line, chunk.last_line).await?
+    {
+        let job_id = chunks::line_job(&chunk.job_id, line);
+        if state.statuses.get(&job_id).await?.is_some() {
+            continue;
+        }
+        let mut body = Vec::new();
+        chunks::append_items(&mut body, &request.items);
+        write_input(state, &job_id, &body).await?;
+        publish(state, batch, chunk, &job_id).await?;
+    }
+    Ok(())
+}
+
+/// Publishes the job `job_id` (the chunk's own, or one of its lines' after
+/// a split) unless it already has a status record.
+pub async fn publish(
+    state: &AppState,
+    batch: &BatchRecord,
+    chunk: &Chunk,
+    job_id: &str,
+) -> Result<()> {
+    if state.statuses.get(job_id).await?.is_some() {
+        return Ok(());
+    }
+    let task = chunks::chunk_task(&chunk.job_id);
+    let key = state.chunk_key(job_id);
+    let presigned = state
+        .s3
+        .get_object()
+        .bucket(state.bucket())
+        .key(&key)
+        .presigned(PresigningConfig::expires_in(Duration::from_secs(
+            state.config.presign_secs,
+        ))?)
+        .await
+        .with_context(|| format!("presigning {key}"))?;
+    let deadline = time::OffsetDateTime::from_unix_timestamp(batch.expires_at).ok();
+    if deadline.is_some_and(|d| d <= time::OffsetDateTime::now_utc()) {
+        // The window ended: the job would only expire in the queue. Without
+        // a record, `progress` stops it and counts its lines as not run.
+        return Ok(());
+    }
+    let job = Job {
+        version: VERSION,
+        id: job_id.to_string(),
+        task: task.as_str().into(),
+        model: chunk.model.clone(),
+        inputs: vec![Input::Url {
+            url: presigned.uri().to_string(),
+            format: InputFormat::Jsonl,
+            object: Some(ObjectRef {
+                bucket: state.bucket().to_string(),
+                key,
+            }),
+        }],
+        parameters: Default::default(),
+        token_estimate: None,
+        deadline,
+        submitted_at: Some(time::OffsetDateTime::now_utc()),
+        output: OutputOptions {
+            presign_get_secs: None,
+            always_s3: Some(true),
+            item_tokens: Some(true),
+            stream: None,
+        },
+    };
+    let reply_to = state.topology.result_subject(job_id);
+    sluice_producer::publish(
+        &state.js,
+        &state.topology,
+        &state.statuses,
+        &job,
+        // A batch is throughput work with hours to finish: it yields to
+        // normal and high jobs but keeps its guaranteed share.
+        sluice_schemas::Priority::Low,
+        // As the API key's tenant: tenants share the consumers' tokens.
+        Some(&batch.tenant),
+        &reply_to,
+        batch.traceparent.as_deref(),
+    )
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,43 @@
+//! A done job's output read back from S3: the batch driver's finalizing
+//! and the online answers both read them here.
+
+use anyhow::{Context, Result, bail};
+use sluice_schemas::{Generation, S3Output};
+
+use crate::objects;
+use crate::state::AppState;
+
+/// A done job's output, read back: the vectors (row-major, `dim` wide,
+/// with each item's tokens when the job listed them) or the generations.
+pub enum Outputs {
+    Vectors {
+        dim: usize,
+        values: Vec<f32>,
+        tokens: Vec<u64>,
+    },
+    Generations(Vec<Generation>),
+}
+
+/// Reads an output object from S3: `npy` vectors or `jsonl` generations.
+pub async fn read_output(state: &AppState, output: &S3Output, tokens: Vec<u64>) -> Result<Outputs> {
+    let body = objects::read_all(&state.s3, &output.bucket, &output.key).await?;
+    match output.format.as_str() {
+        "npy" => {
+            let (_, dim, values) =
+                sluice_schemas::npy::decode_f32(&body).map_err(anyhow::Error::msg)?;
+            Ok(Outputs::Vectors {
+                dim,
+                values,
+                tokens,
+            })
+        }
+        "jsonl" => Ok(Outputs::Generations(
+            body.split(|b| *b == b'\n')
+                .filter(|l| !l.is_empty())
+                .map(serde_json::from_slice)
+                .collect::<Result<_, _>>()
+                .context("reading a generation")?,
+        )),
+        other => bail!("unknown output format {other}"),
+    }
+}
