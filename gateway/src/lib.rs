@@ -104,7 +104,7 @@ async fn observe_request(
 }
 
 /// A started gateway: its address and tasks.
-pub struct Running {
+pub struct Gateway {
     pub addr: SocketAddr,
     server: tokio::task::JoinHandle<()>,
     driver: tokio::task::JoinHandle<()>,
@@ -112,7 +112,7 @@ pub struct Running {
     otlp_metrics: Option<Arc<metrics::OtlpMetrics>>,
 }
 
-impl Running {
+impl Gateway {
     /// Stops serving and driving at once (every fact is in NATS and S3:
     /// nothing is lost); spans and metrics not yet exported are dropped.
     pub fn stop(self) {
@@ -135,7 +135,7 @@ impl Running {
 }
 
 /// Connects, checks the deployment's bucket, binds and starts the driver.
-pub async fn start(config: Config) -> Result<Running> {
+pub async fn start(config: Config) -> Result<Gateway> {
     config.validate()?;
     let keys = auth::Keys::load(config.keys_file.as_deref(), config.keys.as_ref())?;
     let topology = config.topology();
@@ -200,7 +200,7 @@ pub async fn start(config: Config) -> Result<Running> {
         }
     });
     tracing::info!(%addr, "sluice-gateway listening");
-    Ok(Running {
+    Ok(Gateway {
         addr,
         server,
         driver,

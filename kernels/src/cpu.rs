@@ -22,7 +22,8 @@ pub enum KernelLevel {
     /// x86-64 with AVX2 and FMA.
     Avx2,
     /// x86-64 with AVX-512F besides AVX2 and FMA: the f32 kernels on 16
-    /// lanes (the quantized ones stay at AVX2).
+    /// lanes; the quantized products on 512-bit vectors where the CPU also
+    /// has AVX-512BW (and VNNI's `vpdpbusd` where it has that), else AVX2's.
     Avx512,
 }
 

@@ -221,7 +221,7 @@ impl Deployment {
         &self,
         keys: &str,
         extra: &[&str],
-    ) -> Result<sluice_gateway::Running> {
+    ) -> Result<sluice_gateway::Gateway> {
         let mut args = vec!["sluice-gateway".to_string()];
         args.extend(self.gateway_args(keys, extra));
         sluice_gateway::start(sluice_gateway::Config::parse_from(args)).await
