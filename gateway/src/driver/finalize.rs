@@ -158,12 +158,11 @@ async fn write_files(state: &AppState, batch: &BatchRecord, ending: Ending) -> R
             }
             Line::Run { custom_id, request } => (custom_id, request),
         };
-        let record = jobs.record(state, batch, line_no).await?;
+        let (job_id, record) = jobs.record(state, batch, line_no).await?;
         match record.as_ref().map(|r| r.state) {
             Some(JobState::Done) => {
-                let answers = jobs
-                    .answers(state, record.as_ref().context("checked")?)
-                    .await?;
+                let record = record.as_ref().context("checked")?;
+                let answers = jobs.answers(state, &job_id, record).await?;
                 let body = answers.body(&request.model, &request, &request_id, created)?;
                 let line = openai::output_line(&request_id, &custom_id, 200, body);
                 write_line(&mut files.output, &line).await?;
@@ -208,17 +207,16 @@ struct LineJobs {
     chunk_index: usize,
     statuses: HashMap<String, Option<StatusRecord>>,
     answers: Option<(String, Answers)>,
-    current: String,
 }
 
 impl LineJobs {
-    /// The status record of the job that answered line `line_no`.
+    /// The job that answered line `line_no`, and its status record.
     async fn record(
         &mut self,
         state: &AppState,
         batch: &BatchRecord,
         line_no: u64,
-    ) -> Result<Option<StatusRecord>> {
+    ) -> Result<(String, Option<StatusRecord>)> {
         while batch
             .chunks
             .get(self.chunk_index)
@@ -245,18 +243,18 @@ impl LineJobs {
             self.statuses.insert(job_id.clone(), record);
         }
         let record = self.statuses.get(&job_id).cloned().flatten();
-        self.current = job_id;
-        Ok(record)
+        Ok((job_id, record))
     }
 
-    /// The answers of the current line's job (done: `record`), read from S3
-    /// when it is not the job read last.
-    async fn answers(&mut self, state: &AppState, record: &StatusRecord) -> Result<&mut Answers> {
-        if self
-            .answers
-            .as_ref()
-            .is_none_or(|(id, _)| *id != self.current)
-        {
+    /// The answers of `job_id` (done: `record`), read from S3 when it is
+    /// not the job read last.
+    async fn answers(
+        &mut self,
+        state: &AppState,
+        job_id: &str,
+        record: &StatusRecord,
+    ) -> Result<&mut Answers> {
+        if self.answers.as_ref().is_none_or(|(id, _)| id != job_id) {
             let output = record
                 .output
                 .as_ref()
@@ -267,7 +265,7 @@ impl LineJobs {
                 .map(|u| u.item_tokens.clone())
                 .unwrap_or_default();
             let outputs = read_output(state, output, tokens).await?;
-            self.answers = Some((self.current.clone(), Answers { outputs, next: 0 }));
+            self.answers = Some((job_id.to_string(), Answers { outputs, next: 0 }));
         }
         let (_, answers) = self.answers.as_mut().context("loaded")?;
         Ok(answers)
