@@ -72,11 +72,26 @@ pub fn is_valid_tenant(tenant: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
-/// Where a job subject sends a job: its task, priority and tenant (see
-/// [`Topology::route_of`]).
+/// A model name in a route is a NATS subject token and part of a durable
+/// consumer's name: 1 to 64 of `A-Z a-z 0-9 - _` (the tenant's charset;
+/// `bge-small-en-v1_5`, not `v1.5`).
+pub fn is_valid_model(model: &str) -> bool {
+    is_valid_tenant(model)
+}
+
+/// The subject token that says the next token is a model:
+/// `<prefix>.<task>.model.<model>...`. Not a priority, so a subject with
+/// it can never be read as `<prefix>.<task>.<level>.<tenant>`.
+pub const MODEL_TOKEN: &str = "model";
+
+/// Where a job subject sends a job: its task, model, priority and tenant
+/// (see [`Topology::route_of`] and its inverse, [`Topology::subject_of`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {
     pub task: String,
+    /// `None` on the task's plain subjects (no `model.<model>` tokens):
+    /// the task's default model, served by its plain durable consumers.
+    pub model: Option<String>,
     pub priority: Priority,
     /// `None` on the task's plain subjects: the [`DEFAULT_TENANT`].
     pub tenant: Option<String>,
@@ -177,19 +192,17 @@ impl Topology {
         }
     }
 
-    /// The subject a job of `task` is published to.
+    /// The subject a job of `task` is published to (the default model's,
+    /// normal priority, the default tenant).
     pub fn job_subject(&self, task: &str) -> String {
-        format!("{}.{task}", self.job_subject_prefix)
+        self.job_subject_at(task, Priority::Normal)
     }
 
     /// The subject of `task`'s jobs at `priority`: `normal` is the task's
     /// plain subject (what every publisher used before priorities), `high`
     /// and `low` add `.high` / `.low`.
     pub fn job_subject_at(&self, task: &str, priority: Priority) -> String {
-        match priority {
-            Priority::Normal => self.job_subject(task),
-            other => format!("{}.{}.{}", self.job_subject_prefix, task, other.as_str()),
-        }
+        self.job_subject_for(task, priority, None)
     }
 
     /// The subject of `tenant`'s jobs of `task` at `priority`:
@@ -197,29 +210,59 @@ impl Topology {
     /// spelled out, so the tenant is always the fifth token). No tenant, or
     /// the [`DEFAULT_TENANT`]: [`Topology::job_subject_at`].
     pub fn job_subject_for(&self, task: &str, priority: Priority, tenant: Option<&str>) -> String {
-        match tenant {
-            Some(tenant) if tenant != DEFAULT_TENANT => format!(
-                "{}.{task}.{}.{tenant}",
-                self.job_subject_prefix,
-                priority.as_str()
-            ),
-            _ => self.job_subject_at(task, priority),
-        }
+        self.subject_of(&Route {
+            task: task.to_string(),
+            model: None,
+            priority,
+            tenant: tenant.map(str::to_string),
+        })
     }
 
     /// The wildcard subject of every tenant's jobs of `task` at `priority`.
     pub fn tenant_subjects(&self, task: &str, priority: Priority) -> String {
-        format!("{}.{task}.{}.*", self.job_subject_prefix, priority.as_str())
+        self.job_subject_for(task, priority, Some("*"))
+    }
+
+    /// The subject a job of `route` is published to; [`Topology::route_of`]
+    /// reads it back. The grammar, after the job prefix:
+    ///
+    /// ```text
+    /// <task>[.model.<model>]                      normal, the default tenant
+    /// <task>[.model.<model>].<high|low>
+    /// <task>[.model.<model>].<high|normal|low>.<tenant>
+    /// ```
+    ///
+    /// Without `model.<model>`: the task's default model (the subjects
+    /// every publisher used before models were routed).
+    pub fn subject_of(&self, route: &Route) -> String {
+        let mut subject = format!("{}.{}", self.job_subject_prefix, route.task);
+        if let Some(model) = &route.model {
+            subject = format!("{subject}.{MODEL_TOKEN}.{model}");
+        }
+        match (route.tenant.as_deref(), route.priority) {
+            (Some(tenant), level) if tenant != DEFAULT_TENANT => {
+                format!("{subject}.{}.{tenant}", level.as_str())
+            }
+            (_, Priority::Normal) => subject,
+            (_, level) => format!("{subject}.{}", level.as_str()),
+        }
     }
 
     /// What a job subject of this topology names; `None` for a subject
-    /// outside the job stream's.
+    /// outside the job stream's (or one [`Topology::subject_of`] never makes).
     pub fn route_of(&self, subject: &str) -> Option<Route> {
         let rest = subject
             .strip_prefix(self.job_subject_prefix.as_str())?
             .strip_prefix('.')?;
-        let mut tokens = rest.split('.');
+        let mut tokens = rest.split('.').peekable();
         let task = tokens.next().filter(|t| !t.is_empty())?.to_string();
+        let model = match tokens.peek() {
+            Some(&MODEL_TOKEN) => {
+                tokens.next();
+                Some(tokens.next().filter(|m| is_valid_model(m))?.to_string())
+            }
+            _ => None,
+        };
         let level = tokens.next();
         let tenant = tokens.next();
         if tokens.next().is_some() {
@@ -235,10 +278,27 @@ impl Topology {
             (_, Some(tenant)) if !is_valid_tenant(tenant) => None,
             (_, tenant) => Some(Route {
                 task,
+                model,
                 priority,
                 tenant: tenant.map(str::to_string),
             }),
         }
+    }
+
+    /// The job stream's subjects for `model` of `task` (it is added to the
+    /// stream when the model is deployed): one per priority, and one
+    /// wildcard per priority for tenants' jobs, as [`Topology::job_subjects`]
+    /// lists for the default models.
+    pub fn model_subjects(&self, task: &str, model: &str) -> Vec<String> {
+        let route = |priority, tenant: Option<&str>| Route {
+            task: task.to_string(),
+            model: Some(model.to_string()),
+            priority,
+            tenant: tenant.map(str::to_string),
+        };
+        let plain = Priority::ALL.map(|p| self.subject_of(&route(p, None)));
+        let tenants = Priority::ALL.map(|p| self.subject_of(&route(p, Some("*"))));
+        plain.into_iter().chain(tenants).collect()
     }
 
     /// The job stream's subjects: one per task and priority, and one
@@ -269,6 +329,29 @@ impl Topology {
     /// backlog): [`Topology::consumer_at`]'s name plus `-t-<tenant>`.
     pub fn tenant_consumer(&self, task: Task, priority: Priority, tenant: &str) -> String {
         format!("{}-t-{tenant}", self.consumer_at(task, priority))
+    }
+
+    /// The durable consumer of `model`'s jobs of `task` at `priority`, and
+    /// of one tenant's with `tenant`: [`Topology::consumer_at`]'s or
+    /// [`Topology::tenant_consumer`]'s name, plus `@<model>` for a routed
+    /// model (`sluice-workers-high-t-acme@bge-small`). The default model
+    /// (`None`) keeps the names it had. No part before the `@` can hold
+    /// one, so no two (model, level, tenant) share a name.
+    pub fn model_consumer(
+        &self,
+        task: Task,
+        model: Option<&str>,
+        priority: Priority,
+        tenant: Option<&str>,
+    ) -> String {
+        let name = match tenant {
+            Some(tenant) => self.tenant_consumer(task, priority, tenant),
+            None => self.consumer_at(task, priority),
+        };
+        match model {
+            Some(model) => format!("{name}@{model}"),
+            None => name,
+        }
     }
 
     /// The durable consumer that processes of `task` share. Each task has its
@@ -338,6 +421,7 @@ pub fn is_valid_job_id(id: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     #[test]
@@ -355,6 +439,7 @@ mod tests {
                         acme,
                         Route {
                             task: task.as_str().into(),
+                            model: None,
                             priority: p,
                             tenant: Some("acme".into())
                         }
@@ -383,6 +468,11 @@ mod tests {
             "sluice.jobs.embed.low.acme.x",
             "sluice.jobsx.embed",
             "other.embed",
+            "sluice.jobs.embed.model",
+            "sluice.jobs.embed.model.a.b",
+            "sluice.jobs.embed.model.bge.normal",
+            "sluice.jobs.embed.model.bge.high.acme.x",
+            "sluice.jobs.embed.model.*.high",
         ] {
             assert_eq!(t.route_of(not_a_job), None, "{not_a_job}");
         }
@@ -401,6 +491,94 @@ mod tests {
         assert!(is_valid_tenant("team_a-1"));
         for bad in ["", "a.b", "a b", "*", ">", &"x".repeat(65)] {
             assert!(!is_valid_tenant(bad), "{bad}");
+        }
+    }
+
+    /// Whether some subject matches both NATS subject filters.
+    fn overlap(a: &str, b: &str) -> bool {
+        let (a, b): (Vec<&str>, Vec<&str>) = (a.split('.').collect(), b.split('.').collect());
+        for i in 0..a.len().max(b.len()) {
+            match (a.get(i), b.get(i)) {
+                (Some(&">"), _) | (_, Some(&">")) => return true,
+                (Some(x), Some(y)) if x == y || *x == "*" || *y == "*" => {}
+                _ => return false,
+            }
+        }
+        true
+    }
+
+    #[test]
+    fn a_models_subjects_route_back_to_it_and_overlap_no_other_stream_subject() {
+        let t = Topology::namespaced("ns1");
+        // Models named like levels, tokens and tenants are still models.
+        let models = ["bge-small", "high", "model", "normal", "t", "a-t-b"];
+        let mut stream = t.job_subjects();
+        for task in Task::ALL {
+            for model in models {
+                for p in Priority::ALL {
+                    for tenant in [None, Some("acme"), Some("model"), Some("low")] {
+                        let route = Route {
+                            task: task.as_str().into(),
+                            model: Some(model.into()),
+                            priority: p,
+                            tenant: tenant.map(str::to_string),
+                        };
+                        let subject = t.subject_of(&route);
+                        assert_eq!(t.route_of(&subject), Some(route), "{subject}");
+                    }
+                }
+                stream.extend(t.model_subjects(task.as_str(), model));
+            }
+        }
+        assert_eq!(stream.len(), Task::ALL.len() * 6 * (1 + models.len()));
+        for (i, a) in stream.iter().enumerate() {
+            for b in &stream[i + 1..] {
+                assert!(!overlap(a, b), "{a} and {b} overlap");
+            }
+        }
+        assert_eq!(
+            Topology::default().subject_of(&Route {
+                task: "embed".into(),
+                model: Some("bge-small".into()),
+                priority: Priority::High,
+                tenant: Some("acme".into()),
+            }),
+            "sluice.jobs.embed.model.bge-small.high.acme"
+        );
+        assert!(overlap("a.*.c", "a.b.>") && !overlap("a.b", "a.b.c"));
+    }
+
+    #[test]
+    fn no_two_routes_share_a_durable_consumer() {
+        let t = Topology::default();
+        let models = [None, Some("a"), Some("a-t-b"), Some("a-high"), Some("b")];
+        let tenants = [None, Some("b"), Some("t-b"), Some("high-t-b"), Some("a")];
+        let mut names = std::collections::HashMap::new();
+        for task in Task::ALL {
+            for model in models {
+                for p in Priority::ALL {
+                    for tenant in tenants {
+                        let name = t.model_consumer(task, model, p, tenant);
+                        let key = (task, model, p, tenant);
+                        if let Some(other) = names.insert(name.clone(), key) {
+                            panic!("{name}: {other:?} and {key:?}");
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(
+            t.model_consumer(Task::Embed, None, Priority::High, Some("acme")),
+            t.tenant_consumer(Task::Embed, Priority::High, "acme"),
+            "the default model keeps its names"
+        );
+        assert_eq!(
+            t.model_consumer(Task::Generate, Some("qwen3"), Priority::Low, None),
+            "sluice-workers-generate-low@qwen3"
+        );
+        assert!(is_valid_model("bge-small-en-v1_5"));
+        for bad in ["", "v1.5", "a@b", "*", &"m".repeat(65)] {
+            assert!(!is_valid_model(bad), "{bad}");
         }
     }
 }
