@@ -2,9 +2,13 @@
 //! the `sluice` CLI so all take the same flags: NATS with any of its auth
 //! methods (user/password, token, NKey seed, `.creds` file) and TLS with a
 //! custom CA or client certificate; S3 through the standard AWS chain; an
-//! OpenTelemetry collector over OTLP/HTTP (`otlp`).
+//! OpenTelemetry collector over OTLP/HTTP (`otlp`). `DeploymentArgs` and
+//! `LogArgs` (`deployment.rs`) gather them into the flags all three take.
 
+pub mod deployment;
 pub mod otlp;
+
+pub use deployment::{ConfigError, DeploymentArgs, LogArgs, LogFormat};
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -231,22 +235,37 @@ fn auth_hint(e: &async_nats::ConnectError) -> &'static str {
     }
 }
 
-/// Where S3 is and how to sign for it, as the consumer and the gateway take
-/// it (the CLI has its own, older flags).
-#[derive(Debug, Clone, Default, clap::Args)]
+/// Where S3 is and how to sign for it (part of `DeploymentArgs`).
+#[derive(Debug, Clone, clap::Args)]
 pub struct S3Args {
     /// S3 endpoint URL (SeaweedFS, MinIO, ...). Unset: AWS's default endpoint for the region.
-    #[arg(long, env = "AWS_ENDPOINT_URL")]
+    #[arg(long, global = true, env = "AWS_ENDPOINT_URL")]
     pub s3_endpoint: Option<String>,
-    #[arg(long, env = "AWS_REGION", default_value = "us-east-1")]
+    #[arg(long, global = true, env = "AWS_REGION", default_value = "us-east-1")]
     pub s3_region: String,
     /// S3 access key id. Unset: the standard AWS chain (env, profile,
     /// instance or IRSA role).
-    #[arg(long, env = "AWS_ACCESS_KEY_ID")]
+    #[arg(long, global = true, env = "AWS_ACCESS_KEY_ID")]
     pub s3_access_key_id: Option<String>,
     /// S3 secret key, with --s3-access-key-id.
-    #[arg(long, env = "AWS_SECRET_ACCESS_KEY", hide_env_values = true)]
+    #[arg(
+        long,
+        global = true,
+        env = "AWS_SECRET_ACCESS_KEY",
+        hide_env_values = true
+    )]
     pub s3_secret_access_key: Option<Secret>,
+}
+
+impl Default for S3Args {
+    fn default() -> Self {
+        S3Args {
+            s3_endpoint: None,
+            s3_region: "us-east-1".into(),
+            s3_access_key_id: None,
+            s3_secret_access_key: None,
+        }
+    }
 }
 
 impl S3Args {

@@ -16,13 +16,6 @@ pub enum DeviceKind {
     Cuda,
 }
 
-/// Log line format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    Human,
-    Json,
-}
-
 /// The task a consumer process serves; each task has its own durable consumer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum TaskKind {
@@ -118,18 +111,9 @@ pub struct Config {
     #[command(flatten)]
     pub generate: GenerateConfig,
 
-    /// NATS server URL(s), comma-separated.
-    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
-    pub nats_url: String,
+    /// NATS, its auth, the namespace, S3: the flags every sluice binary takes.
     #[command(flatten)]
-    pub nats_auth: sluice_connect::NatsAuth,
-    /// Prefix worked into every stream, consumer, bucket and subject name, so
-    /// several deployments can share one NATS server. Empty: the standard names.
-    #[arg(long, env = "SLUICE_NAMESPACE", default_value = "")]
-    pub namespace: String,
-
-    #[command(flatten)]
-    pub s3: sluice_connect::S3Args,
+    pub deployment: sluice_connect::DeploymentArgs,
     /// Bucket that outputs are written to.
     #[arg(long, env = "SLUICE_OUTPUT_BUCKET", default_value = "sluice")]
     pub output_bucket: String,
@@ -231,28 +215,16 @@ pub struct Config {
     /// `/debug/memory`). Port 0 picks one.
     #[arg(long, env = "SLUICE_HTTP_ADDR", default_value = "127.0.0.1:9464")]
     pub http_addr: SocketAddr,
-    /// Log format.
-    #[arg(long, env = "SLUICE_LOG_FORMAT", value_enum, default_value = "human")]
-    pub log_format: LogFormat,
+    #[command(flatten)]
+    pub log: sluice_connect::LogArgs,
     #[command(flatten)]
     pub otlp: sluice_connect::otlp::OtlpArgs,
 }
 
-/// A config error: which key, which value, and what to do.
-#[derive(Debug, thiserror::Error)]
-#[error("invalid config: {key} = {value}: {fix}")]
-pub struct ConfigError {
-    pub key: &'static str,
-    pub value: String,
-    pub fix: String,
-}
+pub use sluice_connect::ConfigError;
 
 fn bad(key: &'static str, value: impl ToString, fix: impl Into<String>) -> ConfigError {
-    ConfigError {
-        key,
-        value: value.to_string(),
-        fix: fix.into(),
-    }
+    ConfigError::new(key, value, fix)
 }
 
 impl ModelConfig {
@@ -384,13 +356,6 @@ impl Config {
                 sluice_connect::otlp::OtlpArgs::ENDPOINT_FIX,
             ));
         }
-        if !self.namespace.is_empty() && !sluice_schemas::names::is_valid_job_id(&self.namespace) {
-            return Err(bad(
-                "namespace (--namespace)",
-                &self.namespace,
-                "use letters, digits, '-' or '_'",
-            ));
-        }
         for (key, v) in [
             (
                 "pull_max_messages (--pull-max-messages)",
@@ -430,13 +395,7 @@ impl Config {
                 ),
             ));
         }
-        if let Err(fix) = self.s3.check() {
-            return Err(bad(
-                "s3_access_key_id / s3_secret_access_key",
-                "one of the two",
-                fix,
-            ));
-        }
+        self.deployment.validate()?;
         if self.output_bucket.is_empty() {
             return Err(bad(
                 "output_bucket (--output-bucket)",
@@ -448,7 +407,7 @@ impl Config {
     }
 
     pub fn topology(&self) -> Topology {
-        Topology::for_namespace(&self.namespace)
+        self.deployment.topology()
     }
 }
 

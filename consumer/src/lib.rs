@@ -83,18 +83,3 @@ async fn shutdown_signal() {
         }
     }
 }
-
-/// Sets up logging: human or JSON lines, filtered by `RUST_LOG` (default info).
-pub fn init_logging(format: config::LogFormat) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    use std::io::IsTerminal;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr);
-    let _ = match format {
-        config::LogFormat::Human => builder.try_init(),
-        config::LogFormat::Json => builder.json().try_init(),
-    };
-}

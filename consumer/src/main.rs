@@ -1,7 +1,8 @@
 //! `sluice-consumer`: parse the config, start logging, run.
 
 use clap::{Parser, Subcommand};
-use sluice_consumer::config::{Config, LogFormat};
+use sluice_connect::LogArgs;
+use sluice_consumer::config::Config;
 use sluice_consumer::device_check::{self, DeviceCheckArgs};
 use sluice_consumer::offline::{EmbedArgs, embed_file};
 
@@ -46,13 +47,13 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Embed(args)) => {
-            sluice_consumer::init_logging(LogFormat::Human);
+            LogArgs::default().init("info")?;
             let report = tokio::task::spawn_blocking(move || embed_file(&args)).await??;
             println!("{}", serde_json::to_string(&report)?);
             Ok(())
         }
         Some(Command::DeviceCheck(args)) => {
-            sluice_consumer::init_logging(LogFormat::Human);
+            LogArgs::default().init("info")?;
             let report = tokio::task::spawn_blocking(move || device_check::run(&args)).await??;
             print!("{}", report.table());
             if !report.passed() {
@@ -66,7 +67,7 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         None => {
-            sluice_consumer::init_logging(cli.config.log_format);
+            cli.config.log.init("info")?;
             sluice_consumer::run(cli.config).await
         }
     }

@@ -73,7 +73,6 @@ impl Consumer {
 /// a message naming the knob to change.
 pub async fn start(config: Config) -> anyhow::Result<Consumer> {
     config.validate()?;
-    config.nats_auth.validate()?;
     crate::alloc::tune();
     let task = config.task();
     let tracing = tracing_exporter(&config).await?;
@@ -89,8 +88,8 @@ pub async fn start(config: Config) -> anyhow::Result<Consumer> {
     memory.sample_in_background();
 
     let nats = sluice_connect::connect_nats(
-        &config.nats_url,
-        &config.nats_auth,
+        &config.deployment.nats_url,
+        &config.deployment.nats_auth,
         "sluice-consumer",
         true,
         Duration::from_secs(30),
@@ -98,7 +97,7 @@ pub async fn start(config: Config) -> anyhow::Result<Consumer> {
     .await?;
     let js = jetstream::new(nats.clone());
     let stream_binding = bind_stream(&js, &config.topology(), task).await?;
-    let s3 = config.s3.client().await;
+    let s3 = config.deployment.s3.client().await;
     s3.head_bucket()
         .bucket(&config.output_bucket)
         .send()
@@ -401,6 +400,7 @@ fn pull_plan(config: &Config, task: Task, recycle: &crate::recycle::RecycleLimit
 /// address); none for AWS's default endpoint, which is public.
 fn s3_endpoint_host(config: &Config) -> Vec<String> {
     config
+        .deployment
         .s3
         .s3_endpoint
         .as_deref()

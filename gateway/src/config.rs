@@ -18,17 +18,10 @@ pub struct Config {
     #[arg(long, env = "SLUICE_GATEWAY_ADDR", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
 
-    /// NATS server URL(s), comma-separated.
-    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
-    pub nats_url: String,
+    /// NATS, its auth, the namespace (the consumers'), S3: the flags every
+    /// sluice binary takes.
     #[command(flatten)]
-    pub nats_auth: sluice_connect::NatsAuth,
-    /// The deployment's namespace (as the consumers'); empty: the standard names.
-    #[arg(long, env = "SLUICE_NAMESPACE", default_value = "")]
-    pub namespace: String,
-
-    #[command(flatten)]
-    pub s3: sluice_connect::S3Args,
+    pub deployment: sluice_connect::DeploymentArgs,
     /// Bucket for uploaded files, batch outputs and the chunks' inputs (the
     /// consumers' output bucket, so their outputs can be read back).
     #[arg(long, env = "SLUICE_GATEWAY_BUCKET", default_value = "sluice")]
@@ -108,14 +101,13 @@ pub struct Config {
     #[command(flatten)]
     pub otlp: sluice_connect::otlp::OtlpArgs,
 
-    /// Log filter (tracing's EnvFilter syntax).
-    #[arg(long, env = "RUST_LOG", default_value = "info")]
-    pub log_filter: String,
+    #[command(flatten)]
+    pub log: sluice_connect::LogArgs,
 }
 
 impl Config {
     pub fn topology(&self) -> Topology {
-        Topology::for_namespace(&self.namespace)
+        self.deployment.topology()
     }
 
     pub fn driver_interval(&self) -> Duration {
@@ -124,7 +116,7 @@ impl Config {
 
     /// Checks the knobs together; the error names the knob.
     pub fn validate(&self) -> Result<()> {
-        self.nats_auth.validate()?;
+        self.deployment.validate()?;
         if self.chunk_lines == 0 || self.chunk_texts == 0 || self.chunk_prompts == 0 {
             bail!("--chunk-lines, --chunk-texts and --chunk-prompts must be at least 1");
         }
@@ -141,7 +133,6 @@ impl Config {
                 "--max-queue-wait-secs must be more than 0 and at most 86400 seconds, not {secs}"
             );
         }
-        self.s3.check().map_err(anyhow::Error::msg)?;
         if let Some(endpoint) = self.otlp.bad_endpoint() {
             bail!(
                 "invalid config: {} = {endpoint}: {}",

@@ -37,12 +37,6 @@ use axum::routing::{get, post};
 pub use config::Config;
 use state::AppState;
 
-pub fn init_logging(filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_new(filter)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).try_init();
-}
-
 /// The HTTP API.
 pub fn router(state: AppState) -> Router {
     Router::new()
@@ -140,8 +134,8 @@ pub async fn start(config: Config) -> Result<Gateway> {
     let keys = auth::Keys::load(config.keys_file.as_deref(), config.keys.as_ref())?;
     let topology = config.topology();
     let nats = sluice_connect::connect_nats(
-        &config.nats_url,
-        &config.nats_auth,
+        &config.deployment.nats_url,
+        &config.deployment.nats_auth,
         "sluice-gateway",
         true,
         Duration::from_secs(30),
@@ -150,7 +144,7 @@ pub async fn start(config: Config) -> Result<Gateway> {
     let js = async_nats::jetstream::new(nats);
     let gateway_kv = open_bucket(&js, &topology.gateway_bucket).await?;
     let status_kv = open_bucket(&js, &topology.status_bucket).await?;
-    let s3 = config.s3.client().await;
+    let s3 = config.deployment.s3.client().await;
     let metrics = Arc::new(metrics::Metrics::default());
     let (traces, otlp_metrics) = match config.otlp.endpoint.clone() {
         // The exporters' HTTP client is a blocking one: build them off the runtime.

@@ -22,11 +22,13 @@ async fn main() -> Result<()> {
     }
     let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
     let defaults = ProducerConfig::default();
+    let mut deployment = defaults.deployment.clone();
+    deployment.nats_url = var("NATS_URL").unwrap_or(deployment.nats_url);
+    deployment.namespace = var("SLUICE_NAMESPACE").unwrap_or_default();
+    deployment.s3.s3_endpoint = var("AWS_ENDPOINT_URL");
+    deployment.s3.s3_region = var("AWS_REGION").unwrap_or(deployment.s3.s3_region);
     let config = ProducerConfig {
-        nats_url: var("NATS_URL").unwrap_or(defaults.nats_url.clone()),
-        namespace: var("SLUICE_NAMESPACE").unwrap_or_default(),
-        s3_endpoint: var("AWS_ENDPOINT_URL"),
-        s3_region: var("AWS_REGION").unwrap_or(defaults.s3_region.clone()),
+        deployment,
         bucket: var("SLUICE_BUCKET").unwrap_or(defaults.bucket.clone()),
         ..defaults
     };

@@ -38,18 +38,8 @@ use sluice_schemas::{
 /// Where the producer connects and what it names things.
 #[derive(Debug, Clone)]
 pub struct ProducerConfig {
-    /// NATS server URL(s), comma-separated.
-    pub nats_url: String,
-    /// NATS auth and TLS (none by default).
-    pub nats_auth: sluice_connect::NatsAuth,
-    /// Namespace worked into every name (see [`Topology::namespaced`]); empty for the standard names.
-    pub namespace: String,
-    /// S3 endpoint (SeaweedFS, MinIO); None for AWS's default. Credentials come
-    /// from the standard AWS chain (env, profile, instance role).
-    pub s3_endpoint: Option<String>,
-    pub s3_region: String,
-    /// Explicit S3 credentials (access key id, secret); None for the AWS chain.
-    pub s3_credentials: Option<(String, sluice_schemas::Secret)>,
+    /// NATS, its auth, the namespace, S3 (the flags every sluice binary takes).
+    pub deployment: sluice_connect::DeploymentArgs,
     /// Bucket for inputs (and, on the consumer, outputs).
     pub bucket: String,
     /// Key prefix for uploaded inputs.
@@ -63,12 +53,7 @@ pub struct ProducerConfig {
 impl Default for ProducerConfig {
     fn default() -> Self {
         ProducerConfig {
-            nats_url: "nats://127.0.0.1:4222".into(),
-            nats_auth: Default::default(),
-            namespace: String::new(),
-            s3_endpoint: None,
-            s3_region: "us-east-1".into(),
-            s3_credentials: None,
+            deployment: sluice_connect::DeploymentArgs::default(),
             bucket: "sluice".into(),
             input_prefix: "inputs/".into(),
             presign_secs: 24 * 3600,
@@ -79,7 +64,7 @@ impl Default for ProducerConfig {
 
 impl ProducerConfig {
     pub fn topology(&self) -> Topology {
-        Topology::for_namespace(&self.namespace)
+        self.deployment.topology()
     }
 }
 
@@ -94,24 +79,17 @@ pub struct Producer {
 
 impl Producer {
     pub async fn connect(config: &ProducerConfig) -> Result<Producer> {
+        config.deployment.validate()?;
         let nats = sluice_connect::connect_nats(
-            &config.nats_url,
-            &config.nats_auth,
+            &config.deployment.nats_url,
+            &config.deployment.nats_auth,
             "sluice-producer",
             false,
             Duration::from_secs(10),
         )
         .await?;
         let js = jetstream::new(nats.clone());
-        let s3 = sluice_connect::s3_client(
-            config.s3_endpoint.as_deref(),
-            &config.s3_region,
-            config
-                .s3_credentials
-                .as_ref()
-                .map(|(id, secret)| (id.as_str(), secret)),
-        )
-        .await;
+        let s3 = config.deployment.s3.client().await;
         Ok(Producer {
             topology: config.topology(),
             config: config.clone(),

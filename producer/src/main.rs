@@ -26,35 +26,21 @@ use sluice_schemas::{
     about = "Submit inference jobs to sluice and follow them.",
     after_help = "Exit codes: 0 success; 1 a job failed or got no answer in time; \
 2 bad usage, bad input, or NATS/S3 unreachable; 3 no such job or batch, or not cancelled \
-(already finished).\n\nS3 credentials come from the standard AWS chain \
-(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, instance or IRSA role)."
+(already finished).\n\nS3 credentials: --s3-access-key-id/--s3-secret-access-key, else the \
+standard AWS chain (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, instance or IRSA role)."
 )]
 struct Cli {
-    /// NATS server URL.
-    #[arg(
-        long,
-        global = true,
-        env = "NATS_URL",
-        hide_env_values = true,
-        default_value = "nats://127.0.0.1:4222"
-    )]
-    nats_url: String,
+    /// NATS, its auth, the namespace, S3: the flags every sluice binary takes.
     #[command(flatten)]
-    nats_auth: sluice_connect::NatsAuth,
-    /// Namespace of stream, consumer, bucket and subject names (empty: the standard names).
-    #[arg(long, global = true, env = "SLUICE_NAMESPACE", default_value = "")]
-    namespace: String,
-    /// S3 endpoint URL (SeaweedFS, MinIO, ...); unset for AWS. Credentials come from the AWS chain.
-    #[arg(long, global = true, env = "AWS_ENDPOINT_URL")]
-    s3_endpoint: Option<String>,
-    #[arg(long, global = true, env = "AWS_REGION", default_value = "us-east-1")]
-    s3_region: String,
+    deployment: sluice_connect::DeploymentArgs,
     /// Bucket for inputs and outputs.
     #[arg(long, global = true, env = "SLUICE_BUCKET", default_value = "sluice")]
     bucket: String,
     /// Print JSON (one object per line) for scripts instead of text for people.
     #[arg(long, global = true, env = "SLUICE_JSON")]
     json: bool,
+    #[command(flatten)]
+    log: sluice_connect::LogArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -309,17 +295,11 @@ fn parse_filter(code: Option<String>, since: Option<String>) -> Result<Filter> {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    // Warnings only (a refused permission, a lost connection), on stderr.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false)
-        .without_time()
-        .try_init();
+    // Warnings only by default (a refused permission, a lost connection), on stderr.
+    if let Err(e) = cli.log.init_cli() {
+        eprintln!("sluice: error: {e:#}");
+        return ExitCode::from(2);
+    }
     match run(cli).await {
         Ok(code) => code,
         Err(e) => {
@@ -331,11 +311,7 @@ async fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> Result<ExitCode> {
     let config = ProducerConfig {
-        nats_url: cli.nats_url.clone(),
-        nats_auth: cli.nats_auth.clone(),
-        namespace: cli.namespace.clone(),
-        s3_endpoint: cli.s3_endpoint.clone(),
-        s3_region: cli.s3_region.clone(),
+        deployment: cli.deployment.clone(),
         bucket: cli.bucket.clone(),
         ..ProducerConfig::default()
     };

@@ -36,6 +36,7 @@ impl std::str::FromStr for Secret {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     #[test]

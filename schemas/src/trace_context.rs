@@ -44,6 +44,7 @@ impl<'a> TraceParent<'a> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     #[test]

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use sluice_connect::NatsAuth;
+use sluice_connect::{DeploymentArgs, NatsAuth, S3Args};
 use sluice_consumer::Config;
 use sluice_producer::provision::{self, Settings};
 use sluice_producer::{Producer, ProducerConfig};
@@ -87,14 +87,17 @@ impl Deployment {
         let namespace = namespace.to_string();
         let bucket = servers.s3.bucket("sluice").await?;
         let producer = Producer::connect(&ProducerConfig {
-            nats_url: nats_urls.clone(),
-            nats_auth: auth,
-            namespace: namespace.clone(),
-            s3_endpoint: Some(servers.s3.endpoint()),
-            s3_credentials: Some((
-                servers.s3.access_key.clone(),
-                Secret::new(servers.s3.secret_key.clone()),
-            )),
+            deployment: DeploymentArgs {
+                nats_url: nats_urls.clone(),
+                nats_auth: auth,
+                namespace: namespace.clone(),
+                s3: S3Args {
+                    s3_endpoint: Some(servers.s3.endpoint()),
+                    s3_access_key_id: Some(servers.s3.access_key.clone()),
+                    s3_secret_access_key: Some(Secret::new(servers.s3.secret_key.clone())),
+                    ..S3Args::default()
+                },
+            },
             bucket: bucket.clone(),
             ..ProducerConfig::default()
         })

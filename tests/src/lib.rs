@@ -5,6 +5,7 @@
 //!
 //! The binaries come from `scripts/setup`; a test that cannot find them fails
 //! with a message naming that command. It never silently skips.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test reports by panicking
 
 use std::fs::File;
 use std::net::TcpListener;

@@ -5,6 +5,7 @@
 //! runs it. Prints two tables.
 //!
 //! Usage: bench-batch CORPUS.jsonl [LINES] [ROUNDS] [BIG_FILE_MB]
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a harness: a panic is its report
 
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -2,6 +2,7 @@
 //! same texts, interleaved: `bench/e2e` runs it. Prints a table.
 //!
 //! Usage: bench-e2e CORPUS.jsonl [JOBS] [TEXTS_PER_JOB] [ROUNDS]
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a harness: a panic is its report
 
 use std::time::{Duration, Instant};
 

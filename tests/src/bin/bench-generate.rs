@@ -7,6 +7,7 @@
 //! Writes the prompts' token ids to PROMPTS_OUT.json (so the baseline reads
 //! exactly the same tokens) and prints one JSON object per measurement.
 //! Runs each weight format in turn (as stored, requantized to Q8_0, dense f32).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a harness: a panic is its report
 
 use std::time::Instant;
 

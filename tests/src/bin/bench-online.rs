@@ -12,6 +12,7 @@
 //! time from the first text to the last).
 //!
 //! Usage: bench-online [ROUNDS] [NEW_TOKENS] [STREAMS...]
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a harness: a panic is its report
 
 use std::time::{Duration, Instant};
 

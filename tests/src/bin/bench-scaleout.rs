@@ -5,6 +5,7 @@
 //!
 //! Usage: bench-scaleout CORPUS.jsonl [JOBS] [TEXTS_PER_JOB] [ROUNDS]
 //! Threads per consumer come from `RAYON_NUM_THREADS` (inherited).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a harness: a panic is its report
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

@@ -6,6 +6,7 @@
 //! every run checks that the stream holds exactly the jobs it reported.
 //!
 //! Usage: bench-submit [JOBS] [ROUNDS] [ONE_AT_A_TIME_JOBS]
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a harness: a panic is its report
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
