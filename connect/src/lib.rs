@@ -3,9 +3,11 @@
 //! methods (user/password, token, NKey seed, `.creds` file) and TLS with a
 //! custom CA or client certificate; S3 through the standard AWS chain; an
 //! OpenTelemetry collector over OTLP/HTTP (`otlp`). `DeploymentArgs` and
-//! `LogArgs` (`deployment.rs`) gather them into the flags all three take.
+//! `LogArgs` (`deployment.rs`) gather them into the flags all three take;
+//! `models.rs` reads the deployed models `sluice init` recorded.
 
 pub mod deployment;
+pub mod models;
 pub mod otlp;
 
 pub use deployment::{ConfigError, DeploymentArgs, LogArgs, LogFormat};

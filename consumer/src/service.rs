@@ -19,7 +19,7 @@ use crate::engine::startup::Started;
 use crate::fetch::{FetchPolicy, Fetcher};
 use crate::in_flight::InFlight;
 use crate::output::{DeadLetters, OutputStore, ResultPublisher};
-use crate::shared::{JobLimits, Shared};
+use crate::shared::{JobLimits, ModelRoute, Shared};
 use crate::telemetry::otlp::OtlpMetrics;
 use crate::telemetry::{Stats, Tracing};
 use crate::{engine, http, job};
@@ -96,7 +96,9 @@ pub async fn start(config: Config) -> anyhow::Result<Consumer> {
     )
     .await?;
     let js = jetstream::new(nats.clone());
-    let stream_binding = bind_stream(&js, &config.topology(), task).await?;
+    let model_name = config.model.name(task);
+    let model_route = model_route(&js, &config.topology(), task, &model_name).await?;
+    let stream_binding = bind_stream(&js, &config.topology(), task, &model_route).await?;
     let s3 = config.deployment.s3.client().await;
     s3.head_bucket()
         .bucket(&config.output_bucket)
@@ -115,7 +117,8 @@ pub async fn start(config: Config) -> anyhow::Result<Consumer> {
     let shared = Arc::new(Shared {
         topology: config.topology(),
         js: js.clone(),
-        model_name: config.model.name(task),
+        model_name,
+        model_route,
         limits: JobLimits {
             max_input_bytes: config.max_input_bytes,
             max_items_per_job: config.max_items_per_job(),
@@ -234,12 +237,39 @@ struct StreamBinding {
     status: async_nats::jetstream::kv::Store,
 }
 
-/// Binds the job stream, the task's durable consumer at each level and the
-/// status bucket; a missing one names `sluice init`.
+/// Which subjects this process pulls: its model's own, or its task's plain
+/// ones (the default model's, or any model's on a task `sluice init` routes
+/// no model of); a model its task does not deploy is refused.
+async fn model_route(
+    js: &jetstream::Context,
+    topology: &Topology,
+    task: Task,
+    model: &str,
+) -> anyhow::Result<ModelRoute> {
+    let Some(models) = sluice_connect::models::deployed_models(js, topology).await? else {
+        return Ok(ModelRoute::Unrouted);
+    };
+    if models.of_task(task.as_str()).next().is_none() {
+        return Ok(ModelRoute::Unrouted);
+    }
+    let route = models
+        .route(task.as_str(), model)
+        .map_err(|e| anyhow::anyhow!("--model-name: {e}"))?;
+    let route = match route {
+        Some(own) => ModelRoute::Own(own),
+        None => ModelRoute::Default,
+    };
+    tracing::info!(model, ?route, "pulling the jobs of this model only");
+    Ok(route)
+}
+
+/// Binds the job stream, the durable consumer at each level of the task
+/// and model and the status bucket; a missing one names `sluice init`.
 async fn bind_stream(
     js: &jetstream::Context,
     topology: &Topology,
     task: Task,
+    model: &ModelRoute,
 ) -> anyhow::Result<StreamBinding> {
     let stream = js.get_stream(&topology.job_stream).await.with_context(|| {
         format!(
@@ -247,7 +277,7 @@ async fn bind_stream(
             topology.job_stream
         )
     })?;
-    let consumer_name = topology.consumer_for(task);
+    let consumer_name = topology.model_consumer(task, model.route(), Priority::Normal, None);
     let consumer: PullConsumer = stream.get_consumer(&consumer_name).await.map_err(|e| {
         anyhow::anyhow!(
             "durable consumer {consumer_name} on stream {} not found ({e}): run `sluice init` first",
@@ -262,7 +292,7 @@ async fn bind_stream(
             levels.push((priority, consumer.clone()));
             continue;
         }
-        let name = topology.consumer_at(task, priority);
+        let name = topology.model_consumer(task, model.route(), priority, None);
         match stream.get_consumer::<pull::Config>(&name).await {
             Ok(c) => levels.push((priority, c)),
             Err(e) => {
@@ -309,8 +339,9 @@ async fn queues(
         ..
     } = binding;
     let topology = &shared.topology;
+    let model = shared.model_route.route();
     for (priority, _) in &levels {
-        let name = topology.consumer_at(config.task(), *priority);
+        let name = topology.model_consumer(config.task(), model, *priority, None);
         let advisories = job::dead_letter::subscribe(nats, &topology.job_stream, &name)
             .await
             .context("cannot subscribe to the MAX_DELIVERIES advisories")?;
@@ -320,7 +351,7 @@ async fn queues(
             advisories,
         ));
     }
-    let consumer_name = topology.consumer_for(config.task());
+    let consumer_name = topology.model_consumer(config.task(), model, Priority::Normal, None);
     let mut template = pull::Config::try_from_consumer_config(
         consumer.cached_info().config.clone(),
     )
@@ -358,6 +389,7 @@ async fn queues(
         stream,
         topology.clone(),
         config.task(),
+        model.map(str::to_string),
         template,
         Duration::from_millis(config.tenant_refresh_ms),
         on_new_tenant,

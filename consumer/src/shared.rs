@@ -21,11 +21,36 @@ pub struct JobLimits {
     pub max_items_per_job: u64,
 }
 
+/// Which of its task's subjects a consumer process pulls (see
+/// `sluice_schemas::models`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelRoute {
+    /// A task with no deployed-model records: its plain subjects, where a
+    /// job may name any model (another's is refused `unknown_model`).
+    Unrouted,
+    /// The task's default model: its plain subjects.
+    Default,
+    /// A routed model: its own subjects (`<task>.model.<model>...`).
+    Own(String),
+}
+
+impl ModelRoute {
+    /// The [`sluice_schemas::Route`]'s model of the subjects pulled.
+    pub fn route(&self) -> Option<&str> {
+        match self {
+            ModelRoute::Own(model) => Some(model),
+            ModelRoute::Unrouted | ModelRoute::Default => None,
+        }
+    }
+}
+
 /// What every job task shares.
 pub struct Shared {
     pub topology: Topology,
     pub js: jetstream::Context,
+    /// The model loaded (`--model-name`): the one a job must name.
     pub model_name: String,
+    pub model_route: ModelRoute,
     pub limits: JobLimits,
     pub cost: JobCost,
     pub fetcher: Fetcher,
@@ -46,4 +71,14 @@ pub struct Shared {
     pub retry_base: Duration,
     pub retry_max: Duration,
     pub tracing: Tracing,
+}
+
+impl Shared {
+    /// What a result says of the consumer that answered it.
+    pub fn served_by(&self) -> sluice_schemas::ServedBy {
+        sluice_schemas::ServedBy {
+            model: self.model_name.clone(),
+            forward: self.engine.forward().to_string(),
+        }
+    }
 }

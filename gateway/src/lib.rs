@@ -128,6 +128,21 @@ impl Gateway {
     }
 }
 
+/// Reads the deployed models again every [`sluice_producer::models::REFRESH`]
+/// while the gateway runs, so `serves` sees a model deployed or removed
+/// since (a failed read keeps the last).
+async fn refresh_models(models: std::sync::Weak<sluice_producer::models::ModelCatalog>) {
+    loop {
+        tokio::time::sleep(sluice_producer::models::REFRESH).await;
+        let Some(models) = models.upgrade() else {
+            return;
+        };
+        if let Err(e) = models.read().await {
+            tracing::warn!(error = %e, "cannot read the deployed models; keeping the last read");
+        }
+    }
+}
+
 /// Connects, checks the deployment's bucket, binds and starts the driver.
 pub async fn start(config: Config) -> Result<Gateway> {
     config.validate()?;
@@ -166,6 +181,15 @@ pub async fn start(config: Config) -> Result<Gateway> {
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     let addr = listener.local_addr()?;
+    let models = Arc::new(sluice_producer::models::ModelCatalog::new(
+        js.clone(),
+        topology.clone(),
+    ));
+    models
+        .read()
+        .await
+        .context("cannot read the deployed models")?;
+    tokio::spawn(refresh_models(Arc::downgrade(&models)));
     let state = AppState::new(state::Shared {
         config: Arc::new(config),
         keys: Arc::new(keys),
@@ -178,6 +202,7 @@ pub async fn start(config: Config) -> Result<Gateway> {
         busy: state::Busy::default(),
         metrics,
         traces: traces.clone(),
+        models,
     });
     let driver = driver::spawn(state.clone());
     let app = router(state);

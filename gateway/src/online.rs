@@ -50,11 +50,9 @@ pub const DEADLINE_HEADER: &str = "sluice-deadline-secs";
 
 /// The models this deployment serves, in OpenAI's list shape.
 pub async fn models(State(state): State<AppState>, _tenant: Tenant) -> Json<Value> {
-    let data: Vec<Value> = state
-        .config
-        .embed_models
+    let data: Vec<Value> = sluice_schemas::Task::ALL
         .iter()
-        .chain(&state.config.generate_models)
+        .flat_map(|&task| state.served_models(task))
         .map(|m| json!({"id": m, "object": "model", "created": 0, "owned_by": "sluice"}))
         .collect();
     Json(json!({"object": "list", "data": data}))
@@ -231,13 +229,16 @@ pub async fn answer(
     };
     // Boxed: a large future that only needs to live while it runs (see
     // `read_output`).
+    let route = state
+        .models
+        .route(&job, Priority::Normal, Some(&tenant))
+        .await?;
     Box::pin(sluice_producer::publish(
         &state.js,
         &state.topology,
         &state.statuses,
         &job,
-        Priority::Normal,
-        Some(&tenant),
+        &route,
         &inbox,
         Some(&trace.0),
     ))

@@ -47,6 +47,9 @@ pub struct Shared {
     pub busy: Busy,
     pub metrics: Arc<crate::metrics::Metrics>,
     pub traces: crate::traces::Traces,
+    /// The deployed models (`sluice init`'s `[[models]]`), which route jobs
+    /// and say which models are served.
+    pub models: Arc<sluice_producer::models::ModelCatalog>,
 }
 
 impl Shared {
@@ -64,13 +67,27 @@ impl Shared {
         format!("{}chunks/{job_id}.jsonl", self.config.prefix)
     }
 
-    /// Whether the consumers of `task` serve `model`.
+    /// Whether the consumers of `task` serve `model`: a deployed model of
+    /// its task, where `sluice init` routes the task's models; else one of
+    /// `--embed-models` / `--generate-models`.
     pub fn serves(&self, task: Task, model: &str) -> bool {
-        let models = match task {
-            Task::Embed => &self.config.embed_models,
-            Task::Generate => &self.config.generate_models,
-        };
-        models.iter().any(|m| m == model)
+        self.served_models(task).iter().any(|m| m == model)
+    }
+
+    /// The models `task`'s consumers serve (see [`Shared::serves`]).
+    pub fn served_models(&self, task: Task) -> Vec<String> {
+        let deployed = self.models.snapshot();
+        let routed: Vec<String> = deployed
+            .of_task(task.as_str())
+            .map(|m| m.model.clone())
+            .collect();
+        if !routed.is_empty() {
+            return routed;
+        }
+        match task {
+            Task::Embed => self.config.embed_models.clone(),
+            Task::Generate => self.config.generate_models.clone(),
+        }
     }
 }
 

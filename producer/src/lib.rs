@@ -18,6 +18,7 @@
 
 pub mod batch;
 pub mod dlq;
+pub mod models;
 pub mod provision;
 pub mod watch;
 
@@ -31,8 +32,8 @@ use aws_sdk_s3::primitives::ByteStream;
 use futures::StreamExt;
 use sluice_schemas::names::headers;
 use sluice_schemas::{
-    Input, InputFormat, Job, JobResult, ObjectRef, Priority, StatusRecord, StreamChunk, Task,
-    Topology, VERSION,
+    Input, InputFormat, Job, JobResult, ObjectRef, Priority, Route, StatusRecord, StreamChunk,
+    Task, Topology, VERSION,
 };
 
 /// Where the producer connects and what it names things.
@@ -74,6 +75,8 @@ pub struct Producer {
     pub nats: async_nats::Client,
     pub js: jetstream::Context,
     pub s3: aws_sdk_s3::Client,
+    /// The deployed models, which route each job by its `model`.
+    pub models: models::ModelCatalog,
     status: tokio::sync::OnceCell<kv::Store>,
 }
 
@@ -94,6 +97,7 @@ impl Producer {
             topology: config.topology(),
             config: config.clone(),
             nats,
+            models: models::ModelCatalog::new(js.clone(), config.topology()),
             js,
             s3,
             status: tokio::sync::OnceCell::new(),
@@ -186,13 +190,13 @@ impl Producer {
         reply_to: &str,
         traceparent: Option<&str>,
     ) -> Result<jetstream::publish::PublishAck> {
+        let route = self.models.route(job, Priority::Normal, None).await?;
         publish(
             &self.js,
             &self.topology,
             &self.statuses().await?,
             job,
-            Priority::Normal,
-            None,
+            &route,
             reply_to,
             traceparent,
         )
@@ -221,17 +225,25 @@ impl Producer {
             .map(move |s| {
                 let statuses = statuses.clone();
                 async move {
-                    let ack = publish(
-                        &self.js,
-                        &self.topology,
-                        &statuses,
-                        &s.job,
-                        s.priority,
-                        s.tenant.as_deref(),
-                        &s.reply_to,
-                        s.traceparent.as_deref(),
-                    )
-                    .await;
+                    let route = self
+                        .models
+                        .route(&s.job, s.priority, s.tenant.as_deref())
+                        .await;
+                    let ack = match route {
+                        Ok(route) => {
+                            publish(
+                                &self.js,
+                                &self.topology,
+                                &statuses,
+                                &s.job,
+                                &route,
+                                &s.reply_to,
+                                s.traceparent.as_deref(),
+                            )
+                            .await
+                        }
+                        Err(e) => Err(e),
+                    };
                     Submitted {
                         job_id: s.job.id,
                         traceparent: s.traceparent,
@@ -364,22 +376,22 @@ pub struct Submitted {
 /// `allow_msg_ttl` (until `sluice init` upgrades it) the job is published
 /// again without the TTL: consumers still refuse it after its deadline.
 ///
-/// A `tenant` publishes to the tenant's subject
-/// ([`Topology::job_subject_for`]), where consumers give each tenant with a
-/// backlog an equal share (or its weight's) of their token throughput; the
-/// job also carries the name as its `Sluice-Tenant` header. A tenant name
-/// that is not a valid subject token is refused.
-#[allow(clippy::too_many_arguments)]
+/// The job goes to `route`'s subject ([`Topology::subject_of`]; see
+/// [`models::ModelCatalog::route`] for the model's part). A tenant
+/// publishes to the tenant's subject, where consumers give each tenant with
+/// a backlog an equal share (or its weight's) of their token throughput;
+/// the job also carries the name as its `Sluice-Tenant` header. A tenant
+/// name that is not a valid subject token is refused.
 pub async fn publish(
     js: &jetstream::Context,
     topology: &Topology,
     statuses: &sluice_status::StatusStore,
     job: &Job,
-    priority: Priority,
-    tenant: Option<&str>,
+    route: &Route,
     reply_to: &str,
     traceparent: Option<&str>,
 ) -> Result<jetstream::publish::PublishAck> {
+    let tenant = route.tenant.as_deref();
     let ttl = match job.deadline {
         Some(deadline) => Some(
             ttl_until(deadline, time::OffsetDateTime::now_utc())
@@ -404,7 +416,7 @@ pub async fn publish(
     if let Some(tenant) = tenant {
         h.insert(headers::TENANT, tenant);
     }
-    let subject = topology.job_subject_for(&job.task, priority, tenant);
+    let subject = topology.subject_of(route);
     let payload = bytes::Bytes::from(job.to_bytes());
     let store = |subject: String, h: HeaderMap| {
         let payload = payload.clone();
@@ -436,7 +448,10 @@ pub async fn publish(
             }
         }
     };
-    let plain = topology.job_subject_at(&job.task, priority);
+    let plain = topology.subject_of(&Route {
+        tenant: None,
+        ..route.clone()
+    });
     let ack = match store_job(subject.clone()).await {
         // A stream from before tenants has no tenant subjects: the job goes
         // to its level's plain subject (the default tenant's share, its

@@ -71,8 +71,9 @@ enum Command {
         /// Job id (only with a single input); default: a fresh UUIDv7.
         #[arg(long)]
         id: Option<String>,
-        /// The model to ask for (default all-minilm-l6-v2 for embed,
-        /// smollm2-135m-instruct for generate).
+        /// The model to ask for: one of the task's `[[models]]` in the
+        /// settings `sluice init` ran with (default: the task's first), else
+        /// all-minilm-l6-v2 for embed, smollm2-135m-instruct for generate.
         #[arg(long, env = "SLUICE_MODEL")]
         model: Option<String>,
         /// Wait for every job's result (on the result subject, falling back to
@@ -431,8 +432,6 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             if stream && task != Task::Generate {
                 bail!("--stream applies to --task generate (an embed job's vectors come whole)");
             }
-            let model = model.unwrap_or_else(|| task.default_model().to_string());
-            let config = ProducerConfig { model, ..config };
             let inputs = collect_inputs(&paths)?;
             if inputs.is_empty() && urls.is_empty() {
                 bail!(
@@ -470,7 +469,19 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     "--traceparent {tp:?} is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)"
                 );
             }
-            let p = Producer::connect(&config).await?;
+            let mut p = Producer::connect(&config).await?;
+            // Before any upload: a model nobody deploys is refused here
+            // (exit 2, naming the deployed ones), never published.
+            let deployed = p.models.models().await?;
+            p.config.model = match model {
+                Some(model) => model,
+                None => deployed
+                    .of_task(task.as_str())
+                    .next()
+                    .map_or(task.default_model(), |m| m.model.as_str())
+                    .to_string(),
+            };
+            deployed.route(task.as_str(), &p.config.model)?;
             let mut results = if wait {
                 Some(p.subscribe_results().await?)
             } else {

@@ -1,14 +1,15 @@
 //! `sluice init`: creates or updates, idempotently, the job stream, the durable
-//! pull consumer, the dead-letter stream, the status bucket and the S3 bucket.
+//! pull consumers (per task, level and routed model), the dead-letter stream,
+//! the status, gateway and models buckets and the S3 bucket.
 
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use async_nats::jetstream::{self, consumer, kv, stream};
-use sluice_schemas::{Priority, Task, Topology};
+use sluice_schemas::{DeployedModel, Priority, Route, Task, Topology};
 
 /// The knobs of the topology, with production defaults. `deploy/sluice.toml`
-/// spells out every one of them; `sluice init --config FILE` reads such a file
+/// spells out every one of them; `sluice init --settings FILE` reads such a file
 /// (keys left out keep their defaults, unknown keys are refused).
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -39,6 +40,24 @@ pub struct Settings {
     /// (their metadata, [`TENANT_WEIGHTS_KEY`]), where consumer processes
     /// read them when they start.
     pub tenant_weights: std::collections::BTreeMap<String, u32>,
+    /// The models the deployment routes (`[[models]]`); none: every job of
+    /// a task goes to its plain subjects, whatever model it names.
+    pub models: Vec<ModelSettings>,
+}
+
+/// One `[[models]]` entry: a model a task's consumers may load. The first
+/// entry of a task is its default model, which takes the task's plain
+/// subjects and durable consumers (those of a deployment from before
+/// models were routed); every other gets its own (see
+/// [`sluice_schemas::models`]).
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSettings {
+    pub task: String,
+    pub name: String,
+    /// This model's tenants' weights, in place of the top-level
+    /// `[tenant_weights]` (stored on its own durable consumers).
+    pub tenant_weights: Option<std::collections::BTreeMap<String, u32>>,
 }
 
 pub use sluice_schemas::names::TENANT_WEIGHTS_KEY;
@@ -55,6 +74,7 @@ impl Default for Settings {
             dlq_max_age: Duration::from_secs(14 * 24 * 3600),
             status_max_age: Duration::from_secs(7 * 24 * 3600),
             tenant_weights: Default::default(),
+            models: Vec::new(),
         }
     }
 }
@@ -95,14 +115,28 @@ impl Settings {
                 bail!("{key} = {value}: must be at least 1");
             }
         }
-        for (tenant, weight) in &self.tenant_weights {
-            if !sluice_schemas::is_valid_tenant(tenant) {
+        validate_weights("tenant_weights", &self.tenant_weights)?;
+        let mut seen = std::collections::HashSet::new();
+        for (i, m) in self.models.iter().enumerate() {
+            let at = format!("models[{i}]");
+            if Task::parse(&m.task).is_none() {
                 bail!(
-                    "tenant_weights: {tenant:?} is not a tenant name (1 to 64 of A-Z a-z 0-9 - _)"
+                    "{at}.task = {:?}: not a task (one of: {})",
+                    m.task,
+                    Task::ALL.map(Task::as_str).join(", ")
                 );
             }
-            if !(1..=1000).contains(weight) {
-                bail!("tenant_weights.{tenant} = {weight}: must be 1 to 1000");
+            if !sluice_schemas::names::is_valid_model(&m.name) {
+                bail!(
+                    "{at}.name = {:?}: a model name is 1 to 64 of A-Z a-z 0-9 - _ (a subject token: `bge-small-en-v1_5`, not `v1.5`)",
+                    m.name
+                );
+            }
+            if !seen.insert((m.task.as_str(), m.name.as_str())) {
+                bail!("{at}: model {:?} of {} is listed twice", m.name, m.task);
+            }
+            if let Some(weights) = &m.tenant_weights {
+                validate_weights(&format!("{at}.tenant_weights"), weights)?;
             }
         }
         if !(1..=5).contains(&self.replicas) {
@@ -116,6 +150,55 @@ impl Settings {
         }
         Ok(())
     }
+}
+
+impl Settings {
+    /// The models bucket's records the settings make: a task's first
+    /// `[[models]]` entry is its default.
+    pub fn deployed_models(&self) -> Vec<DeployedModel> {
+        let mut defaults = std::collections::HashSet::new();
+        self.models
+            .iter()
+            .map(|m| DeployedModel {
+                task: m.task.clone(),
+                model: m.name.clone(),
+                default: defaults.insert(m.task.clone()),
+            })
+            .collect()
+    }
+
+    /// The tenant weights on `model`'s durable consumers (`None`: the
+    /// default model's, the top-level ones).
+    fn weights_of(
+        &self,
+        task: Task,
+        model: Option<&str>,
+    ) -> &std::collections::BTreeMap<String, u32> {
+        self.models
+            .iter()
+            .find(|m| m.task == task.as_str() && Some(m.name.as_str()) == model)
+            .or_else(|| {
+                // The default model's entry may carry its own weights too.
+                model
+                    .is_none()
+                    .then(|| self.models.iter().find(|m| m.task == task.as_str()))
+                    .flatten()
+            })
+            .and_then(|m| m.tenant_weights.as_ref())
+            .unwrap_or(&self.tenant_weights)
+    }
+}
+
+fn validate_weights(key: &str, weights: &std::collections::BTreeMap<String, u32>) -> Result<()> {
+    for (tenant, weight) in weights {
+        if !sluice_schemas::is_valid_tenant(tenant) {
+            bail!("{key}: {tenant:?} is not a tenant name (1 to 64 of A-Z a-z 0-9 - _)");
+        }
+        if !(1..=1000).contains(weight) {
+            bail!("{key}.{tenant} = {weight}: must be 1 to 1000");
+        }
+    }
+    Ok(())
 }
 
 /// Durations as whole seconds in settings files.
@@ -135,6 +218,8 @@ pub enum Change {
     /// The resource, and what changed ("ack_wait 60s -> 30s", ...).
     Updated(String, Vec<String>),
     Unchanged(String),
+    /// A record the settings no longer hold (a model left out).
+    Removed(String),
 }
 
 impl Change {
@@ -144,6 +229,7 @@ impl Change {
             Change::Created(r) => ("created", r, &[][..]),
             Change::Updated(r, c) => ("updated", r, &c[..]),
             Change::Unchanged(r) => ("unchanged", r, &[][..]),
+            Change::Removed(r) => ("removed", r, &[][..]),
         };
         serde_json::json!({"action": action, "resource": resource, "changes": changes})
     }
@@ -155,14 +241,19 @@ impl std::fmt::Display for Change {
             Change::Created(w) => write!(f, "created   {w}"),
             Change::Updated(w, what) => write!(f, "updated   {w} ({})", what.join(", ")),
             Change::Unchanged(w) => write!(f, "unchanged {w}"),
+            Change::Removed(w) => write!(f, "removed   {w}"),
         }
     }
 }
 
-pub fn job_stream_config(t: &Topology, s: &Settings) -> stream::Config {
+/// The job stream, with the routed models' subjects it already has
+/// (`have`) kept beside the settings'.
+pub fn job_stream_config(t: &Topology, s: &Settings, have: &[String]) -> stream::Config {
+    let mut subjects = t.job_subjects();
+    subjects.extend(routed_subjects(t, s, have));
     stream::Config {
         name: t.job_stream.clone(),
-        subjects: t.job_subjects(),
+        subjects,
         retention: stream::RetentionPolicy::WorkQueue,
         duplicate_window: s.duplicate_window,
         max_message_size: s.max_message_bytes,
@@ -174,6 +265,23 @@ pub fn job_stream_config(t: &Topology, s: &Settings) -> stream::Config {
         allow_message_ttl: true,
         ..Default::default()
     }
+}
+
+/// The subjects of the routed (non-default) models: the settings' and the
+/// ones the stream already has (`have`), sorted. A model left out of the
+/// settings keeps its subjects, so the jobs waiting there are never
+/// stranded.
+fn routed_subjects(t: &Topology, s: &Settings, have: &[String]) -> Vec<String> {
+    let mut subjects: Vec<String> = s
+        .deployed_models()
+        .iter()
+        .filter_map(|m| Some(t.model_subjects(&m.task, &m.route()?)))
+        .flatten()
+        .chain(have.iter().filter(|s| t.is_model_subject(s)).cloned())
+        .collect();
+    subjects.sort();
+    subjects.dedup();
+    subjects
 }
 
 pub fn dlq_stream_config(t: &Topology, s: &Settings) -> stream::Config {
@@ -192,36 +300,45 @@ pub fn dlq_stream_config(t: &Topology, s: &Settings) -> stream::Config {
     }
 }
 
-/// The durable consumer of `task`'s jobs at `priority`: filtered to that
-/// subject, so each task's processes share their own consumers and never
-/// pull another task's jobs (a work-queue stream needs the filters not to
-/// overlap), and a consumer process can prefer one level over another.
+/// The durable consumer of `task`'s jobs for `model` (`None`: the default
+/// model) at `priority`: filtered to that subject, so each task's and
+/// model's processes share their own consumers and never pull another's
+/// jobs (a work-queue stream needs the filters not to overlap), and a
+/// consumer process can prefer one level over another.
 pub fn consumer_config(
     t: &Topology,
     s: &Settings,
     task: Task,
+    model: Option<&str>,
     priority: Priority,
 ) -> consumer::pull::Config {
+    let route = Route {
+        task: task.as_str().to_string(),
+        model: model.map(str::to_string),
+        priority,
+        tenant: None,
+    };
     consumer::pull::Config {
-        durable_name: Some(t.consumer_at(task, priority)),
-        filter_subject: t.job_subject_at(task.as_str(), priority),
+        durable_name: Some(t.model_consumer(task, model, priority, None)),
+        filter_subject: t.subject_of(&route),
         ack_policy: consumer::AckPolicy::Explicit,
         ack_wait: s.ack_wait,
         max_deliver: s.max_deliver,
         max_ack_pending: s.max_ack_pending,
         // No `backoff`: it would replace ack_wait per attempt and redeliver
         // long jobs while they run. Consumers Nak with their own delays.
-        metadata: tenant_weights_metadata(s),
+        metadata: tenant_weights_metadata(s.weights_of(task, model)),
         ..Default::default()
     }
 }
 
-fn tenant_weights_metadata(s: &Settings) -> std::collections::HashMap<String, String> {
-    if s.tenant_weights.is_empty() {
+fn tenant_weights_metadata(
+    weights: &std::collections::BTreeMap<String, u32>,
+) -> std::collections::HashMap<String, String> {
+    if weights.is_empty() {
         return Default::default();
     }
-    let weights = s
-        .tenant_weights
+    let weights = weights
         .iter()
         .map(|(t, w)| format!("{t}={w}"))
         .collect::<Vec<_>>()
@@ -392,6 +509,100 @@ async fn ensure_kv_bucket(
     Ok(Change::Created(what))
 }
 
+/// The models bucket made to hold the settings' records (a model left out
+/// is removed: publishers are refused it from then on, while its subjects
+/// and durable consumers stay, so the jobs waiting there still run). A task
+/// whose default would change is refused: the jobs waiting on its plain
+/// subjects were published for the old one.
+async fn ensure_models(js: &jetstream::Context, t: &Topology, s: &Settings) -> Result<Vec<Change>> {
+    let bucket = &t.models_bucket;
+    let mut changes = vec![
+        ensure_kv_bucket(
+            js,
+            bucket,
+            "sluice deployed models, one record per task and model",
+            Duration::ZERO,
+            s.replicas,
+        )
+        .await?,
+    ];
+    let kv = js.get_key_value(bucket).await?;
+    let have = sluice_connect::models::records(&kv).await?;
+    let want = s.deployed_models();
+    check_defaults(&have, &want, bucket)?;
+    for m in &want {
+        let what = format!("model {}/{}", m.task, m.model);
+        let change = match have.iter().find(|h| h.key() == m.key()) {
+            Some(h) if h == m => Change::Unchanged(what.clone()),
+            Some(h) => Change::Updated(
+                what.clone(),
+                vec![format!("default {} -> {}", h.default, m.default)],
+            ),
+            None => Change::Created(format!(
+                "{what} ({})",
+                match m.route() {
+                    None => format!("the default: {}", t.job_subject(&m.task)),
+                    Some(route) => format!(
+                        "{}.*",
+                        t.subject_of(&Route {
+                            task: m.task.clone(),
+                            model: Some(route),
+                            priority: Priority::Normal,
+                            tenant: None,
+                        })
+                    ),
+                }
+            )),
+        };
+        if !matches!(change, Change::Unchanged(_)) {
+            let record = serde_json::to_vec(m)?;
+            kv.put(m.key(), record.into())
+                .await
+                .with_context(|| format!("cannot write {what} to {bucket}"))?;
+        }
+        changes.push(change);
+    }
+    for h in have
+        .iter()
+        .filter(|h| !want.iter().any(|m| m.key() == h.key()))
+    {
+        kv.delete(h.key())
+            .await
+            .with_context(|| format!("cannot remove model {}/{} from {bucket}", h.task, h.model))?;
+        changes.push(Change::Removed(format!(
+            "model {}/{} (publishers are refused it now; its waiting jobs stay)",
+            h.task, h.model
+        )));
+    }
+    Ok(changes)
+}
+
+/// Refuses settings that would give a task another default model than the
+/// one recorded (`have`).
+fn check_defaults(have: &[DeployedModel], want: &[DeployedModel], bucket: &str) -> Result<()> {
+    for old in have.iter().filter(|h| h.default) {
+        let new = want.iter().find(|m| m.task == old.task && m.default);
+        if let Some(new) = new
+            && new.model != old.model
+        {
+            bail!(
+                "the settings make {} the default {} model, but it is {} (recorded in {bucket}): \
+                 the jobs waiting on the plain subjects were published for {}. List {} first \
+                 among the {} models, or drain its jobs and delete its record \
+                 (`nats kv del {bucket} {}`) before making another the default",
+                new.model,
+                old.task,
+                old.model,
+                old.model,
+                old.model,
+                old.task,
+                old.key()
+            );
+        }
+    }
+    Ok(())
+}
+
 async fn ensure_bucket(s3: &aws_sdk_s3::Client, bucket: &str) -> Result<Change> {
     let what = format!("S3 bucket {bucket}");
     if s3.head_bucket().bucket(bucket).send().await.is_ok() {
@@ -418,18 +629,34 @@ pub async fn ensure(
     t: &Topology,
     s: &Settings,
 ) -> Result<Vec<Change>> {
-    let mut changes = vec![ensure_stream(js, job_stream_config(t, s)).await?];
+    // The models first: a refused change of a task's default leaves
+    // everything else as it was.
+    let mut models = ensure_models(js, t, s).await?;
+    let have = match js.get_stream(&t.job_stream).await {
+        Ok(mut stream) => stream.info().await?.config.subjects.clone(),
+        Err(_) => Vec::new(),
+    };
+    let mut changes = vec![ensure_stream(js, job_stream_config(t, s, &have)).await?];
     // In task order: an older deployment's unfiltered embed consumer gets its
     // filter before another task's consumer can be created beside it.
     for task in Task::ALL {
         // Normal first: an older deployment's consumer of the plain subject
         // is the normal level's, and gets its filter before the others'.
         for priority in [Priority::Normal, Priority::High, Priority::Low] {
-            changes.push(
-                ensure_consumer(js, &t.job_stream, consumer_config(t, s, task, priority)).await?,
-            );
+            let plain = consumer_config(t, s, task, None, priority);
+            changes.push(ensure_consumer(js, &t.job_stream, plain).await?);
         }
     }
+    for m in s.deployed_models() {
+        let (Some(task), Some(model)) = (Task::parse(&m.task), m.route()) else {
+            continue;
+        };
+        for priority in [Priority::Normal, Priority::High, Priority::Low] {
+            let routed = consumer_config(t, s, task, Some(&model), priority);
+            changes.push(ensure_consumer(js, &t.job_stream, routed).await?);
+        }
+    }
+    changes.append(&mut models);
     changes.push(ensure_stream(js, dlq_stream_config(t, s)).await?);
     changes.push(
         ensure_kv_bucket(
@@ -466,12 +693,13 @@ mod tests {
     #[test]
     fn tenant_weights_are_checked_and_travel_as_consumer_metadata() {
         let s = Settings::from_toml("[tenant_weights]\nacme = 3\nbeta = 1\n").unwrap();
-        let c = consumer_config(&Topology::default(), &s, Task::Embed, Priority::Low);
+        let c = consumer_config(&Topology::default(), &s, Task::Embed, None, Priority::Low);
         assert_eq!(c.metadata[TENANT_WEIGHTS_KEY], "acme=3,beta=1");
         let none = consumer_config(
             &Topology::default(),
             &Settings::default(),
             Task::Embed,
+            None,
             Priority::Low,
         );
         assert!(none.metadata.is_empty());
@@ -479,6 +707,120 @@ mod tests {
         assert!(e.to_string().contains("not a tenant name"), "{e}");
         let e = Settings::from_toml("[tenant_weights]\nacme = 0\n").unwrap_err();
         assert!(e.to_string().contains("must be 1 to 1000"), "{e}");
+    }
+
+    const TWO_EMBED_MODELS: &str = r#"
+[[models]]
+task = "embed"
+name = "minilm"
+
+[[models]]
+task = "embed"
+name = "bge-small"
+tenant_weights = { acme = 5 }
+
+[[models]]
+task = "generate"
+name = "smollm2"
+"#;
+
+    #[test]
+    fn the_first_model_of_a_task_is_its_default_and_the_others_are_routed() {
+        let s = Settings::from_toml(TWO_EMBED_MODELS).unwrap();
+        let routes: Vec<_> = s
+            .deployed_models()
+            .iter()
+            .map(|m| (m.key(), m.route()))
+            .collect();
+        assert_eq!(
+            routes,
+            [
+                ("embed.minilm".to_string(), None),
+                ("embed.bge-small".to_string(), Some("bge-small".to_string())),
+                ("generate.smollm2".to_string(), None),
+            ]
+        );
+        let t = Topology::default();
+        let subjects = job_stream_config(&t, &s, &[]).subjects;
+        assert_eq!(subjects.len(), t.job_subjects().len() + 6);
+        assert!(subjects.contains(&"sluice.jobs.embed.model.bge-small.low.*".to_string()));
+        let c = consumer_config(&t, &s, Task::Embed, Some("bge-small"), Priority::High);
+        assert_eq!(
+            c.durable_name.as_deref(),
+            Some("sluice-workers-high@bge-small")
+        );
+        assert_eq!(c.filter_subject, "sluice.jobs.embed.model.bge-small.high");
+        assert_eq!(c.metadata[TENANT_WEIGHTS_KEY], "acme=5");
+        let plain = consumer_config(&t, &s, Task::Embed, None, Priority::Normal);
+        assert_eq!(plain.durable_name.as_deref(), Some("sluice-workers"));
+        assert!(
+            plain.metadata.is_empty(),
+            "the default model's weights are the top level's"
+        );
+    }
+
+    #[test]
+    fn a_routed_models_subjects_stay_when_it_leaves_the_settings() {
+        let t = Topology::default();
+        let before = Settings::from_toml(TWO_EMBED_MODELS).unwrap();
+        let have = job_stream_config(&t, &before, &[]).subjects;
+        let after = job_stream_config(&t, &Settings::default(), &have).subjects;
+        assert_eq!(after, have, "no waiting job is stranded");
+        let fresh = job_stream_config(&t, &Settings::default(), &[]).subjects;
+        assert_eq!(fresh, t.job_subjects());
+    }
+
+    #[test]
+    fn bad_models_are_refused_naming_the_entry() {
+        let cases = [
+            (
+                "[[models]]\ntask = \"classify\"\nname = \"m\"\n",
+                "models[0].task = \"classify\": not a task",
+            ),
+            (
+                "[[models]]\ntask = \"embed\"\nname = \"bge-v1.5\"\n",
+                "models[0].name = \"bge-v1.5\"",
+            ),
+            (
+                "[[models]]\ntask = \"embed\"\nname = \"m\"\n[[models]]\ntask = \"embed\"\nname = \"m\"\n",
+                "models[1]: model \"m\" of embed is listed twice",
+            ),
+            (
+                "[[models]]\ntask = \"embed\"\nname = \"m\"\ntenant_weights = { acme = 0 }\n",
+                "models[0].tenant_weights.acme = 0",
+            ),
+            (
+                "[[models]]\ntask = \"embed\"\nname = \"m\"\nweights = 2\n",
+                "weights",
+            ),
+        ];
+        for (toml, want) in cases {
+            let e = format!("{:#}", Settings::from_toml(toml).unwrap_err());
+            assert!(e.contains(want), "{toml}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_tasks_default_model_cannot_change_under_its_waiting_jobs() {
+        let record = |model: &str, default| DeployedModel {
+            task: "embed".into(),
+            model: model.into(),
+            default,
+        };
+        let have = [record("minilm", true), record("bge", false)];
+        let swapped = [record("bge", true), record("minilm", false)];
+        let e = check_defaults(&have, &swapped, "sluice-models")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("make bge the default embed model, but it is minilm"),
+            "{e}"
+        );
+        assert!(e.contains("nats kv del sluice-models embed.minilm"), "{e}");
+        // The same default, another model added or removed: fine; a task
+        // with no record yet takes any default.
+        check_defaults(&have, &[record("minilm", true)], "b").unwrap();
+        check_defaults(&[], &swapped, "b").unwrap();
     }
 
     #[test]

@@ -4,10 +4,12 @@
 
 mod error_code;
 mod job;
+pub mod models;
 pub mod names;
 pub mod npy;
 pub mod secret;
 pub mod trace_context;
+pub use models::{DeployedModel, DeployedModels, NotDeployed};
 pub use names::{DEFAULT_TENANT, Priority, Route, Topology, is_valid_tenant};
 pub use secret::Secret;
 pub use trace_context::TraceParent;
@@ -21,7 +23,7 @@ pub use job::{
     truncate_for_message,
 };
 pub use result::{
-    DeadLetter, FinishReason, Generation, JobResult, JobState, Outcome, Output, S3Output,
+    DeadLetter, FinishReason, Generation, JobResult, JobState, Outcome, Output, S3Output, ServedBy,
     StatusRecord, Timings, Usage,
 };
 pub use stream::{StreamChunk, StreamUsage};

@@ -127,6 +127,9 @@ pub const STATUS_BUCKET: &str = "sluice-status";
 /// files (`file.<id>`) and batches (`batch.<id>`, and `active.<id>` while a
 /// batch is not final).
 pub const GATEWAY_BUCKET: &str = "sluice-gateway";
+/// Key-value bucket of the deployed models, a record per (task, model)
+/// (`sluice init` writes it from the settings file's `[[models]]`).
+pub const MODELS_BUCKET: &str = "sluice-models";
 /// Where results go when a publisher names no reply subject: `sluice.results.<job id>`.
 pub const RESULT_SUBJECT_PREFIX: &str = "sluice.results";
 /// Where a streaming generate job's text goes as it is generated:
@@ -148,6 +151,7 @@ pub struct Topology {
     pub result_subject_prefix: String,
     pub stream_subject_prefix: String,
     pub gateway_bucket: String,
+    pub models_bucket: String,
 }
 
 impl Default for Topology {
@@ -162,6 +166,7 @@ impl Default for Topology {
             result_subject_prefix: RESULT_SUBJECT_PREFIX.into(),
             stream_subject_prefix: STREAM_SUBJECT_PREFIX.into(),
             gateway_bucket: GATEWAY_BUCKET.into(),
+            models_bucket: MODELS_BUCKET.into(),
         }
     }
 }
@@ -189,6 +194,7 @@ impl Topology {
             result_subject_prefix: format!("{ns}.{RESULT_SUBJECT_PREFIX}"),
             stream_subject_prefix: format!("{ns}.{STREAM_SUBJECT_PREFIX}"),
             gateway_bucket: format!("{GATEWAY_BUCKET}-{ns}"),
+            models_bucket: format!("{MODELS_BUCKET}-{ns}"),
         }
     }
 
@@ -299,6 +305,15 @@ impl Topology {
         let plain = Priority::ALL.map(|p| self.subject_of(&route(p, None)));
         let tenants = Priority::ALL.map(|p| self.subject_of(&route(p, Some("*"))));
         plain.into_iter().chain(tenants).collect()
+    }
+
+    /// Whether `subject` (a stream's subject, wildcards and all) is a
+    /// routed model's: `<prefix>.<task>.model.<model>...`.
+    pub fn is_model_subject(&self, subject: &str) -> bool {
+        subject
+            .strip_prefix(self.job_subject_prefix.as_str())
+            .and_then(|rest| rest.strip_prefix('.'))
+            .is_some_and(|rest| rest.split('.').nth(1) == Some(MODEL_TOKEN))
     }
 
     /// The job stream's subjects: one per task and priority, and one
@@ -531,6 +546,9 @@ mod tests {
             }
         }
         assert_eq!(stream.len(), Task::ALL.len() * 6 * (1 + models.len()));
+        let routed = stream.iter().filter(|s| t.is_model_subject(s)).count();
+        assert_eq!(routed, stream.len() - t.job_subjects().len());
+        assert!(!Topology::default().is_model_subject(&stream[stream.len() - 1]));
         for (i, a) in stream.iter().enumerate() {
             for b in &stream[i + 1..] {
                 assert!(!overlap(a, b), "{a} and {b} overlap");

@@ -27,8 +27,21 @@ pub struct JobResult {
     pub timings_ms: Timings,
     /// Which delivery of the job produced this result (1 for the first).
     pub attempt: u32,
+    /// Which consumer answered (absent from older consumers' results).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub served_by: Option<ServedBy>,
     #[serde(with = "time::serde::rfc3339")]
     pub finished_at: OffsetDateTime,
+}
+
+/// The model a consumer loaded and the forward that runs it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServedBy {
+    /// Its `--model-name`: the `model` its jobs name.
+    pub model: String,
+    /// `EmbeddingModel::forward_name` (embed) or the llama step (generate).
+    pub forward: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -169,6 +169,10 @@ fn every_rust_value_validates_and_round_trips() {
             total: Some(21.0),
         },
         attempt: 2,
+        served_by: Some(ServedBy {
+            model: "all-minilm-l6-v2".into(),
+            forward: "sluice-avx2".into(),
+        }),
         finished_at: datetime!(2026-11-29 17:00:01.123 UTC),
     };
     round_trip(&result, &ok_s3);
@@ -264,6 +268,7 @@ fn every_rust_value_validates_and_round_trips() {
             error: ErrorInfo::new(ErrorCode::MalformedMessage, "not JSON"),
         },
         usage: Usage::default(),
+        served_by: None,
         ..ok_s3.clone()
     };
     round_trip(&result, &anonymous);

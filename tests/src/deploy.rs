@@ -144,6 +144,21 @@ impl Deployment {
         stream.info().await.expect("job stream info").state.messages
     }
 
+    /// Messages in the dead-letter stream.
+    pub async fn dead_letters(&self) -> u64 {
+        let mut dlq = self
+            .producer
+            .js
+            .get_stream(&self.topology.dlq_stream)
+            .await
+            .expect("dead-letter stream");
+        dlq.info()
+            .await
+            .expect("dead-letter stream info")
+            .state
+            .messages
+    }
+
     /// Messages left in the job stream once it holds `expected`, or after
     /// 10 s. A job is acked just after its result is published, so a count
     /// read the moment a result arrives may still include that job.

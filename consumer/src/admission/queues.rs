@@ -1,4 +1,4 @@
-//! The tenants' durable consumers of one task: found by asking the stream
+//! The tenants' durable consumers of one task and model route: found by asking the stream
 //! which tenant subjects hold jobs (every `--tenant-refresh-ms`), created on
 //! first sight (by whichever consumer process sees the tenant first; the
 //! others bind to it), and deleted by the server after an hour without a
@@ -11,7 +11,7 @@ use std::time::Duration;
 use async_nats::jetstream::consumer::{PullConsumer, pull};
 use async_nats::jetstream::stream::Stream;
 use futures::TryStreamExt;
-use sluice_schemas::{Priority, Task, Topology};
+use sluice_schemas::{Priority, Route, Task, Topology};
 use tokio::time::Instant;
 
 use super::plan::QueueKey;
@@ -49,6 +49,8 @@ pub struct TenantQueues<S: JobStream = Stream> {
     stream: S,
     topology: Topology,
     task: Task,
+    /// The model route pulled (`None`: the task's plain subjects).
+    model: Option<String>,
     /// The level consumers' settings (ack wait, deliveries, ...), which
     /// each tenant's consumer takes over.
     template: pull::Config,
@@ -71,6 +73,7 @@ impl<S: JobStream> TenantQueues<S> {
         stream: S,
         topology: Topology,
         task: Task,
+        model: Option<String>,
         template: pull::Config,
         refresh: Duration,
         on_new: Box<dyn Fn(String) + Send + Sync>,
@@ -79,6 +82,7 @@ impl<S: JobStream> TenantQueues<S> {
             stream,
             topology,
             task,
+            model,
             template,
             refresh,
             next_at: Instant::now(),
@@ -120,10 +124,25 @@ impl<S: JobStream> TenantQueues<S> {
     /// no long-poll waits on.
     pub fn arrivals(&self) -> String {
         format!(
-            "{}.{}.*.*",
-            self.topology.job_subject_prefix,
-            self.task.as_str()
+            "{}.*.*",
+            self.topology
+                .subject_of(&self.route(Priority::Normal, None))
         )
+    }
+
+    /// The route of this task's and model's jobs of `tenant` at `level`.
+    fn route(&self, level: Priority, tenant: Option<&str>) -> Route {
+        Route {
+            task: self.task.as_str().to_string(),
+            model: self.model.clone(),
+            priority: level,
+            tenant: tenant.map(str::to_string),
+        }
+    }
+
+    /// Whether a job of `route` is one of this task's and model's.
+    fn pulls(&self, route: &Route) -> bool {
+        route.task == self.task.as_str() && route.model == self.model
     }
 
     /// A job arrived on `subject` (see [`TenantQueues::arrivals`]): its
@@ -132,7 +151,7 @@ impl<S: JobStream> TenantQueues<S> {
     /// its queue when it is a tenant's of this task.
     pub async fn arrived(&mut self, subject: &str) -> Option<QueueKey> {
         let route = self.topology.route_of(subject)?;
-        if route.task != self.task.as_str() {
+        if !self.pulls(&route) {
             return None;
         }
         let (level, tenant) = (route.priority, route.tenant_name().to_string());
@@ -173,7 +192,7 @@ impl<S: JobStream> TenantQueues<S> {
             let Some(route) = self.topology.route_of(&subject) else {
                 continue;
             };
-            if route.task == self.task.as_str() && count > 0 {
+            if self.pulls(&route) && count > 0 {
                 found[route.priority.index()].push(route.tenant_name().to_string());
             }
         }
@@ -197,13 +216,13 @@ impl<S: JobStream> TenantQueues<S> {
         if self.consumers.contains_key(&key) {
             return true;
         }
-        let name = self.topology.tenant_consumer(self.task, level, tenant);
+        let name =
+            self.topology
+                .model_consumer(self.task, self.model.as_deref(), level, Some(tenant));
         let config = pull::Config {
             name: Some(name.clone()),
             durable_name: Some(name.clone()),
-            filter_subject: self
-                .topology
-                .job_subject_for(self.task.as_str(), level, Some(tenant)),
+            filter_subject: self.topology.subject_of(&self.route(level, Some(tenant))),
             inactive_threshold: TENANT_CONSUMER_IDLE,
             ..self.template.clone()
         };
@@ -286,6 +305,15 @@ mod tests {
     /// Queues of the embed task over `stream`, looking again after
     /// `refresh`, and the consumer names its `on_new` was called with.
     fn queues(stream: &Arc<FakeStream>, refresh: Duration) -> (Queues, Arc<Mutex<Vec<String>>>) {
+        model_queues(stream, refresh, None)
+    }
+
+    /// The same for the embed task's routed `model`.
+    fn model_queues(
+        stream: &Arc<FakeStream>,
+        refresh: Duration,
+        model: Option<&str>,
+    ) -> (Queues, Arc<Mutex<Vec<String>>>) {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let on_new = {
             let seen = Arc::clone(&seen);
@@ -300,6 +328,7 @@ mod tests {
             Arc::clone(stream),
             topology(),
             Task::Embed,
+            model.map(str::to_string),
             template,
             refresh,
             on_new,
@@ -438,5 +467,65 @@ mod tests {
         q.forget(High, "new");
         assert_eq!(q.consumer(High, "new"), None);
         assert_eq!(q.backlogged(High), names(&["default"]));
+    }
+
+    fn model_subject(model: &str, level: Priority, tenant: Option<&str>) -> String {
+        topology().subject_of(&Route {
+            task: "embed".into(),
+            model: Some(model.into()),
+            priority: level,
+            tenant: tenant.map(str::to_string),
+        })
+    }
+
+    #[tokio::test]
+    async fn a_routed_models_queues_see_only_its_jobs_and_the_plain_ones_none_of_them() {
+        let stream = Arc::new(FakeStream::default());
+        *stream.subjects.lock().unwrap() = vec![
+            (topology().job_subject("embed"), 3),
+            (subject("embed", Normal, "acme"), 2),
+            (model_subject("bge", Normal, None), 1),
+            (model_subject("bge", High, Some("zeta")), 2),
+            (model_subject("e5", Low, Some("acme")), 2),
+        ];
+        let (mut bge, made) = model_queues(&stream, Duration::from_secs(3600), Some("bge"));
+        bge.refresh_if_due().await;
+        assert_eq!(bge.backlogged(Normal), names(&["default"]));
+        assert_eq!(bge.backlogged(High), names(&["zeta"]));
+        assert_eq!(
+            bge.backlogged(Low),
+            names(&["default"]),
+            "e5's tenant is not bge's"
+        );
+        let zeta = topology().model_consumer(Task::Embed, Some("bge"), High, Some("zeta"));
+        assert_eq!(zeta, "sluice-workers-high-t-zeta@bge");
+        assert_eq!(*made.lock().unwrap(), vec![zeta.clone()]);
+        let config = stream.made.lock().unwrap()[0].clone();
+        assert_eq!(
+            config.filter_subject,
+            model_subject("bge", High, Some("zeta"))
+        );
+        assert_eq!(
+            bge.arrivals(),
+            format!("{}.embed.model.bge.*.*", topology().job_subject_prefix)
+        );
+        assert_eq!(
+            bge.arrived(&model_subject("e5", High, Some("new"))).await,
+            None
+        );
+        assert_eq!(bge.arrived(&subject("embed", High, "new")).await, None);
+        assert_eq!(
+            bge.arrived(&model_subject("bge", Low, Some("new"))).await,
+            Some((Low, "new".to_string()))
+        );
+        // The default model's queues: the plain tenants only.
+        let (mut plain, _) = queues(&stream, Duration::from_secs(3600));
+        plain.refresh_if_due().await;
+        assert_eq!(plain.backlogged(Normal), names(&["acme", "default"]));
+        assert_eq!(plain.backlogged(High), names(&["default"]));
+        assert_eq!(
+            plain.arrived(&model_subject("bge", Normal, None)).await,
+            None
+        );
     }
 }

@@ -32,6 +32,14 @@ impl Engine {
             Engine::Generate(_) => Task::Generate,
         }
     }
+
+    /// Which forward (embed) or step (generate) runs the model.
+    pub fn forward(&self) -> &'static str {
+        match self {
+            Engine::Embed(e) => e.forward,
+            Engine::Generate(g) => g.forward,
+        }
+    }
 }
 
 /// Loads the task's model, sizes and checks the budget, warms up, and

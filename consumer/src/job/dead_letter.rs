@@ -181,6 +181,7 @@ pub async fn give_up(
             usage: Usage::default(),
             timings_ms: timings,
             attempt: d.attempt,
+            served_by: Some(shared.served_by()),
             finished_at,
         };
         if let Err(e) = shared

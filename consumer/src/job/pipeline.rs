@@ -25,7 +25,7 @@ use crate::engine::embed::{EmbedEngine, Prepared, l2_normalize};
 use crate::engine::generate::GenerateEngine;
 use crate::error::JobError;
 use crate::output::JobStream;
-use crate::shared::Shared;
+use crate::shared::{ModelRoute, Shared};
 use crate::telemetry::JobTrace;
 
 /// Handles one delivered job message; `reservation` is the budget it was
@@ -167,13 +167,7 @@ async fn process(
         ));
     }
     if job.model != shared.model_name {
-        return Err(JobError::new(
-            ErrorCode::UnknownModel,
-            format!(
-                "unknown model {:?}; this consumer serves {:?}",
-                job.model, shared.model_name
-            ),
-        ));
+        return Err(wrong_model(&job.model, shared, &delivery.subject));
     }
     if let Some(deadline) = job.deadline {
         let now = OffsetDateTime::now_utc();
@@ -418,4 +412,27 @@ fn record_write(timings: &mut Timings, trace: &JobTrace, started: Instant, outpu
             },
         )],
     );
+}
+
+/// A job that names another model than the one its subject carries: on a
+/// routed task, the body and the subject disagree (a publisher's bug, the
+/// schema's class of error); on an unrouted one, the model is not this
+/// deployment's.
+fn wrong_model(model: &str, shared: &Shared, subject: &str) -> JobError {
+    match shared.model_route {
+        ModelRoute::Unrouted => JobError::new(
+            ErrorCode::UnknownModel,
+            format!(
+                "unknown model {model:?}; this consumer serves {:?}",
+                shared.model_name
+            ),
+        ),
+        ModelRoute::Default | ModelRoute::Own(_) => JobError::new(
+            ErrorCode::SchemaViolation,
+            format!(
+                "the job names model {model:?}, but {subject} carries the jobs of {:?}: a job's `model` must be its subject's (publish it through the sluice library or CLI, which route by model)",
+                shared.model_name
+            ),
+        ),
+    }
 }

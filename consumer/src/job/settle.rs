@@ -87,6 +87,7 @@ pub async fn settle(
                 usage: done.usage.clone(),
                 timings_ms: timings.clone(),
                 attempt: d.attempt,
+                served_by: Some(shared.served_by()),
                 finished_at,
             };
             let mut record = status(&job_id, JobState::Done, &d);

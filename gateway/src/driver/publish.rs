@@ -111,16 +111,23 @@ pub async fn publish(
         },
     };
     let reply_to = state.topology.result_subject(job_id);
+    let route = state
+        .models
+        .route(
+            &job,
+            // A batch is throughput work with hours to finish: it yields to
+            // normal and high jobs but keeps its guaranteed share.
+            sluice_schemas::Priority::Low,
+            // As the API key's tenant: tenants share the consumers' tokens.
+            Some(&batch.tenant),
+        )
+        .await?;
     sluice_producer::publish(
         &state.js,
         &state.topology,
         &state.statuses,
         &job,
-        // A batch is throughput work with hours to finish: it yields to
-        // normal and high jobs but keeps its guaranteed share.
-        sluice_schemas::Priority::Low,
-        // As the API key's tenant: tenants share the consumers' tokens.
-        Some(&batch.tenant),
+        &route,
         &reply_to,
         batch.traceparent.as_deref(),
     )

@@ -235,13 +235,7 @@ async fn truncation_off_refuses_long_items_with_a_clear_code() {
     let status = d.producer.status("too-long").await.unwrap().unwrap();
     assert_eq!(status.state, JobState::Failed);
     // Not lost: the dead-letter stream holds it.
-    let mut dlq = d
-        .producer
-        .js
-        .get_stream(&d.topology.dlq_stream)
-        .await
-        .unwrap();
-    assert_eq!(dlq.info().await.unwrap().state.messages, 1);
+    assert_eq!(d.dead_letters().await, 1);
     consumer.shutdown(Duration::from_secs(10)).await.unwrap();
 }
 

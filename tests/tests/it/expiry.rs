@@ -143,7 +143,7 @@ async fn an_older_stream_is_upgraded_in_place_and_a_late_job_is_expired_not_run(
     let js = &d.producer.js;
     let settings = Settings::default();
     js.delete_stream(&d.topology.job_stream).await.unwrap();
-    let mut old = provision::job_stream_config(&d.topology, &settings);
+    let mut old = provision::job_stream_config(&d.topology, &settings, &[]);
     old.allow_message_ttl = false;
     let stream = js.create_stream(old).await.unwrap();
     for task in Task::ALL {
@@ -153,6 +153,7 @@ async fn an_older_stream_is_upgraded_in_place_and_a_late_job_is_expired_not_run(
                     &d.topology,
                     &settings,
                     task,
+                    None,
                     priority,
                 ))
                 .await

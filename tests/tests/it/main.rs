@@ -14,6 +14,7 @@ mod flood;
 mod gateway;
 mod generate_jobs;
 mod harness;
+mod models;
 mod observability;
 mod online;
 mod priorities;

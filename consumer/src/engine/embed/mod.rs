@@ -27,6 +27,8 @@ use sluice_models::{EmbeddingModel, MiniLm, TextTokenizer, TokenizedItem};
 
 /// embed: tokenizer, and the batcher that feeds the executor.
 pub struct EmbedEngine {
+    /// Which forward runs (`EmbeddingModel::forward_name`).
+    pub forward: &'static str,
     pub dim: usize,
     pub tokenizer: Arc<TextTokenizer>,
     pub batcher: mpsc::Sender<BatchItem>,
@@ -129,6 +131,7 @@ pub fn start(
         warmup_ms = warm.elapsed().as_millis() as u64,
         "model ready"
     );
+    let forward = model.forward_name();
     // The one batch in flight holds its activations outside the job budget.
     let budget = Budget::new(limit - activation).with_floor(worst_job);
     let (item_tx, item_rx) = mpsc::channel(4096);
@@ -147,6 +150,7 @@ pub fn start(
         Duration::from_millis(config.max_wait_ms),
     ));
     let engine = EmbedEngine {
+        forward,
         dim,
         tokenizer: loaded.tokenizer,
         batcher: item_tx,

@@ -40,6 +40,8 @@ pub struct GenerateLimits {
 
 /// What the job side holds of the generate task.
 pub struct GenerateEngine {
+    /// Which step runs (`Llama::forward_name`).
+    pub forward: &'static str,
     pub tokenizer: Arc<GgufTokenizer>,
     pub sequences: mpsc::Sender<Sequence>,
     pub limits: GenerateLimits,
@@ -167,6 +169,7 @@ pub fn start(config: &Config, stats: &Arc<Stats>) -> anyhow::Result<Started<Gene
         warmup_ms = warm.elapsed().as_millis() as u64,
         "model ready"
     );
+    let forward = llama.forward_name();
     let budget = Budget::new(job_budget);
     let tokenizer = Arc::new(tokenizer);
     let (tx, rx) = mpsc::channel(1024);
@@ -182,6 +185,7 @@ pub fn start(config: &Config, stats: &Arc<Stats>) -> anyhow::Result<Started<Gene
         Arc::clone(stats),
     )?;
     let engine = GenerateEngine {
+        forward,
         tokenizer,
         sequences: tx,
         limits: GenerateLimits {
