@@ -4,8 +4,10 @@
 //! custom CA or client certificate; S3 through the standard AWS chain; an
 //! OpenTelemetry collector over OTLP/HTTP (`otlp`). `DeploymentArgs` and
 //! `LogArgs` (`deployment.rs`) gather them into the flags all three take;
-//! `models.rs` reads the deployed models `sluice init` recorded.
+//! `models.rs` reads the deployed models `sluice init` recorded,
+//! `consumers.rs` the consumers that serve them now.
 
+pub mod consumers;
 pub mod deployment;
 pub mod models;
 pub mod otlp;

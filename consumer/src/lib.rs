@@ -21,6 +21,7 @@ pub mod device_check;
 pub mod engine;
 pub mod error;
 pub mod fetch;
+pub mod heartbeat;
 pub mod http;
 pub mod in_flight;
 pub mod job;

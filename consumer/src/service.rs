@@ -38,6 +38,8 @@ pub struct Consumer {
     pub recycle: crate::recycle::RecycleLimits,
     stop: watch::Sender<Option<Duration>>,
     admission: tokio::task::JoinHandle<anyhow::Result<()>>,
+    /// Ends once this process's record is out of the consumers bucket.
+    heartbeat: tokio::task::JoinHandle<()>,
     executor: std::thread::JoinHandle<()>,
     ready: Arc<AtomicBool>,
     tracing: Tracing,
@@ -51,6 +53,7 @@ impl Consumer {
     pub async fn shutdown(self, drain: Duration) -> anyhow::Result<()> {
         self.ready.store(false, Ordering::Release);
         let _ = self.stop.send(Some(drain));
+        let _ = self.heartbeat.await;
         let result = self.admission.await.context("admission task panicked")?;
         // The batcher ends when the last job drops its sender; the executor
         // when the batcher ends (after the batch it is running, if any).
@@ -152,6 +155,20 @@ pub async fn start(config: Config) -> anyhow::Result<Consumer> {
     });
     let queues = queues(&config, &nats, &shared, stream_binding).await?;
 
+    let heartbeat = crate::heartbeat::Heartbeat {
+        js: shared.js.clone(),
+        topology: shared.topology.clone(),
+        record: crate::heartbeat::Heartbeat::record(
+            task.as_str(),
+            &shared.model_name,
+            shared.engine.forward(),
+            &device,
+        ),
+        budget: budget.clone(),
+    };
+    let recycle = crate::recycle::RecycleLimits::new(&config, crate::recycle::process_seed());
+    let (stop, stop_rx) = watch::channel(None);
+    let heartbeat = heartbeat.start(stop_rx.clone()).await;
     let ready = Arc::new(AtomicBool::new(true));
     let http_state = http::State {
         stats: Arc::clone(&stats),
@@ -167,8 +184,6 @@ pub async fn start(config: Config) -> anyhow::Result<Consumer> {
         .await
         .with_context(|| format!("cannot listen on {} (--http-addr)", config.http_addr))?;
 
-    let recycle = crate::recycle::RecycleLimits::new(&config, crate::recycle::process_seed());
-    let (stop, stop_rx) = watch::channel(None);
     let plan = pull_plan(&config, task, &recycle);
     let admission = tokio::spawn(Admission::new(shared, queues, budget.clone(), plan).run(stop_rx));
     Ok(Consumer {
@@ -180,6 +195,7 @@ pub async fn start(config: Config) -> anyhow::Result<Consumer> {
         recycle,
         stop,
         admission,
+        heartbeat,
         executor,
         ready,
         tracing,

@@ -48,12 +48,39 @@ use crate::traces::RequestTrace;
 /// The header a caller sets its deadline with, in seconds from now.
 pub const DEADLINE_HEADER: &str = "sluice-deadline-secs";
 
-/// The models this deployment serves, in OpenAI's list shape.
+/// The models this deployment serves, in OpenAI's list shape, each with
+/// its task and how many consumer processes serve it now (`live` when any:
+/// a model with none takes jobs, which wait in the stream until one starts).
 pub async fn models(State(state): State<AppState>, _tenant: Tenant) -> Json<Value> {
+    let live = match sluice_connect::consumers::live_consumers(&state.js, &state.topology).await {
+        Ok(live) => Some(live),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the live consumers");
+            None
+        }
+    };
     let data: Vec<Value> = sluice_schemas::Task::ALL
         .iter()
-        .flat_map(|&task| state.served_models(task))
-        .map(|m| json!({"id": m, "object": "model", "created": 0, "owned_by": "sluice"}))
+        .flat_map(|&task| {
+            state
+                .served_models(task)
+                .into_iter()
+                .map(move |m| (task, m))
+        })
+        .map(|(task, m)| {
+            let consumers = live
+                .as_deref()
+                .map(|live| sluice_schemas::consumers::serving(live, task.as_str(), &m));
+            json!({
+                "id": m,
+                "object": "model",
+                "created": 0,
+                "owned_by": "sluice",
+                "task": task.as_str(),
+                "consumers": consumers,
+                "live": consumers.map(|n| n > 0),
+            })
+        })
         .collect();
     Json(json!({"object": "list", "data": data}))
 }

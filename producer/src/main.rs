@@ -989,6 +989,16 @@ fn report_counts(json: bool, c: &Counts) {
     if !tenants.is_empty() {
         println!("          pending by tenant: {}", tenants.join(", "));
     }
+    for m in &c.models {
+        println!(
+            "          {}/{}: pending {}, in flight {}, consumers {}",
+            m.task,
+            m.model.as_deref().unwrap_or("(any model)"),
+            m.pending,
+            m.in_flight,
+            m.consumers
+        );
+    }
 }
 
 async fn download_output(

@@ -468,15 +468,28 @@ async fn ensure_consumer(
     }
 }
 
-/// A key-value bucket: created, or its age and replicas changed in place
-/// (a bucket is a stream named `KV_<bucket>`). `max_age` zero keeps
-/// entries until deleted.
+/// A key-value bucket, on file: see [`ensure_kv_bucket_on`].
 async fn ensure_kv_bucket(
     js: &jetstream::Context,
     bucket: &str,
     description: &str,
     max_age: Duration,
     replicas: usize,
+) -> Result<Change> {
+    let storage = stream::StorageType::File;
+    ensure_kv_bucket_on(js, bucket, description, max_age, replicas, storage).await
+}
+
+/// A key-value bucket: created, or its age and replicas changed in place
+/// (a bucket is a stream named `KV_<bucket>`). `max_age` zero keeps
+/// entries until deleted.
+async fn ensure_kv_bucket_on(
+    js: &jetstream::Context,
+    bucket: &str,
+    description: &str,
+    max_age: Duration,
+    replicas: usize,
+    storage: stream::StorageType,
 ) -> Result<Change> {
     let what = format!("key-value bucket {bucket}");
     if js.get_key_value(bucket).await.is_ok() {
@@ -501,7 +514,7 @@ async fn ensure_kv_bucket(
         history: 1,
         max_age,
         num_replicas: replicas,
-        storage: stream::StorageType::File,
+        storage,
         ..Default::default()
     })
     .await
@@ -676,6 +689,19 @@ pub async fn ensure(
             "sluice gateway: OpenAI-compatible files and batches",
             Duration::ZERO,
             s.replicas,
+        )
+        .await?,
+    );
+    // The live consumers' heartbeats: short-lived by design, so in memory
+    // (every consumer writes its record again within seconds of a restart).
+    changes.push(
+        ensure_kv_bucket_on(
+            js,
+            &t.consumers_bucket,
+            "sluice live consumers, one record per process, kept fresh by its heartbeat",
+            sluice_schemas::consumers::HEARTBEAT_TTL,
+            s.replicas,
+            stream::StorageType::Memory,
         )
         .await?,
     );

@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use async_nats::jetstream::kv;
 use futures::{StreamExt, TryStreamExt};
 use serde::Serialize;
-use sluice_schemas::{JobState, Priority, StatusRecord, Task};
+use sluice_schemas::{DeployedModels, JobState, LiveConsumer, Priority, Route, StatusRecord, Task};
 
 use crate::Producer;
 
@@ -27,6 +27,93 @@ pub struct Counts {
     pub dead_lettered: u64,
     /// Job stream figures.
     pub stream: StreamFigures,
+    /// By model: a row per deployed model (`sluice init`'s `[[models]]`),
+    /// and one per task whose jobs are not routed by model.
+    pub models: Vec<ModelFigures>,
+}
+
+/// One model's (or one unrouted task's) share of the job stream.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ModelFigures {
+    pub task: String,
+    /// `None`: the task is not routed by model (no `[[models]]` of it), so
+    /// this row is all its jobs whatever model they name.
+    pub model: Option<String>,
+    /// Not yet delivered.
+    pub pending: u64,
+    /// Delivered and not yet acked.
+    pub in_flight: u64,
+    /// Consumer processes serving it now (their heartbeat is recent).
+    pub consumers: usize,
+}
+
+/// What one durable consumer (or one subject nobody consumes yet) holds.
+#[derive(Debug, Clone, Copy, Default)]
+struct Backlog {
+    pending: u64,
+    in_flight: u64,
+    redelivered: u64,
+    waiting_pulls: u64,
+}
+
+impl Counts {
+    /// Adds one consumer's (or subject's) backlog at `route` (`None`: a
+    /// consumer of no job subject of this topology, such as an unfiltered
+    /// one from an old `init`: it counts in the totals only).
+    fn add(&mut self, route: Option<&Route>, deployed: &DeployedModels, b: Backlog) {
+        let s = &mut self.stream;
+        s.pending += b.pending;
+        s.in_flight += b.in_flight;
+        s.redelivered += b.redelivered;
+        s.waiting_pulls += b.waiting_pulls;
+        let Some(route) = route else {
+            return;
+        };
+        s.pending_by_priority.add(route.priority, b.pending);
+        *s.pending_by_tenant
+            .entry(route.tenant_name().to_string())
+            .or_default() += b.pending;
+        let model = route.model.clone().or_else(|| {
+            deployed
+                .of_task(&route.task)
+                .next()
+                .map(|m| m.model.clone())
+        });
+        if let Some(row) = self
+            .models
+            .iter_mut()
+            .find(|r| r.task == route.task && r.model == model)
+        {
+            row.pending += b.pending;
+            row.in_flight += b.in_flight;
+        }
+    }
+}
+
+/// A row per deployed model and per unrouted task, with its live consumers.
+fn model_rows(deployed: &DeployedModels, live: &[LiveConsumer]) -> Vec<ModelFigures> {
+    Task::ALL
+        .iter()
+        .flat_map(|task| {
+            let task = task.as_str();
+            let models: Vec<Option<String>> = match deployed.of_task(task).next() {
+                None => vec![None],
+                Some(_) => deployed
+                    .of_task(task)
+                    .map(|m| Some(m.model.clone()))
+                    .collect(),
+            };
+            models.into_iter().map(move |model| ModelFigures {
+                task: task.to_string(),
+                consumers: match &model {
+                    Some(m) => sluice_schemas::consumers::serving(live, task, m),
+                    None => live.iter().filter(|c| c.task == task).count(),
+                },
+                model,
+                ..ModelFigures::default()
+            })
+        })
+        .collect()
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -186,61 +273,43 @@ impl<'a> Watcher<'a> {
         let state = jobs.info().await?.state.clone();
         counts.stream.messages = state.messages;
         counts.stream.bytes = state.bytes;
-        // Each task's and level's durable consumer holds its own backlog:
-        // add them up.
-        for (task, priority) in Task::ALL
-            .into_iter()
-            .flat_map(|t| Priority::ALL.map(|p| (t, p)))
-        {
-            let name = t.consumer_at(task, priority);
-            let info = jobs.consumer_info(&name).await.with_context(|| {
-                format!("cannot read the consumer {name} (not created yet? run `sluice init`)")
-            })?;
-            counts.stream.pending += info.num_pending;
-            counts
-                .stream
-                .pending_by_priority
-                .add(priority, info.num_pending);
-            counts.stream.in_flight += info.num_ack_pending as u64;
-            counts.stream.redelivered += info.num_redelivered as u64;
-            counts.stream.waiting_pulls += info.num_waiting as u64;
-            *counts
-                .stream
-                .pending_by_tenant
-                .entry(sluice_schemas::DEFAULT_TENANT.into())
-                .or_default() += info.num_pending;
+        let deployed = sluice_connect::models::deployed_models(&p.js, t)
+            .await?
+            .unwrap_or_default();
+        let live = sluice_connect::consumers::live_consumers(&p.js, t).await?;
+        counts.models = model_rows(&deployed, &live);
+        // Each durable consumer (a task's, model's, level's, tenant's) holds
+        // its own backlog: add them up.
+        let mut consumers = jobs.consumers();
+        let mut bound = std::collections::HashSet::new();
+        while let Some(info) = consumers.try_next().await? {
+            let filter = info.config.filter_subject.clone();
+            let route = t.route_of(&filter);
+            bound.insert(filter);
+            let figures = Backlog {
+                pending: info.num_pending,
+                in_flight: info.num_ack_pending as u64,
+                redelivered: info.num_redelivered as u64,
+                waiting_pulls: info.num_waiting as u64,
+            };
+            counts.add(route.as_ref(), &deployed, figures);
         }
-        // Tenants' jobs: their subjects' counts, and their consumers'
-        // figures where a consumer process has created one.
-        let tenant_subjects = jobs
-            .info_with_subjects(format!("{}.*.*.*", t.job_subject_prefix))
+        // A tenant's jobs no consumer process has taken yet wait on a
+        // subject no durable filters: count what is stored there.
+        let subjects = jobs
+            .info_with_subjects(format!("{}.>", t.job_subject_prefix))
             .await?
             .try_collect::<Vec<(String, usize)>>()
             .await?;
-        for (subject, stored) in tenant_subjects {
-            let Some(route) = t.route_of(&subject) else {
+        for (subject, stored) in subjects {
+            if bound.contains(&subject) {
                 continue;
+            }
+            let pending = Backlog {
+                pending: stored as u64,
+                ..Backlog::default()
             };
-            let task = Task::ALL.into_iter().find(|k| k.as_str() == route.task);
-            let (Some(tenant), Some(task)) = (route.tenant, task) else {
-                continue;
-            };
-            let name = t.tenant_consumer(task, route.priority, &tenant);
-            let pending = match jobs.consumer_info(&name).await {
-                Ok(info) => {
-                    counts.stream.in_flight += info.num_ack_pending as u64;
-                    counts.stream.redelivered += info.num_redelivered as u64;
-                    counts.stream.waiting_pulls += info.num_waiting as u64;
-                    info.num_pending
-                }
-                Err(_) => stored as u64,
-            };
-            counts.stream.pending += pending;
-            counts
-                .stream
-                .pending_by_priority
-                .add(route.priority, pending);
-            *counts.stream.pending_by_tenant.entry(tenant).or_default() += pending;
+            counts.add(t.route_of(&subject).as_ref(), &deployed, pending);
         }
         let mut dlq = p.js.get_stream(&t.dlq_stream).await.with_context(|| {
             format!(
@@ -265,5 +334,93 @@ impl<'a> Watcher<'a> {
         }
         tokio::time::sleep_until(deadline).await;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_schemas::DeployedModel;
+
+    fn deployed() -> DeployedModels {
+        let m = |model: &str, default| DeployedModel {
+            task: "embed".into(),
+            model: model.into(),
+            default,
+        };
+        DeployedModels::new(vec![m("minilm", true), m("e5", false)])
+    }
+
+    fn route(task: &str, model: Option<&str>, priority: Priority, tenant: Option<&str>) -> Route {
+        Route {
+            task: task.into(),
+            model: model.map(str::to_string),
+            priority,
+            tenant: tenant.map(str::to_string),
+        }
+    }
+
+    fn backlog(pending: u64, in_flight: u64) -> Backlog {
+        Backlog {
+            pending,
+            in_flight,
+            ..Backlog::default()
+        }
+    }
+
+    #[test]
+    fn each_backlog_lands_in_the_totals_its_level_its_tenant_and_its_model() {
+        let deployed = deployed();
+        let mut c = Counts {
+            models: model_rows(&deployed, &[]),
+            ..Counts::default()
+        };
+        // (route, pending, in flight)
+        let table = [
+            (Some(route("embed", None, Priority::Normal, None)), 5, 1),
+            (
+                Some(route("embed", None, Priority::High, Some("acme"))),
+                2,
+                0,
+            ),
+            (Some(route("embed", Some("e5"), Priority::Low, None)), 7, 3),
+            (
+                Some(route("embed", Some("e5"), Priority::Normal, Some("acme"))),
+                1,
+                1,
+            ),
+            (Some(route("generate", None, Priority::Normal, None)), 4, 2),
+            (None, 10, 0),
+        ];
+        for (r, pending, in_flight) in table {
+            c.add(r.as_ref(), &deployed, backlog(pending, in_flight));
+        }
+        assert_eq!(c.stream.pending, 29);
+        assert_eq!(c.stream.in_flight, 7);
+        assert_eq!(
+            c.stream.pending_by_priority,
+            PendingByPriority {
+                high: 2,
+                normal: 10,
+                low: 7
+            }
+        );
+        assert_eq!(c.stream.pending_by_tenant["acme"], 3);
+        assert_eq!(
+            c.stream.pending_by_tenant[sluice_schemas::DEFAULT_TENANT],
+            16
+        );
+        let row = |task: &str, model: Option<&str>| {
+            let r = c
+                .models
+                .iter()
+                .find(|r| r.task == task && r.model.as_deref() == model)
+                .unwrap_or_else(|| panic!("no row {task}/{model:?} in {:?}", c.models));
+            (r.pending, r.in_flight)
+        };
+        assert_eq!(row("embed", Some("minilm")), (7, 1));
+        assert_eq!(row("embed", Some("e5")), (8, 4));
+        assert_eq!(row("generate", None), (4, 2));
+        assert_eq!(c.models.len(), 2 + Task::ALL.len() - 1);
     }
 }

@@ -2,6 +2,7 @@
 //! files in `schemas/json/`; these serde types are the Rust side of the same
 //! contract, and a test keeps the two in agreement. No I/O here.
 
+pub mod consumers;
 mod error_code;
 mod job;
 pub mod models;
@@ -9,6 +10,7 @@ pub mod names;
 pub mod npy;
 pub mod secret;
 pub mod trace_context;
+pub use consumers::LiveConsumer;
 pub use models::{DeployedModel, DeployedModels, NotDeployed};
 pub use names::{DEFAULT_TENANT, Priority, Route, Topology, is_valid_tenant};
 pub use secret::Secret;

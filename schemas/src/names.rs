@@ -130,6 +130,9 @@ pub const GATEWAY_BUCKET: &str = "sluice-gateway";
 /// Key-value bucket of the deployed models, a record per (task, model)
 /// (`sluice init` writes it from the settings file's `[[models]]`).
 pub const MODELS_BUCKET: &str = "sluice-models";
+/// Key-value bucket of the live consumer processes, a record per process
+/// kept fresh by its heartbeat (see `crate::consumers`).
+pub const CONSUMERS_BUCKET: &str = "sluice-consumers";
 /// Where results go when a publisher names no reply subject: `sluice.results.<job id>`.
 pub const RESULT_SUBJECT_PREFIX: &str = "sluice.results";
 /// Where a streaming generate job's text goes as it is generated:
@@ -152,6 +155,7 @@ pub struct Topology {
     pub stream_subject_prefix: String,
     pub gateway_bucket: String,
     pub models_bucket: String,
+    pub consumers_bucket: String,
 }
 
 impl Default for Topology {
@@ -167,6 +171,7 @@ impl Default for Topology {
             stream_subject_prefix: STREAM_SUBJECT_PREFIX.into(),
             gateway_bucket: GATEWAY_BUCKET.into(),
             models_bucket: MODELS_BUCKET.into(),
+            consumers_bucket: CONSUMERS_BUCKET.into(),
         }
     }
 }
@@ -195,6 +200,7 @@ impl Topology {
             stream_subject_prefix: format!("{ns}.{STREAM_SUBJECT_PREFIX}"),
             gateway_bucket: format!("{GATEWAY_BUCKET}-{ns}"),
             models_bucket: format!("{MODELS_BUCKET}-{ns}"),
+            consumers_bucket: format!("{CONSUMERS_BUCKET}-{ns}"),
         }
     }
 

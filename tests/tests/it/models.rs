@@ -73,6 +73,60 @@ async fn answer_until(
     }
 }
 
+/// How many live consumers serve `model` (embed), from the consumers bucket.
+async fn live(d: &Deployment, model: &str) -> usize {
+    let live = sluice_connect::consumers::live_consumers(&d.producer.js, &d.producer.topology)
+        .await
+        .unwrap();
+    sluice_schemas::consumers::serving(&live, "embed", model)
+}
+
+/// `GET /v1/models`'s `data`.
+async fn get_models(base: &str) -> Vec<serde_json::Value> {
+    let listed = reqwest::Client::new()
+        .get(format!("{base}/models"))
+        .bearer_auth("sk-team-a-0123456789")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let listed: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    listed["data"].as_array().unwrap().clone()
+}
+
+/// `GET /v1/models`: each id with its `live` and `consumers`.
+async fn listed_models(base: &str) -> HashMap<String, (bool, u64)> {
+    get_models(base)
+        .await
+        .iter()
+        .map(|m| {
+            let id = m["id"].as_str().unwrap().to_string();
+            let live = m["live"].as_bool().unwrap();
+            let consumers = m["consumers"].as_u64().unwrap();
+            (id, (live, consumers))
+        })
+        .collect()
+}
+
+/// `sluice watch --once --json`'s row of embed `model`: (pending + in flight, consumers).
+async fn watched(d: &Deployment, model: &str) -> (u64, u64) {
+    let watch = d.cli(&["watch", "--once", "--json"], None, T).await;
+    assert_eq!(watch.code, Some(0), "{watch:?}");
+    let counts = &watch.json_lines()[0];
+    let row = counts["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["task"] == "embed" && r["model"] == model)
+        .unwrap_or_else(|| panic!("no row of {model}: {counts}"));
+    (
+        row["pending"].as_u64().unwrap() + row["in_flight"].as_u64().unwrap(),
+        row["consumers"].as_u64().unwrap(),
+    )
+}
+
 #[tokio::test]
 async fn three_models_share_a_namespace_and_every_job_is_answered_by_its_own() {
     let d = Deployment::start_with(settings()).await.unwrap();
@@ -276,22 +330,8 @@ async fn init_adds_models_in_place_and_an_undeployed_or_misrouted_model_is_refus
     assert_eq!(r.status(), 404);
     let body: serde_json::Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
     assert_eq!(body["error"]["code"], "model_not_found", "{body}");
-    let listed = http
-        .get(format!("{base}/models"))
-        .bearer_auth("sk-team-a-0123456789")
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let listed: serde_json::Value = serde_json::from_str(&listed).unwrap();
-    let ids: Vec<&str> = listed["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["id"].as_str().unwrap())
-        .collect();
+    let listed = get_models(&base).await;
+    let ids: Vec<&str> = listed.iter().map(|m| m["id"].as_str().unwrap()).collect();
     assert_eq!(ids, [MINILM, SHORT, SMOLLM]);
     gateway.stop();
     let unknown = job(&d, Task::Embed, "e5-large", "e5-job", vec![json!("x")]);
@@ -368,6 +408,17 @@ async fn a_model_whose_only_consumer_is_killed_waits_while_the_other_runs_on() {
     ];
     let short_args: Vec<&str> = short_args.iter().map(String::as_str).collect();
     let short = d.spawn_consumer(&short_args).await.unwrap();
+    let gateway = d
+        .start_gateway("team-a:sk-team-a-0123456789", &[])
+        .await
+        .unwrap();
+    let base = format!("http://{}/v1", gateway.addr);
+    // Each consumer lists itself as it starts.
+    assert_eq!((live(&d, MINILM).await, live(&d, SHORT).await), (1, 1));
+    let listed = listed_models(&base).await;
+    assert_eq!(listed[MINILM], (true, 1), "{listed:?}");
+    assert_eq!(listed[SHORT], (true, 1), "{listed:?}");
+    assert_eq!(listed[SMOLLM], (false, 0), "{listed:?}");
 
     const A_JOBS: usize = 300;
     const B_JOBS: usize = 100;
@@ -411,8 +462,24 @@ async fn a_model_whose_only_consumer_is_killed_waits_while_the_other_runs_on() {
         waiting >= (A_JOBS - a_done) as u64,
         "{waiting} in the stream, {a_done} of A done"
     );
+    // A killed consumer drops out of the list once its heartbeat is
+    // missed (the bucket's max age), while A's jobs wait for a new one.
+    let gone = sluice_tests::read_until(T, || live(&d, SHORT), |&n| n == 0).await;
+    assert_eq!(gone, 0);
+    assert_eq!(live(&d, MINILM).await, 1);
+    let listed = listed_models(&base).await;
+    assert_eq!(listed[SHORT], (false, 0), "{listed:?}");
+    assert_eq!(listed[MINILM], (true, 1), "{listed:?}");
+    let (a_waiting, a_consumers) = watched(&d, SHORT).await;
+    assert_eq!(a_consumers, 0);
+    assert!(
+        a_waiting >= (A_JOBS - a_done) as u64,
+        "watch shows {a_waiting} of A waiting, {a_done} of A done"
+    );
+    assert_eq!(watched(&d, MINILM).await, (0, 1));
     // A's consumer is back: A's jobs run, redelivered ones included.
     let mut short = d.spawn_consumer(&short_args).await.unwrap();
+    assert_eq!(listed_models(&base).await[SHORT], (true, 1));
     let drained = sluice_tests::read_until(T, || d.jobs_in_stream(), |&n| n == 0).await;
     assert_eq!(drained, 0, "A's jobs did not drain:\n{}", short.log_tail());
     // Every result seen came from the job's own model. A job killed after
@@ -440,7 +507,11 @@ async fn a_model_whose_only_consumer_is_killed_waits_while_the_other_runs_on() {
         );
     }
     assert_eq!(d.dead_letters().await, 0);
+    // A consumer that stops cleanly removes its record at once.
     let status = short.terminate(Duration::from_secs(30));
     assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    assert_eq!(live(&d, SHORT).await, 0);
     minilm.shutdown(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(live(&d, MINILM).await, 0);
+    gateway.stop();
 }
