@@ -25,6 +25,10 @@ pub struct EmbedArgs {
     /// L2-normalize the vectors (like sentence-transformers' default models).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub normalize: bool,
+    /// The prompt of the model's config_sentence_transformers.json to put
+    /// before every text (default: the model's default prompt, if any).
+    #[arg(long)]
+    pub prompt_name: Option<String>,
     #[command(flatten)]
     pub model: ModelConfig,
 }
@@ -59,6 +63,7 @@ pub fn embed_file(args: &EmbedArgs) -> anyhow::Result<EmbedReport> {
             Item::Prompt(_) => None, // an embed input holds texts only
         })
         .collect();
+    let texts = loaded.prompts.apply(args.prompt_name.as_deref(), texts)?;
     let (vectors, report) = embed_texts(&loaded, texts, args.model.max_batch_tokens)?;
     let vectors = if args.normalize {
         vectors.into_iter().map(l2_normalize).collect()

@@ -79,6 +79,9 @@ pub struct Chunk {
     /// `<batch id>-e<n>` (embed) or `-g<n>` (generate).
     pub job_id: String,
     pub model: String,
+    /// embed: the prompt its lines asked for (`parameters.prompt_name`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_name: Option<String>,
     /// The input file's line numbers (1-based) of its first and last line;
     /// lines between them that failed alone are not in the chunk.
     pub first_line: u64,

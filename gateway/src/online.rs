@@ -225,7 +225,10 @@ pub async fn answer(
         inputs: vec![Input::Inline {
             items: request.items.clone(),
         }],
-        parameters: Default::default(),
+        parameters: sluice_schemas::Parameters {
+            prompt_name: request.prompt_name.clone(),
+            ..Default::default()
+        },
         token_estimate: None,
         deadline: Some(time::OffsetDateTime::now_utc() + Duration::from_secs_f64(start_by.secs)),
         submitted_at: Some(time::OffsetDateTime::now_utc()),

@@ -9,7 +9,9 @@
 
 use base64::Engine;
 use serde_json::{Map, Value, json};
-use sluice_schemas::{ErrorCode, FinishReason, GenerateParameters, Generation, Item, Task};
+use sluice_schemas::{
+    ErrorCode, FinishReason, GenerateParameters, Generation, Item, MAX_PROMPT_NAME, Task,
+};
 
 /// The endpoints a batch line may call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,6 +98,10 @@ pub struct Request {
     pub items: Vec<Value>,
     /// embeddings: answer vectors as base64 of little-endian float32.
     pub base64: bool,
+    /// embeddings: the model's prompt to put before each text, by name (a
+    /// body field sentence-transformers servers take; OpenAI's SDKs send it
+    /// with `extra_body`). None: the model's default prompt.
+    pub prompt_name: Option<String>,
 }
 
 /// What one line of a batch file is.
@@ -203,16 +209,20 @@ pub fn parse_request(
             param: Some("model"),
         });
     }
-    let (items, base64) = match endpoint {
-        Endpoint::Embeddings => embedding_items(&mut body)?,
-        Endpoint::ChatCompletions => (vec![chat_item(&mut body)?], false),
-        Endpoint::Completions => (completion_items(&mut body)?, false),
+    let (items, base64, prompt_name) = match endpoint {
+        Endpoint::Embeddings => {
+            let (items, base64) = embedding_items(&mut body)?;
+            (items, base64, prompt_name(&body)?)
+        }
+        Endpoint::ChatCompletions => (vec![chat_item(&mut body)?], false, None),
+        Endpoint::Completions => (completion_items(&mut body)?, false, None),
     };
     Ok(Request {
         endpoint,
         model,
         items,
         base64,
+        prompt_name,
     })
 }
 
@@ -237,6 +247,23 @@ fn embedding_items(body: &mut Map<String, Value>) -> Result<(Vec<Value>, bool), 
     // An empty text is embedded (as sentence-transformers does), where
     // OpenAI refuses it.
     Ok((texts.into_iter().map(Value::String).collect(), base64))
+}
+
+/// `prompt_name`: absent, null, or 1 to [`MAX_PROMPT_NAME`] characters (the
+/// consumer refuses a name its model does not have).
+fn prompt_name(body: &Map<String, Value>) -> Result<Option<String>, RequestError> {
+    match body.get("prompt_name") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(name)) if (1..=MAX_PROMPT_NAME).contains(&name.chars().count()) => {
+            Ok(Some(name.clone()))
+        }
+        Some(_) => Err(RequestError::invalid(
+            format!(
+                "`prompt_name` must be the name of one of the model's prompts (a string of 1 to {MAX_PROMPT_NAME} characters)"
+            ),
+            Some("prompt_name"),
+        )),
+    }
 }
 
 /// `input` / `prompt`: a string or a non-empty list of strings.
@@ -655,6 +682,23 @@ mod tests {
         assert_eq!(custom_id, "a");
         assert_eq!(request.items, vec![json!("x"), json!("y")]);
         assert!(request.base64);
+        assert_eq!(request.prompt_name, None);
+    }
+
+    #[test]
+    fn an_embedding_line_names_its_prompt() {
+        let line = read(r#"{"custom_id":"q","method":"POST","url":"/v1/embeddings","body":{"model":"all-minilm-l6-v2","input":"x","prompt_name":"query"}}"#).unwrap();
+        let Line::Run { request, .. } = line else {
+            panic!()
+        };
+        assert_eq!(request.prompt_name.as_deref(), Some("query"));
+        for bad in ["\"\"", "3", &format!("\"{}\"", "q".repeat(65))] {
+            let e = failed(&format!(
+                r#"{{"custom_id":"q","method":"POST","url":"/v1/embeddings","body":{{"model":"all-minilm-l6-v2","input":"x","prompt_name":{bad}}}}}"#
+            ));
+            assert_eq!((e.status, e.param), (400, Some("prompt_name")), "{bad}");
+            assert!(e.message.contains("1 to 64 characters"), "{}", e.message);
+        }
     }
 
     #[test]

@@ -18,7 +18,7 @@ use candle_transformers::models::xlm_roberta::{Config as RobertaConfig, XLMRober
 
 use super::bert::{BertEncoder, PositionIds};
 use super::pooling::Pooling;
-use super::sentence_transformers::EncoderFiles;
+use super::sentence_transformers::{EncoderFiles, Prompts};
 use super::{EmbeddingModel, LoadError, ModelError, encoder_kernels};
 
 pub struct MiniLm {
@@ -30,6 +30,7 @@ pub struct MiniLm {
     vocab_size: usize,
     max_tokens_per_item: usize,
     pooling: Pooling,
+    prompts: Prompts,
     /// The id padded batches are filled with (the candle forwards).
     pad_id: u32,
 }
@@ -101,6 +102,8 @@ impl MiniLm {
             model = %dir.display(),
             pooling = files.pooling.name(),
             normalize_module = files.normalize,
+            prompts = files.prompts.names().collect::<Vec<_>>().join(","),
+            default_prompt = files.prompts.default_name().unwrap_or(""),
             "encoder files read"
         );
         let config_path = dir.join("config.json");
@@ -192,6 +195,7 @@ impl MiniLm {
             heads: config.num_attention_heads,
             max_tokens_per_item,
             pooling: files.pooling,
+            prompts: files.prompts,
             pad_id: config.pad_token_id as u32,
         })
     }
@@ -199,6 +203,11 @@ impl MiniLm {
     /// How the vectors are pooled (from the model's files).
     pub fn pooling(&self) -> Pooling {
         self.pooling
+    }
+
+    /// The prompts a job may name (from the model's files).
+    pub fn prompts(&self) -> &Prompts {
+        &self.prompts
     }
 
     fn candle_forward(&self, batch: &[&[u32]]) -> candle_core::Result<Vec<Vec<f32>>> {

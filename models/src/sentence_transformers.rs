@@ -4,7 +4,7 @@
 //! (`modules.json`), the pooling (`1_Pooling/config.json`, or the path
 //! `modules.json` gives), the longest input (`sentence_bert_config.json`'s
 //! `max_seq_length`, or since sentence-transformers 6 the tokenizer's
-//! `model_max_length`) and a default prompt
+//! `model_max_length`) and the prompts, by name, with the default one
 //! (`config_sentence_transformers.json`). Both the older files
 //! (`pooling_mode_mean_tokens: true`, `...models.Pooling`) and
 //! sentence-transformers 6's (`pooling_mode: "mean"`,
@@ -16,6 +16,7 @@
 //! answers silently wrong. A directory with none of the sentence-transformers
 //! files is a plain transformer, which sentence-transformers itself mean-pools.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
@@ -40,6 +41,142 @@ pub struct EncoderFiles {
     /// Whether the model's last module normalizes its vectors (sluice
     /// normalizes as the job asks, by default).
     pub normalize: bool,
+    pub prompts: Prompts,
+}
+
+/// The texts a model wants before its inputs, by name
+/// (`config_sentence_transformers.json`'s `prompts`, e5's and bge's
+/// `"query": "query: "`), and the one used when a job names none
+/// (`default_prompt_name`). As in sentence-transformers, the prompt is
+/// put before the text and tokenized with it, so it counts towards the
+/// model's token limit and is pooled with the text.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Prompts {
+    by_name: BTreeMap<String, String>,
+    default: Option<String>,
+}
+
+/// A job named a prompt the model does not have.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("the model has no prompt named {name:?} (its prompts: {known})")]
+pub struct UnknownPrompt {
+    pub name: String,
+    /// The names it has, comma-separated, or "none".
+    pub known: String,
+}
+
+impl Prompts {
+    /// Prompts from (name, text) pairs and the default's name, which must be
+    /// one of them.
+    pub fn new(
+        by_name: impl IntoIterator<Item = (String, String)>,
+        default: Option<String>,
+    ) -> Result<Prompts, UnknownPrompt> {
+        let prompts = Prompts {
+            by_name: by_name.into_iter().collect(),
+            default: None,
+        };
+        match default {
+            Some(name) if !prompts.by_name.contains_key(&name) => Err(prompts.unknown(&name)),
+            default => Ok(Prompts { default, ..prompts }),
+        }
+    }
+
+    /// The prompt's names, in order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.by_name.keys().map(String::as_str)
+    }
+
+    /// The name of the prompt used when a job names none.
+    pub fn default_name(&self) -> Option<&str> {
+        self.default.as_deref()
+    }
+
+    /// The text to put before each input of a job that names `name` (none:
+    /// the default prompt's), or `None` when there is nothing to put.
+    pub fn text_for(&self, name: Option<&str>) -> Result<Option<&str>, UnknownPrompt> {
+        let Some(name) = name.or(self.default.as_deref()) else {
+            return Ok(None);
+        };
+        match self.by_name.get(name) {
+            Some(text) if text.is_empty() => Ok(None),
+            Some(text) => Ok(Some(text)),
+            None => Err(self.unknown(name)),
+        }
+    }
+
+    /// `texts` as the model reads them under the prompt `name` (see
+    /// [`Prompts::text_for`]).
+    pub fn apply(
+        &self,
+        name: Option<&str>,
+        texts: Vec<String>,
+    ) -> Result<Vec<String>, UnknownPrompt> {
+        Ok(match self.text_for(name)? {
+            None => texts,
+            Some(prompt) => texts.into_iter().map(|t| format!("{prompt}{t}")).collect(),
+        })
+    }
+
+    fn unknown(&self, name: &str) -> UnknownPrompt {
+        let known = self.names().collect::<Vec<_>>().join(", ");
+        UnknownPrompt {
+            name: name.to_string(),
+            known: if known.is_empty() {
+                "none".into()
+            } else {
+                known
+            },
+        }
+    }
+
+    /// `config_sentence_transformers.json`'s `prompts` (an object of
+    /// strings) and `default_prompt_name` (null or one of its names).
+    fn read(path: &Path, config: &Value) -> Result<Prompts, LoadError> {
+        let by_name = match config.get("prompts") {
+            None | Some(Value::Null) => BTreeMap::new(),
+            Some(Value::Object(map)) => map
+                .iter()
+                .map(|(name, text)| match text {
+                    Value::String(text) => Ok((name.clone(), text.clone())),
+                    other => Err(unsupported(
+                        path,
+                        &format!("prompts.{name}"),
+                        other,
+                        "a string put before the text",
+                    )),
+                })
+                .collect::<Result<_, _>>()?,
+            Some(other) => {
+                return Err(unsupported(
+                    path,
+                    "prompts",
+                    other,
+                    "an object of prompt names to texts",
+                ));
+            }
+        };
+        let default = match config.get("default_prompt_name") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(name)) => Some(name.clone()),
+            Some(other) => {
+                return Err(unsupported(
+                    path,
+                    "default_prompt_name",
+                    other,
+                    "null or the name of one of the prompts",
+                ));
+            }
+        };
+        Prompts::new(by_name, default.clone()).map_err(|e| {
+            unsupported(
+                path,
+                "default_prompt_name",
+                &Value::String(e.name),
+                &format!("null or one of the prompts' names: {}", e.known),
+            )
+        })
+    }
 }
 
 impl EncoderFiles {
@@ -83,20 +220,15 @@ impl EncoderFiles {
             }
         }
         let st_path = dir.join("config_sentence_transformers.json");
-        if let Some(config) = read_optional_json(&st_path)?
-            && let Some(name) = config.get("default_prompt_name").filter(|v| !v.is_null())
-        {
-            return Err(unsupported(
-                &st_path,
-                "default_prompt_name",
-                name,
-                "null (sluice does not prepend prompts yet, so every input would be embedded without it)",
-            ));
-        }
+        let prompts = match read_optional_json(&st_path)? {
+            Some(config) => Prompts::read(&st_path, &config)?,
+            None => Prompts::default(),
+        };
         Ok(EncoderFiles {
             pooling,
             max_seq_length,
             normalize,
+            prompts,
         })
     }
 }
@@ -317,8 +449,17 @@ mod tests {
                 pooling,
                 max_seq_length,
                 normalize,
+                prompts: Prompts::default(),
             })
         };
+        let e5_prompts = Prompts::new(
+            [
+                ("query".to_string(), "query: ".to_string()),
+                ("passage".to_string(), "passage: ".to_string()),
+            ],
+            Some("query".into()),
+        )
+        .unwrap();
         type Case<'a> = (
             &'a str,
             Vec<(&'a str, &'a str)>,
@@ -383,7 +524,10 @@ mod tests {
                         r#"{"prompts": {"query": ""}, "default_prompt_name": null}"#,
                     ),
                 ],
-                ok(Pooling::Cls, Some(128), false),
+                Ok(EncoderFiles {
+                    prompts: Prompts::new([("query".into(), String::new())], None).unwrap(),
+                    ..ok(Pooling::Cls, Some(128), false).unwrap()
+                }),
             ),
             (
                 "no limit in the tokenizer",
@@ -410,14 +554,37 @@ mod tests {
                 ]),
             ),
             (
-                "a default prompt",
+                "prompts with a default",
                 vec![(
                     "config_sentence_transformers.json",
-                    r#"{"prompts": {"query": "query: "}, "default_prompt_name": "query"}"#,
+                    r#"{"prompts": {"query": "query: ", "passage": "passage: "}, "default_prompt_name": "query"}"#,
+                )],
+                Ok(EncoderFiles {
+                    prompts: e5_prompts.clone(),
+                    ..ok(Pooling::Mean, None, false).unwrap()
+                }),
+            ),
+            (
+                "a default prompt it does not have",
+                vec![(
+                    "config_sentence_transformers.json",
+                    r#"{"prompts": {"query": "query: "}, "default_prompt_name": "document"}"#,
                 )],
                 Err(vec![
                     "config_sentence_transformers.json",
-                    "default_prompt_name = \"query\"",
+                    "default_prompt_name = \"document\"",
+                    "one of the prompts' names: query",
+                ]),
+            ),
+            (
+                "a prompt that is not text",
+                vec![(
+                    "config_sentence_transformers.json",
+                    r#"{"prompts": {"query": 3}}"#,
+                )],
+                Err(vec![
+                    "config_sentence_transformers.json",
+                    "prompts.query = 3",
                 ]),
             ),
             (
@@ -488,6 +655,41 @@ mod tests {
                 (got, expected) => panic!("{what}: got {got:?}, expected {expected:?}"),
             }
         }
+    }
+
+    #[test]
+    fn a_job_gets_the_prompt_it_names_or_the_default() {
+        let texts = || vec!["a".to_string(), "b".to_string()];
+        let e5 = Prompts::new(
+            [
+                ("query".to_string(), "query: ".to_string()),
+                ("passage".to_string(), "passage: ".to_string()),
+                ("plain".to_string(), String::new()),
+            ],
+            Some("query".into()),
+        )
+        .unwrap();
+        assert_eq!(e5.apply(None, texts()).unwrap(), ["query: a", "query: b"]);
+        assert_eq!(
+            e5.apply(Some("passage"), texts()).unwrap(),
+            ["passage: a", "passage: b"]
+        );
+        assert_eq!(e5.apply(Some("plain"), texts()).unwrap(), ["a", "b"]);
+        let err = e5.apply(Some("doc"), texts()).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "the model has no prompt named \"doc\" (its prompts: passage, plain, query)"
+        );
+        let plain = Prompts::default();
+        assert_eq!(plain.apply(None, texts()).unwrap(), ["a", "b"]);
+        assert_eq!(
+            plain.apply(Some("query"), texts()).unwrap_err().to_string(),
+            "the model has no prompt named \"query\" (its prompts: none)"
+        );
+        let no_default = Prompts::new([("query".to_string(), "q: ".to_string())], None).unwrap();
+        assert_eq!(no_default.apply(None, texts()).unwrap(), ["a", "b"]);
+        assert_eq!(no_default.default_name(), None);
+        assert_eq!(e5.default_name(), Some("query"));
     }
 
     #[test]

@@ -7,7 +7,7 @@
 mod common;
 
 use candle_core::Device;
-use common::{cosine, minilm_reference};
+use common::{cosine, min_cosine, minilm_reference};
 use sluice_models::pooling::Pooling;
 use sluice_models::{EmbeddingModel, ForwardChoice, MiniLm, TextTokenizer, encoder_kernels};
 
@@ -255,11 +255,7 @@ fn every_pooling_mode_matches_sentence_transformers() {
             let model = MiniLm::load_with(dir.path(), Device::Cpu, MAX_TOKENS, choice).unwrap();
             assert_eq!(model.pooling(), pooling);
             let got = model.embed(&batch).unwrap();
-            let worst = got
-                .iter()
-                .zip(expected)
-                .map(|(a, e)| cosine(a, e))
-                .fold(1f32, f32::min);
+            let worst = min_cosine(&got, expected);
             eprintln!(
                 "{mode} pooling, {}: min cosine {worst:.7} to sentence-transformers over {} texts",
                 model.forward_name(),
@@ -306,42 +302,113 @@ fn more_tokens_than_the_model_was_made_for_is_refused() {
 /// A random-weight model of each family the encoder runs
 /// (`tests/fixtures/encoders/<family>/`, made by
 /// `tests/fixtures/make/random_encoders.py`): BERT with CLS pooling and a
-/// WordPiece tokenizer, XLM-RoBERTa (position ids after the padding id, one
-/// token type) with mean pooling and a Unigram tokenizer. Our tokenizer
-/// gives transformers' ids, and both forwards sentence-transformers'
-/// vectors, at every kernel level.
+/// WordPiece tokenizer; XLM-RoBERTa (position ids after the padding id, one
+/// token type) with mean pooling and a Unigram tokenizer; BERT with mean
+/// pooling, weights stored in f16 and e5's prompts (default "query");
+/// XLM-RoBERTa with max pooling, weights stored in bf16. Our tokenizer gives
+/// transformers' ids (after the default prompt), and both forwards
+/// sentence-transformers' vectors, with the default prompt and with each
+/// prompt a job may name.
 #[test]
 fn every_family_matches_sentence_transformers_on_random_weights() {
-    for family in ["bert-cls", "xlm-roberta-mean"] {
+    let families = [
+        ("bert-cls", Pooling::Cls, "F32"),
+        ("xlm-roberta-mean", Pooling::Mean, "F32"),
+        ("bert-mean-f16-prompts", Pooling::Mean, "F16"),
+        ("xlm-roberta-max-bf16", Pooling::Max, "BF16"),
+    ];
+    for (family, pooling, dtype) in families {
         let dir = common::repo_root()
             .join("tests/fixtures/encoders")
             .join(family);
         let reference = common::family_reference(&dir).unwrap();
-        let max = reference.max_seq_length;
-        let ids = token_ids(&dir, max, &reference.texts);
-        for (i, (ours, theirs)) in ids.iter().zip(&reference.ids).enumerate() {
-            assert_eq!(ours, theirs, "{family}: text {i}'s token ids");
+        if dtype != "F32" {
+            assert_eq!(
+                reference.stored_dtypes,
+                [dtype],
+                "{family}'s stored weights"
+            );
         }
-        let batch: Vec<&[u32]> = ids.iter().map(Vec::as_slice).collect();
+        let max = reference.max_seq_length;
         for choice in [ForwardChoice::Packed, ForwardChoice::Candle] {
             let model = MiniLm::load_with(&dir, Device::Cpu, max, choice).unwrap();
-            let got = model.embed(&batch).unwrap();
-            let worst = got
-                .iter()
-                .zip(&reference.vectors)
-                .map(|(a, e)| cosine(a, e))
-                .fold(1f32, f32::min);
-            eprintln!(
-                "{family} ({:?} pooling), {}: min cosine {worst:.7} to sentence-transformers over {} texts",
-                model.pooling(),
-                model.forward_name(),
-                got.len()
+            assert_eq!(model.pooling(), pooling, "{family}");
+            let prompts = model.prompts();
+            assert_eq!(
+                prompts.default_name(),
+                reference.default_prompt_name.as_deref(),
+                "{family}"
             );
-            assert!(
-                worst >= 0.9999,
-                "{family}, {}: {worst}",
-                model.forward_name()
+            assert_eq!(
+                prompts.names().collect::<Vec<_>>(),
+                reference
+                    .prompt_vectors
+                    .keys()
+                    .map(String::as_str)
+                    .collect::<Vec<_>>(),
+                "{family}'s prompts"
             );
+            let mut runs = vec![(None, &reference.vectors)];
+            runs.extend(
+                reference
+                    .prompt_vectors
+                    .iter()
+                    .map(|(name, vectors)| (Some(name.as_str()), vectors)),
+            );
+            for (prompt, expected) in runs {
+                let texts = prompts.apply(prompt, reference.texts.clone()).unwrap();
+                let ids = token_ids(&dir, max, &texts);
+                if prompt.is_none() {
+                    for (i, (ours, theirs)) in ids.iter().zip(&reference.ids).enumerate() {
+                        assert_eq!(ours, theirs, "{family}: text {i}'s token ids");
+                    }
+                }
+                let batch: Vec<&[u32]> = ids.iter().map(Vec::as_slice).collect();
+                let got = model.embed(&batch).unwrap();
+                let worst = min_cosine(&got, expected);
+                eprintln!(
+                    "{family} ({pooling:?} pooling, {dtype} weights, prompt {prompt:?}), {}: min cosine {worst:.7} to sentence-transformers over {} texts",
+                    model.forward_name(),
+                    got.len()
+                );
+                assert!(
+                    worst >= 0.9999,
+                    "{family}, prompt {prompt:?}, {}: {worst}",
+                    model.forward_name()
+                );
+            }
         }
     }
+}
+
+/// A prompt changes the vectors: under each two of the model's prompts
+/// (e5's "query: ", "passage: " and sentence-transformers' empty
+/// "document") some text's vectors are far apart, so a forward that dropped
+/// or swapped the prompt would fail the family test's min cosine above. A
+/// prompt the model lacks is refused by name.
+#[test]
+fn a_prompt_is_embedded_with_the_text() {
+    let dir = common::repo_root().join("tests/fixtures/encoders/bert-mean-f16-prompts");
+    let reference = common::family_reference(&dir).unwrap();
+    let prompts = &reference.prompt_vectors;
+    for (a, b) in [
+        ("query", "passage"),
+        ("query", "document"),
+        ("passage", "document"),
+    ] {
+        let farthest = min_cosine(&prompts[a], &prompts[b]);
+        assert!(
+            farthest < 0.999,
+            "{a} and {b} make no difference: min cosine {farthest}"
+        );
+    }
+    let model = MiniLm::load_with(&dir, Device::Cpu, 128, ForwardChoice::Packed).unwrap();
+    let err = model
+        .prompts()
+        .apply(Some("doc"), vec!["x".into()])
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "the model has no prompt named \"doc\" (its prompts: document, passage, query)"
+    );
 }

@@ -128,6 +128,12 @@ enum Command {
         /// message is a line.
         #[arg(long)]
         stream: bool,
+        /// embed: the prompt of the model's config_sentence_transformers.json
+        /// to put before every text, by name (e5's and bge's "query" /
+        /// "passage"); default: the model's default prompt, if it has one.
+        /// A name the model lacks fails the job with invalid_parameters.
+        #[arg(long, env = "SLUICE_PROMPT_NAME")]
+        prompt_name: Option<String>,
     },
     /// Show a job's status record.
     Status { id: String },
@@ -428,7 +434,13 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             priority,
             tenant,
             stream,
+            prompt_name,
         } => {
+            if prompt_name.is_some() && task != Task::Embed {
+                bail!(
+                    "--prompt-name applies to --task embed (a prompt of the model's sentence-transformers files)"
+                );
+            }
             if stream && task != Task::Generate {
                 bail!("--stream applies to --task generate (an embed job's vectors come whole)");
             }
@@ -507,6 +519,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     priority,
                     tenant,
                     stream,
+                    prompt_name,
                 },
                 window as usize,
                 cli.json,
@@ -1118,6 +1131,8 @@ struct JobOptions {
     tenant: Option<String>,
     /// generate: the job streams its text (`output.stream`).
     stream: bool,
+    /// embed: `parameters.prompt_name`.
+    prompt_name: Option<String>,
 }
 
 async fn submit_sources(
@@ -1135,6 +1150,7 @@ async fn submit_sources(
         priority,
         tenant,
         stream,
+        prompt_name,
     } = options;
     use futures::StreamExt;
     let max_payload = p.nats.server_info().max_payload;
@@ -1143,6 +1159,7 @@ async fn submit_sources(
             let job_id = id
                 .clone()
                 .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+            let prompt_name = prompt_name.clone();
             async move {
                 let name = source.name().to_string();
                 let input = match source {
@@ -1159,6 +1176,7 @@ async fn submit_sources(
                 };
                 let mut job = p.job(task, &job_id, vec![input]);
                 job.deadline = deadline;
+                job.parameters.prompt_name = prompt_name;
                 job.output.stream = stream.then_some(true);
                 Ok::<_, anyhow::Error>((name, job))
             }

@@ -134,6 +134,13 @@ pub struct Parameters {
     /// embed: L2-normalize the vectors (default true).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub normalize: Option<bool>,
+    /// embed: the prompt of the model's `config_sentence_transformers.json`
+    /// to put before every text, by name (e5's and bge's "query" /
+    /// "passage"); default: the model's `default_prompt_name`, if it has one.
+    /// A name the model does not have fails the job with
+    /// `invalid_parameters`. At most [`MAX_PROMPT_NAME`] characters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_name: Option<String>,
     /// generate: most tokens to generate per prompt (default: the consumer's
     /// `--default-max-new-tokens`; at most its `--max-new-tokens`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -178,6 +185,7 @@ impl Parameters {
         let embed = [
             ("truncate", self.truncate.is_some()),
             ("normalize", self.normalize.is_some()),
+            ("prompt_name", self.prompt_name.is_some()),
         ];
         let generate = [
             ("max_new_tokens", self.max_new_tokens.is_some()),
@@ -197,6 +205,9 @@ impl Parameters {
             .collect()
     }
 }
+
+/// Longest `parameters.prompt_name`, in characters.
+pub const MAX_PROMPT_NAME: usize = 64;
 
 /// Sampling and stopping of one generate prompt: given per job in
 /// [`Parameters`], per prompt in its item; unset fields fall back in that order
@@ -654,6 +665,17 @@ impl Job {
         self.output
             .check()
             .map_err(|m| ErrorInfo::new(ErrorCode::InvalidParameters, m))?;
+        if let Some(name) = &self.parameters.prompt_name
+            && !(1..=MAX_PROMPT_NAME).contains(&name.chars().count())
+        {
+            return Err(ErrorInfo::new(
+                ErrorCode::InvalidParameters,
+                format!(
+                    "parameters.prompt_name must be 1 to {MAX_PROMPT_NAME} characters, not {:?}",
+                    truncate_for_message(name)
+                ),
+            ));
+        }
         if task == Task::Embed && self.output.stream() {
             return Err(ErrorInfo::new(
                 ErrorCode::InvalidParameters,

@@ -104,6 +104,7 @@ fn sample_job() -> Job {
         parameters: Parameters {
             truncate: Some(false),
             normalize: Some(true),
+            prompt_name: Some("query".into()),
             ..Parameters::default()
         },
         token_estimate: Some(99),
@@ -629,6 +630,48 @@ fn generate_parameters_are_checked() {
         err.message
             .contains("`temperature` applies to the generate task only")
             && err.message.contains("temperature, seed"),
+        "{}",
+        err.message
+    );
+}
+
+/// `parameters.prompt_name` is an embed parameter of 1 to 64 characters:
+/// the schema and the decoder agree on its bounds, and a generate job is
+/// refused it by name.
+#[test]
+fn prompt_name_is_checked() {
+    let v = validator(json_schema::JOB);
+    let job = |task: &str, parameters: Value| {
+        json!({
+            "version": 1, "id": "p-1", "task": task, "model": "m",
+            "inputs": [{"type": "inline", "items": ["hi"]}],
+            "parameters": parameters,
+        })
+    };
+    let ok = job("embed", json!({"prompt_name": "query"}));
+    assert_valid(&v, &ok);
+    let decoded = Job::decode(&serde_json::to_vec(&ok).unwrap()).unwrap();
+    assert_eq!(decoded.job.parameters.prompt_name.as_deref(), Some("query"));
+    for name in [String::new(), "q".repeat(MAX_PROMPT_NAME + 1)] {
+        let bad = job("embed", json!({ "prompt_name": name }));
+        assert!(!v.is_valid(&bad), "the schema accepted {name:?}");
+        let err = Job::decode(&serde_json::to_vec(&bad).unwrap()).unwrap_err();
+        assert_eq!(err.code, ErrorCode::InvalidParameters, "{}", err.message);
+        assert!(
+            err.message
+                .contains("parameters.prompt_name must be 1 to 64 characters"),
+            "{}",
+            err.message
+        );
+    }
+    let err = Job::decode(
+        &serde_json::to_vec(&job("generate", json!({"prompt_name": "query"}))).unwrap(),
+    )
+    .unwrap_err();
+    assert_eq!(err.code, ErrorCode::InvalidParameters);
+    assert!(
+        err.message
+            .contains("`prompt_name` applies to the embed task only"),
         "{}",
         err.message
     );

@@ -2,7 +2,7 @@
 //! by `sluice init`'s code, a producer, and consumers in this process or as
 //! child processes of the real binary.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -291,6 +291,18 @@ impl Deployment {
     /// Starts a consumer in this process.
     pub async fn start_consumer(&self, extra: &[&str]) -> Result<sluice_consumer::Consumer> {
         sluice_consumer::start(self.consumer_config(extra)).await
+    }
+
+    /// An in-process consumer of the model in `dir` (not the default
+    /// MiniLM), with `extra` flags.
+    pub async fn start_consumer_of(
+        &self,
+        dir: &Path,
+        extra: &[&str],
+    ) -> Result<sluice_consumer::Consumer> {
+        let mut config = self.consumer_config(extra);
+        config.model.model_dir = Some(dir.to_path_buf());
+        sluice_consumer::start(config).await
     }
 
     /// Starts the real `sluice-consumer` binary as a child process.

@@ -33,6 +33,29 @@ pub fn minilm_reference() -> Result<Reference> {
     Ok(serde_json::from_str(&text)?)
 }
 
+/// A random-weight encoder of `tests/fixtures/encoders/<family>/` and what
+/// its `reference.json` holds that the job tests use: sentence-transformers'
+/// vectors with the default prompt and with each named one.
+#[derive(Debug, Deserialize)]
+pub struct EncoderFamily {
+    pub max_seq_length: usize,
+    pub texts: Vec<String>,
+    /// Token ids of each text after the default prompt, if any.
+    pub ids: Vec<Vec<u32>>,
+    pub vectors: Vec<Vec<f32>>,
+    #[serde(default)]
+    pub prompt_vectors: std::collections::BTreeMap<String, Vec<Vec<f32>>>,
+}
+
+/// The family's directory and reference.
+pub fn encoder_family(family: &str) -> Result<(PathBuf, EncoderFamily)> {
+    let dir = fixtures_dir().join("encoders").join(family);
+    let path = dir.join("reference.json");
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read {} (the test fixtures)", path.display()))?;
+    Ok((dir, serde_json::from_str(&text)?))
+}
+
 pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
     let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
     let na = a.iter().map(|x| x * x).sum::<f32>().sqrt();

@@ -282,7 +282,13 @@ async fn run_embed(
     let Prepared {
         items: tokenized,
         mut usage,
-    } = engine.prepare(items, job.parameters.truncate()).await?;
+    } = engine
+        .prepare(
+            items,
+            job.parameters.truncate(),
+            job.parameters.prompt_name.as_deref(),
+        )
+        .await?;
     if !job.output.item_tokens() {
         usage.item_tokens = Vec::new();
     }

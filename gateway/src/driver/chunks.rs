@@ -28,6 +28,8 @@ pub struct ChunkLimits {
 pub struct OpenChunk {
     pub task: Task,
     pub model: String,
+    /// embed: the prompt every line of the chunk asked for.
+    pub prompt_name: Option<String>,
     pub first_line: u64,
     pub last_line: u64,
     pub lines: u64,
@@ -36,7 +38,7 @@ pub struct OpenChunk {
 }
 
 /// Gathers runnable lines into chunks. A line joins the open chunk when it
-/// has the chunk's task and model and the chunk has room for it (a line
+/// has the chunk's task, model and prompt and the chunk has room for it (a line
 /// with more items than a chunk may hold gets a chunk of its own).
 pub struct Chunker {
     limits: ChunkLimits,
@@ -59,6 +61,7 @@ impl Chunker {
         let fits = self.open.as_ref().is_some_and(|c| {
             c.task == task
                 && c.model == request.model
+                && c.prompt_name == request.prompt_name
                 && c.lines < self.limits.lines
                 && c.items + n <= most_items.max(n)
                 && c.body.len() < self.limits.bytes
@@ -67,6 +70,7 @@ impl Chunker {
         let chunk = self.open.get_or_insert_with(|| OpenChunk {
             task,
             model: request.model.clone(),
+            prompt_name: request.prompt_name.clone(),
             first_line: line_no,
             last_line: line_no,
             lines: 0,
@@ -158,6 +162,7 @@ mod tests {
             model: model.into(),
             items: (0..items).map(|i| json!(format!("t{i}"))).collect(),
             base64: false,
+            prompt_name: None,
         }
     }
 
@@ -267,6 +272,30 @@ mod tests {
         assert_eq!(chunk.body, b"\"t0\"\n\"t1\"\n\"t0\"\n");
         assert_eq!((chunk.task, chunk.model.as_str()), (Task::Embed, "m"));
         assert_eq!(c.finish(), None);
+    }
+
+    /// A chunk is one job with one `parameters.prompt_name`: a line asking
+    /// for another prompt starts the next chunk, which carries its name.
+    #[test]
+    fn another_prompt_closes_the_chunk() {
+        let mut c = Chunker::new(LIMITS);
+        let prompted = |name: Option<&str>| Request {
+            prompt_name: name.map(str::to_string),
+            ..request(Endpoint::Embeddings, "m", 1)
+        };
+        assert_eq!(c.add(1, &prompted(None)), None);
+        let plain = c
+            .add(2, &prompted(Some("query")))
+            .unwrap_or_else(|| panic!("closed"));
+        assert_eq!((plain.lines, plain.prompt_name), (1, None));
+        assert_eq!(c.add(3, &prompted(Some("query"))), None);
+        let query = c
+            .add(4, &prompted(Some("passage")))
+            .unwrap_or_else(|| panic!("closed"));
+        assert_eq!((query.first_line, query.lines), (2, 2));
+        assert_eq!(query.prompt_name.as_deref(), Some("query"));
+        let passage = c.finish().unwrap_or_else(|| panic!("open chunk"));
+        assert_eq!(passage.prompt_name.as_deref(), Some("passage"));
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use aws_sdk_s3::presigning::PresigningConfig;
-use sluice_schemas::{Input, InputFormat, Job, ObjectRef, OutputOptions, VERSION};
+use sluice_schemas::{Input, InputFormat, Job, ObjectRef, OutputOptions, Parameters, VERSION};
 
 use super::chunks::{self, OpenChunk};
 use super::input::runnable_lines;
@@ -26,6 +26,7 @@ pub async fn write_chunk(
     Ok(Chunk {
         job_id,
         model: chunk.model,
+        prompt_name: chunk.prompt_name,
         first_line: chunk.first_line,
         last_line: chunk.last_line,
         lines: chunk.lines,
@@ -99,7 +100,10 @@ pub async fn publish(
                 key,
             }),
         }],
-        parameters: Default::default(),
+        parameters: Parameters {
+            prompt_name: chunk.prompt_name.clone(),
+            ..Parameters::default()
+        },
         token_estimate: None,
         deadline,
         submitted_at: Some(time::OffsetDateTime::now_utc()),

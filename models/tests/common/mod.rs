@@ -64,13 +64,32 @@ pub fn pooling_reference() -> Result<PoolingReference, String> {
 #[derive(Debug, Deserialize)]
 pub struct FamilyReference {
     pub max_seq_length: usize,
+    /// The dtypes `model.safetensors` stores (`F32`, `F16`, `BF16`).
+    #[serde(default)]
+    pub stored_dtypes: Vec<String>,
+    #[serde(default)]
+    pub default_prompt_name: Option<String>,
     pub texts: Vec<String>,
+    /// Of each text as sentence-transformers embeds it: after the default
+    /// prompt, if the model has one.
     pub ids: Vec<Vec<u32>>,
+    /// `encode(texts)`: with the default prompt, if any.
     pub vectors: Vec<Vec<f32>>,
+    /// `encode(texts, prompt_name=name)` for each of the model's prompts.
+    #[serde(default)]
+    pub prompt_vectors: std::collections::BTreeMap<String, Vec<Vec<f32>>>,
 }
 
 pub fn family_reference(dir: &Path) -> Result<FamilyReference, String> {
     read_json(&dir.join("reference.json"))
+}
+
+/// The lowest cosine between `got[i]` and `expected[i]` over the pairs.
+pub fn min_cosine(got: &[Vec<f32>], expected: &[Vec<f32>]) -> f32 {
+    got.iter()
+        .zip(expected)
+        .map(|(a, e)| cosine(a, e))
+        .fold(1f32, f32::min)
 }
 
 pub fn cosine(a: &[f32], b: &[f32]) -> f32 {

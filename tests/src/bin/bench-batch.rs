@@ -49,6 +49,7 @@ async fn main() -> Result<()> {
         input: subset.clone(),
         output: dir.path().join("alone.npy"),
         normalize: true,
+        prompt_name: None,
         model: sluice_consumer::ModelConfig {
             model_dir: Some(models_dir().join("all-minilm-l6-v2")),
             model_name: Some("all-minilm-l6-v2".into()),

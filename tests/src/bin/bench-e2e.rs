@@ -30,6 +30,7 @@ async fn main() -> Result<()> {
         input: subset.clone(),
         output: std::env::temp_dir().join(format!("sluice-e2e-{}.npy", std::process::id())),
         normalize: true,
+        prompt_name: None,
         model: sluice_consumer::ModelConfig {
             model_dir: Some(models_dir().join("all-minilm-l6-v2")),
             model_name: Some("all-minilm-l6-v2".into()),

@@ -357,6 +357,17 @@ async fn bad_usage_gets_a_clear_message_a_nonzero_exit_and_publishes_nothing() {
             "unknown error code \"nope\"",
         ),
         (vec!["submit", "--no-such-flag"], "unexpected argument"),
+        (
+            vec![
+                "submit",
+                "--task",
+                "generate",
+                "--prompt-name",
+                "query",
+                good.to_str().unwrap(),
+            ],
+            "--prompt-name applies to --task embed",
+        ),
     ];
     for (args, expected) in cases {
         let run = d.cli(&args, None, T).await;

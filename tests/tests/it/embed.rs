@@ -8,7 +8,7 @@ use sha2::{Digest, Sha256};
 use sluice_schemas::npy;
 use sluice_schemas::{Input, JobState, Outcome, Output};
 use sluice_tests::deploy::Deployment;
-use sluice_tests::fixtures::{cosine, jsonl, minilm_reference};
+use sluice_tests::fixtures::{cosine, encoder_family, jsonl, minilm_reference};
 use sluice_tests::results::{next_error, wait_results};
 
 #[tokio::test]
@@ -291,4 +291,98 @@ async fn a_model_the_encoder_would_run_wrong_is_refused_at_start_and_no_job_is_l
         "{:?}",
         got[0].outcome
     );
+}
+
+/// A model with prompts (e5's "query: " / "passage: ", default "query";
+/// the f16 random-weight fixture): a job that names a prompt gets
+/// sentence-transformers' vectors of that prompt, a job that names none the
+/// default's, and a job naming a prompt the model lacks fails alone with
+/// `invalid_parameters` naming the prompts it has, dead-lettered, not lost.
+#[tokio::test]
+async fn a_job_names_the_prompt_its_texts_are_embedded_with() {
+    let d = Deployment::start().await.unwrap();
+    let (dir, reference) = encoder_family("bert-mean-f16-prompts").unwrap();
+    let max = reference.max_seq_length.to_string();
+    let consumer = d
+        .start_consumer_of(&dir, &["--max-tokens-per-item", &max])
+        .await
+        .unwrap();
+    let mut results = d.producer.subscribe_results().await.unwrap();
+    let texts: Vec<serde_json::Value> = reference.texts[..]
+        .iter()
+        .map(|t| t.clone().into())
+        .collect();
+    let job = |id: &str, prompt: Option<&str>| {
+        let mut job = d.producer.embed_job(
+            id,
+            vec![Input::Inline {
+                items: texts.clone(),
+            }],
+        );
+        job.parameters.prompt_name = prompt.map(str::to_string);
+        job.parameters.normalize = Some(false);
+        job
+    };
+    for (id, prompt) in [
+        ("default-prompt", None),
+        ("passage-prompt", Some("passage")),
+        ("query-prompt", Some("query")),
+        ("no-such-prompt", Some("doc")),
+    ] {
+        d.producer.submit(&job(id, prompt)).await.unwrap();
+    }
+    let got = wait_results(&mut results, 4, Duration::from_secs(60)).await;
+    let by_id: HashMap<_, _> = got
+        .into_iter()
+        .map(|r| (r.job_id.clone().unwrap_or_default(), r))
+        .collect();
+    for (id, expected) in [
+        ("default-prompt", &reference.vectors),
+        ("passage-prompt", &reference.prompt_vectors["passage"]),
+        ("query-prompt", &reference.prompt_vectors["query"]),
+    ] {
+        let Outcome::Ok {
+            output: Output::Inline { embeddings, .. },
+        } = &by_id[id].outcome
+        else {
+            panic!("{id}: {:?}", by_id[id].outcome);
+        };
+        assert_eq!(embeddings.len(), texts.len());
+        for (i, (v, e)) in embeddings.iter().zip(expected).enumerate() {
+            let c = cosine(v, e);
+            assert!(c >= 0.9999, "{id}, text {i}: cosine {c}");
+        }
+    }
+    // The prompt's tokens are counted, as the model reads them.
+    let with_default: usize = reference.ids.iter().map(Vec::len).sum();
+    assert_eq!(by_id["default-prompt"].usage.tokens, with_default as u64);
+    assert_eq!(by_id["query-prompt"].usage.tokens, with_default as u64);
+    let Outcome::Error { error } = &by_id["no-such-prompt"].outcome else {
+        panic!("{:?}", by_id["no-such-prompt"].outcome);
+    };
+    eprintln!("refused: {}", error.message);
+    assert_eq!(error.code, sluice_schemas::ErrorCode::InvalidParameters);
+    assert!(
+        error.message.contains(
+            "the model has no prompt named \"doc\" (its prompts: document, passage, query)"
+        ),
+        "{}",
+        error.message
+    );
+    assert_eq!(
+        d.producer
+            .status("no-such-prompt")
+            .await
+            .unwrap()
+            .unwrap()
+            .state,
+        JobState::Failed
+    );
+    assert_eq!(
+        d.dead_letters().await,
+        1,
+        "the refused job is dead-lettered"
+    );
+    assert_eq!(d.jobs_in_stream_settled(0).await, 0);
+    consumer.shutdown(Duration::from_secs(10)).await.unwrap();
 }

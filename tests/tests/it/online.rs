@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use sluice_schemas::JobState;
 use sluice_tests::deploy::Deployment;
-use sluice_tests::fixtures::{cosine, minilm_reference};
+use sluice_tests::fixtures::{cosine, encoder_family, minilm_reference};
 use sluice_tests::repo_root;
 
 const KEY: &str = "sk-team-a-0123456789";
@@ -64,6 +64,29 @@ print(json.dumps({
 }))
 "#;
 
+/// Runs `script` with the official Python SDK against the gateway at
+/// `base` (`texts` as its JSON argument); what it printed, parsed.
+async fn run_sdk(script: &str, texts: &[impl serde::Serialize], base: &str) -> Value {
+    let run = tokio::process::Command::new(repo_root().join(".sluice/pyenv/bin/python"))
+        .arg("-c")
+        .arg(script)
+        .arg(serde_json::to_string(texts).unwrap())
+        .env("OPENAI_BASE_URL", base)
+        .env("OPENAI_API_KEY", KEY)
+        .kill_on_drop(true)
+        .output();
+    let run = tokio::time::timeout(Duration::from_secs(300), run)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    serde_json::from_slice(&run.stdout).unwrap()
+}
+
 #[tokio::test]
 async fn the_openai_sdk_calls_the_online_endpoints_through_the_queue() {
     let d = Deployment::start().await.unwrap();
@@ -86,24 +109,7 @@ async fn the_openai_sdk_calls_the_online_endpoints_through_the_queue() {
         .map(|i| i.text.as_str())
         .collect();
 
-    let run = tokio::process::Command::new(repo_root().join(".sluice/pyenv/bin/python"))
-        .arg("-c")
-        .arg(SDK_SCRIPT)
-        .arg(serde_json::to_string(&texts).unwrap())
-        .env("OPENAI_BASE_URL", &base)
-        .env("OPENAI_API_KEY", KEY)
-        .kill_on_drop(true)
-        .output();
-    let run = tokio::time::timeout(Duration::from_secs(300), run)
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
-    let got: Value = serde_json::from_slice(&run.stdout).unwrap();
+    let got = run_sdk(SDK_SCRIPT, &texts, &base).await;
     assert_eq!(
         got["models"],
         json!(["all-minilm-l6-v2", "smollm2-135m-instruct"])
@@ -263,4 +269,64 @@ async fn an_online_request_past_its_deadline_gets_504_and_its_job_never_runs() {
         "{status:?}"
     );
     consumer.shutdown(Duration::from_secs(5)).await.unwrap();
+}
+
+const PROMPT_SCRIPT: &str = r#"
+import json, sys
+import openai
+from openai import OpenAI
+texts = json.loads(sys.argv[1])
+client = OpenAI()
+model = "all-minilm-l6-v2"
+default = client.embeddings.create(model=model, input=texts)
+passage = client.embeddings.create(model=model, input=texts, extra_body={"prompt_name": "passage"})
+try:
+    client.embeddings.create(model=model, input=texts, extra_body={"prompt_name": "doc"})
+    refused = None
+except openai.BadRequestError as e:
+    refused = {"status": e.status_code, "code": e.code, "message": e.message}
+print(json.dumps({
+    "default": [d.embedding for d in default.data],
+    "passage": [d.embedding for d in passage.data],
+    "refused": refused,
+}))
+"#;
+
+/// The official SDK names a model's prompt with `extra_body={"prompt_name":
+/// ...}` (the field sentence-transformers servers take): the vectors are
+/// sentence-transformers' of that prompt, none gives the default prompt's,
+/// and a name the model lacks is a 400 `invalid_parameters` naming the
+/// prompts it has. The model: the f16 random-weight fixture with e5's
+/// prompts, served under the default name.
+#[tokio::test]
+async fn the_sdk_names_a_prompt_with_extra_body() {
+    let d = Deployment::start().await.unwrap();
+    let (dir, reference) = encoder_family("bert-mean-f16-prompts").unwrap();
+    let max = reference.max_seq_length.to_string();
+    let _embed = d
+        .start_consumer_of(&dir, &["--max-tokens-per-item", &max])
+        .await
+        .unwrap();
+    let gateway = d.start_gateway(KEYS, &[]).await.unwrap();
+    let texts = &reference.texts[..];
+    let got = run_sdk(PROMPT_SCRIPT, texts, &format!("http://{}/v1", gateway.addr)).await;
+    for (name, expected) in [
+        ("default", &reference.vectors),
+        ("passage", &reference.prompt_vectors["passage"]),
+    ] {
+        let vectors: Vec<Vec<f32>> = serde_json::from_value(got[name].clone()).unwrap();
+        assert_eq!(vectors.len(), texts.len(), "{name}");
+        for (i, (v, e)) in vectors.iter().zip(expected).enumerate() {
+            let c = cosine(v, e);
+            assert!(c >= 0.9999, "{name}, text {i}: cosine {c}");
+        }
+    }
+    let refused = &got["refused"];
+    assert_eq!(refused["status"], 400, "{got}");
+    assert_eq!(refused["code"], "invalid_parameters", "{got}");
+    let message = refused["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("no prompt named \"doc\" (its prompts: document, passage, query)"),
+        "{message}"
+    );
 }

@@ -23,6 +23,7 @@ use crate::budget::{Budget, ItemCost, JobCost};
 use crate::config::{Config, ModelConfig};
 use crate::error::JobError;
 use crate::telemetry::{JobTrace, Stats, Tracing};
+use sluice_models::sentence_transformers::Prompts;
 use sluice_models::{EmbeddingModel, MiniLm, TextTokenizer, TokenizedItem};
 
 /// embed: tokenizer, and the batcher that feeds the executor.
@@ -31,6 +32,8 @@ pub struct EmbedEngine {
     pub forward: &'static str,
     pub dim: usize,
     pub tokenizer: Arc<TextTokenizer>,
+    /// The prompts a job may name in `parameters.prompt_name`.
+    pub prompts: Prompts,
     pub batcher: mpsc::Sender<BatchItem>,
 }
 
@@ -44,6 +47,7 @@ pub struct Prepared {
 pub struct LoadedModel {
     pub model: Box<dyn EmbeddingModel>,
     pub tokenizer: Arc<TextTokenizer>,
+    pub prompts: Prompts,
     pub device: candle_core::Device,
 }
 
@@ -64,6 +68,7 @@ pub fn load_embedding_model(config: &ModelConfig) -> anyhow::Result<LoadedModel>
         config.embed_weights,
     )?;
     Ok(LoadedModel {
+        prompts: model.prompts().clone(),
         model: Box::new(model),
         tokenizer: Arc::new(tokenizer),
         device,
@@ -153,6 +158,7 @@ pub fn start(
         forward,
         dim,
         tokenizer: loaded.tokenizer,
+        prompts: loaded.prompts,
         batcher: item_tx,
     };
     Ok(Started {
@@ -166,9 +172,16 @@ pub fn start(
 }
 
 impl EmbedEngine {
-    /// Tokenizes the texts (off the runtime); `truncate` cuts a text over
-    /// the model's limit instead of failing the job.
-    pub async fn prepare(&self, items: Vec<Item>, truncate: bool) -> Result<Prepared, JobError> {
+    /// Tokenizes the texts (off the runtime), each after the prompt
+    /// `prompt_name` names (none: the model's default prompt, if it has
+    /// one; a name it lacks is `invalid_parameters`); `truncate` cuts a text
+    /// over the model's limit instead of failing the job.
+    pub async fn prepare(
+        &self,
+        items: Vec<Item>,
+        truncate: bool,
+        prompt_name: Option<&str>,
+    ) -> Result<Prepared, JobError> {
         let texts = items
             .into_iter()
             .map(|item| match item {
@@ -179,6 +192,12 @@ impl EmbedEngine {
                 )),
             })
             .collect::<Result<Vec<String>, JobError>>()?;
+        let texts = self.prompts.apply(prompt_name, texts).map_err(|e| {
+            JobError::new(
+                ErrorCode::InvalidParameters,
+                format!("parameters.prompt_name: {e}"),
+            )
+        })?;
         let tokenizer = Arc::clone(&self.tokenizer);
         let tokenized = tokio::task::spawn_blocking(move || tokenizer.encode(texts, truncate))
             .await
