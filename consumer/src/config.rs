@@ -51,10 +51,14 @@ pub struct ModelConfig {
     /// CUDA device ordinal, with `--device cuda`.
     #[arg(long, env = "SLUICE_CUDA_ORDINAL", default_value_t = 0)]
     pub cuda_ordinal: usize,
-    /// Tokens per item the model accepts (MiniLM was trained on 256, like
-    /// sentence-transformers' max_seq_length); longer items are truncated or refused.
-    #[arg(long, env = "SLUICE_MAX_TOKENS_PER_ITEM", default_value_t = 256)]
-    pub max_tokens_per_item: usize,
+    /// Tokens per item (embed); longer items are truncated or refused.
+    /// Default: the model's own limit, what sentence-transformers truncates
+    /// at (`sentence_bert_config.json`'s max_seq_length, else the
+    /// tokenizer's model_max_length), else 256 (all-MiniLM-L6-v2's). Above
+    /// the model's limit start-up is refused; below it, texts longer than
+    /// this embed differently from sentence-transformers (logged).
+    #[arg(long, env = "SLUICE_MAX_TOKENS_PER_ITEM")]
+    pub max_tokens_per_item: Option<usize>,
     /// A batch's padded cost, `items x longest item`, stays at or under this.
     #[arg(long, env = "SLUICE_MAX_BATCH_TOKENS", default_value_t = 8192)]
     pub max_batch_tokens: usize,
@@ -245,23 +249,31 @@ impl ModelConfig {
             .unwrap_or_else(|| task.default_model().to_string())
     }
 
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.max_tokens_per_item < 3 {
-            return Err(bad(
-                "max_tokens_per_item (--max-tokens-per-item)",
-                self.max_tokens_per_item,
-                "must be at least 3 (two special tokens plus one)",
-            ));
-        }
-        if self.max_batch_tokens < self.max_tokens_per_item {
+    /// `--max-batch-tokens` holds an item of `max_tokens_per_item` tokens
+    /// (the flag's, or the model's own limit once it is known).
+    pub fn check_batch_holds(&self, max_tokens_per_item: usize) -> Result<(), ConfigError> {
+        if self.max_batch_tokens < max_tokens_per_item {
             return Err(bad(
                 "max_batch_tokens (--max-batch-tokens)",
                 self.max_batch_tokens,
                 format!(
-                    "must be at least max_tokens_per_item ({}), or an item at the limit could never be batched",
-                    self.max_tokens_per_item
+                    "must be at least max_tokens_per_item ({max_tokens_per_item}), or an item at the limit could never be batched"
                 ),
             ));
+        }
+        Ok(())
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(max) = self.max_tokens_per_item {
+            if max < 3 {
+                return Err(bad(
+                    "max_tokens_per_item (--max-tokens-per-item)",
+                    max,
+                    "must be at least 3 (two special tokens plus one)",
+                ));
+            }
+            self.check_batch_holds(max)?;
         }
         if self.device == DeviceKind::Cuda && !cfg!(feature = "cuda") {
             return Err(bad(
@@ -448,7 +460,7 @@ pub(crate) mod tests {
                 "memory_budget_bytes (--memory-budget) = 0",
             ),
             (
-                &["--max-batch-tokens=100"],
+                &["--max-batch-tokens=100", "--max-tokens-per-item=256"],
                 "max_batch_tokens (--max-batch-tokens) = 100: must be at least max_tokens_per_item (256)",
             ),
             (&["--namespace=a.b"], "namespace (--namespace) = a.b"),

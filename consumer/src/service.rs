@@ -13,7 +13,7 @@ use sluice_schemas::{Priority, Task, Topology};
 use tokio::sync::watch;
 
 use crate::admission::{Admission, InFlightCap, PullPlan, Queues, TenantQueues, TenantShares};
-use crate::budget::Budget;
+use crate::budget::{Budget, ItemCost, JobCost};
 use crate::config::Config;
 use crate::engine::startup::Started;
 use crate::fetch::{FetchPolicy, Fetcher};
@@ -184,7 +184,7 @@ pub async fn start(config: Config) -> anyhow::Result<Consumer> {
         .await
         .with_context(|| format!("cannot listen on {} (--http-addr)", config.http_addr))?;
 
-    let plan = pull_plan(&config, task, &recycle);
+    let plan = pull_plan(&config, task, &recycle, &shared.cost);
     let admission = tokio::spawn(Admission::new(shared, queues, budget.clone(), plan).run(stop_rx));
     Ok(Consumer {
         stats,
@@ -418,8 +418,21 @@ async fn queues(
 }
 
 /// Admission's knobs from the config.
-fn pull_plan(config: &Config, task: Task, recycle: &crate::recycle::RecycleLimits) -> PullPlan {
+fn pull_plan(
+    config: &Config,
+    task: Task,
+    recycle: &crate::recycle::RecycleLimits,
+    cost: &JobCost,
+) -> PullPlan {
     let embed = task == Task::Embed;
+    // embed: the tokens per item the model runs with (the flag's, or its own).
+    let item_tokens = match cost.per_item {
+        ItemCost::Embed {
+            max_tokens_per_item,
+            ..
+        } => max_tokens_per_item,
+        _ => 0,
+    };
     PullPlan {
         max_messages: config.pull_max_messages,
         expires: Duration::from_millis(config.pull_expires_ms),
@@ -429,7 +442,7 @@ fn pull_plan(config: &Config, task: Task, recycle: &crate::recycle::RecycleLimit
                 0 => 2 * config.model.max_batch_tokens,
                 n => n,
             } as u64,
-            per_job: config.model.max_tokens_per_item as u64,
+            per_job: item_tokens,
         }),
         tenant_quantum: if embed {
             config.model.max_batch_tokens as u64
@@ -437,7 +450,7 @@ fn pull_plan(config: &Config, task: Task, recycle: &crate::recycle::RecycleLimit
             config.generate.max_step_tokens as u64
         },
         job_estimate: if embed {
-            config.model.max_tokens_per_item as u64
+            item_tokens
         } else {
             config.generate.max_new_tokens as u64
         },

@@ -79,7 +79,7 @@ impl EmbedWeights {
         }
     }
 }
-pub use minilm::{ForwardChoice, MiniLm};
+pub use minilm::{DEFAULT_MAX_TOKENS, ForwardChoice, MiniLm};
 pub use tokenizer::{TextTokenizer, TokenizeError, TokenizedItem};
 
 /// An embedding model: token ids in, one pooled vector per item out (pooled

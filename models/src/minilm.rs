@@ -61,15 +61,40 @@ pub enum ForwardChoice {
     FastestBf16,
 }
 
+/// Tokens per item for a model whose files declare no limit (neither
+/// sentence-transformers' `max_seq_length` nor the tokenizer's
+/// `model_max_length`): all-MiniLM-L6-v2's.
+pub const DEFAULT_MAX_TOKENS: usize = 256;
+
 impl MiniLm {
+    /// Tokens per item the model in `dir` is run with when the deployment
+    /// sets none: the limit its files declare (what sentence-transformers
+    /// truncates at), else [`DEFAULT_MAX_TOKENS`], never more than its
+    /// positions hold.
+    pub fn max_tokens_of(dir: &Path) -> Result<usize, LoadError> {
+        let files = EncoderFiles::read(dir)?;
+        let (config, _) = read_config(dir)?;
+        let positions = PositionIds::of(&config).max_tokens(config.max_position_embeddings);
+        Ok(files
+            .max_seq_length
+            .unwrap_or(DEFAULT_MAX_TOKENS)
+            .min(positions))
+    }
+
     /// Loads `config.json` and `model.safetensors` from `dir`, with the
-    /// fastest forward for `device` at the precision `weights` asks for.
+    /// fastest forward for `device` at the precision `weights` asks for,
+    /// cutting items at `max_tokens_per_item` (none: the model's own limit,
+    /// [`MiniLm::max_tokens_of`]).
     pub fn load(
         dir: &Path,
         device: Device,
-        max_tokens_per_item: usize,
+        max_tokens_per_item: Option<usize>,
         weights: super::EmbedWeights,
     ) -> Result<MiniLm, LoadError> {
+        let max_tokens_per_item = match max_tokens_per_item {
+            Some(n) => n,
+            None => Self::max_tokens_of(dir)?,
+        };
         // `auto` measures the CPU's layers; CUDA runs f32 whatever it says.
         let weights = if device.is_cpu() {
             weights.resolve()
@@ -98,8 +123,19 @@ impl MiniLm {
                 dir.join("sentence_bert_config.json").display()
             )));
         }
+        if let Some(limit) = files.max_seq_length
+            && max_tokens_per_item < limit
+        {
+            tracing::warn!(
+                model = %dir.display(),
+                max_tokens_per_item,
+                model_limit = limit,
+                "items are cut at --max-tokens-per-item, before the model's own limit: texts longer than that embed differently from sentence-transformers"
+            );
+        }
         tracing::info!(
             model = %dir.display(),
+            max_tokens_per_item,
             pooling = files.pooling.name(),
             normalize_module = files.normalize,
             prompts = files.prompts.names().collect::<Vec<_>>().join(","),
@@ -107,16 +143,7 @@ impl MiniLm {
             "encoder files read"
         );
         let config_path = dir.join("config.json");
-        let config_text =
-            std::fs::read_to_string(&config_path).map_err(|source| LoadError::Read {
-                path: config_path.clone(),
-                source,
-            })?;
-        let config: BertConfig =
-            serde_json::from_str(&config_text).map_err(|source| LoadError::Config {
-                path: config_path.clone(),
-                source,
-            })?;
+        let (config, config_text) = read_config(dir)?;
         let positions = PositionIds::of(&config);
         let max_tokens = positions.max_tokens(config.max_position_embeddings);
         if max_tokens_per_item > max_tokens {
@@ -254,6 +281,18 @@ impl MiniLm {
     }
 }
 
+/// `dir/config.json`, parsed, and its text.
+fn read_config(dir: &Path) -> Result<(BertConfig, String), LoadError> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).map_err(|source| LoadError::Read {
+        path: path.clone(),
+        source,
+    })?;
+    let config =
+        serde_json::from_str(&text).map_err(|source| LoadError::Config { path, source })?;
+    Ok((config, text))
+}
+
 impl EmbeddingModel for MiniLm {
     /// `"sluice-avx512"` / `"sluice-avx2"` (`bert.rs` on that level's
     /// kernels), `"sluice-avx512-bf16"` / `"sluice-amx-bf16"` (its bf16
@@ -339,7 +378,7 @@ mod tests {
     #[test]
     fn a_missing_model_names_the_file_and_keeps_the_cause() {
         let dir = std::env::temp_dir().join("sluice-no-such-model");
-        let err = match MiniLm::load(&dir, Device::Cpu, 128, Default::default()) {
+        let err = match MiniLm::load(&dir, Device::Cpu, Some(128), Default::default()) {
             Err(e) => e,
             Ok(_) => panic!("loaded a model from {}", dir.display()),
         };
@@ -362,7 +401,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("sluice-bad-config-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("config.json"), "{\"hidden_size\": \"wide\"}").unwrap();
-        let err = match MiniLm::load(&dir, Device::Cpu, 128, Default::default()) {
+        let err = match MiniLm::load(&dir, Device::Cpu, Some(128), Default::default()) {
             Err(e) => e,
             Ok(_) => panic!("loaded a model from a bad config"),
         };

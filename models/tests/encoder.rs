@@ -412,3 +412,40 @@ fn a_prompt_is_embedded_with_the_text() {
         "the model has no prompt named \"doc\" (its prompts: document, passage, query)"
     );
 }
+
+/// Without `--max-tokens-per-item` an encoder runs at the limit its files
+/// declare (what sentence-transformers truncates at), else at 256, never
+/// past what its positions hold.
+#[test]
+fn the_default_token_limit_is_the_models_own() {
+    let fixtures = common::repo_root().join("tests/fixtures/encoders");
+    assert_eq!(
+        MiniLm::max_tokens_of(&fixtures.join("bert-mean-f16-prompts")).unwrap(),
+        128,
+        "sentence_bert_config.json's max_seq_length"
+    );
+    let minilm = common::models_dir().join("all-minilm-l6-v2");
+    assert_eq!(
+        MiniLm::max_tokens_of(&minilm).unwrap(),
+        sluice_models::DEFAULT_MAX_TOKENS,
+        "no limit declared: the default"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    for file in ["config.json", "tokenizer.json", "model.safetensors"] {
+        std::os::unix::fs::symlink(minilm.join(file), dir.path().join(file)).unwrap();
+    }
+    for (declared, expected) in [(64, 64), (4096, 512)] {
+        std::fs::write(
+            dir.path().join("tokenizer_config.json"),
+            format!(r#"{{"model_max_length": {declared}}}"#),
+        )
+        .unwrap();
+        assert_eq!(
+            MiniLm::max_tokens_of(dir.path()).unwrap(),
+            expected,
+            "the tokenizer's model_max_length {declared}, 512 positions"
+        );
+    }
+    let model = MiniLm::load(dir.path(), Device::Cpu, None, Default::default()).unwrap();
+    assert_eq!(model.max_tokens_per_item(), 512);
+}

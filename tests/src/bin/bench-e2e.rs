@@ -36,7 +36,7 @@ async fn main() -> Result<()> {
             model_name: Some("all-minilm-l6-v2".into()),
             device: sluice_consumer::config::DeviceKind::Cpu,
             cuda_ordinal: 0,
-            max_tokens_per_item: 256,
+            max_tokens_per_item: None,
             max_batch_tokens,
             embed_weights: Default::default(),
         },

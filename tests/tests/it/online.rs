@@ -302,11 +302,7 @@ print(json.dumps({
 async fn the_sdk_names_a_prompt_with_extra_body() {
     let d = Deployment::start().await.unwrap();
     let (dir, reference) = encoder_family("bert-mean-f16-prompts").unwrap();
-    let max = reference.max_seq_length.to_string();
-    let _embed = d
-        .start_consumer_of(&dir, &["--max-tokens-per-item", &max])
-        .await
-        .unwrap();
+    let _embed = d.start_consumer_of(&dir, &[]).await.unwrap();
     let gateway = d.start_gateway(KEYS, &[]).await.unwrap();
     let texts = &reference.texts[..];
     let got = run_sdk(PROMPT_SCRIPT, texts, &format!("http://{}/v1", gateway.addr)).await;

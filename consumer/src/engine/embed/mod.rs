@@ -60,13 +60,15 @@ pub fn load_embedding_model(config: &ModelConfig) -> anyhow::Result<LoadedModel>
             dir.display()
         );
     }
-    let tokenizer = TextTokenizer::load(&dir.join("tokenizer.json"), config.max_tokens_per_item)?;
     let model = MiniLm::load(
         dir,
         device.clone(),
         config.max_tokens_per_item,
         config.embed_weights,
     )?;
+    let max_tokens = model.max_tokens_per_item();
+    config.check_batch_holds(max_tokens)?;
+    let tokenizer = TextTokenizer::load(&dir.join("tokenizer.json"), max_tokens)?;
     Ok(LoadedModel {
         prompts: model.prompts().clone(),
         model: Box::new(model),
