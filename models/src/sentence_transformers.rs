@@ -184,7 +184,9 @@ impl EncoderFiles {
     /// the sentence-transformers files are optional).
     pub fn read(dir: &Path) -> Result<EncoderFiles, LoadError> {
         let config_path = dir.join("config.json");
-        check_model_type(&config_path, &read_json(&config_path)?)?;
+        let config = read_json(&config_path)?;
+        check_model_type(&config_path, &config)?;
+        check_not_a_classifier(&config_path, &config)?;
         let modules_path = dir.join("modules.json");
         let (pooling_dir, normalize) = match read_optional_json(&modules_path)? {
             Some(modules) => modules_of(&modules_path, &modules)?,
@@ -221,7 +223,15 @@ impl EncoderFiles {
         }
         let st_path = dir.join("config_sentence_transformers.json");
         let prompts = match read_optional_json(&st_path)? {
-            Some(config) => Prompts::read(&st_path, &config)?,
+            Some(config) => {
+                if let Some(kind) = config
+                    .get("model_type")
+                    .filter(|t| t.as_str() == Some("CrossEncoder"))
+                {
+                    return Err(unsupported(&st_path, "model_type", kind, CROSS_ENCODER));
+                }
+                Prompts::read(&st_path, &config)?
+            }
             None => Prompts::default(),
         };
         Ok(EncoderFiles {
@@ -267,6 +277,28 @@ fn read_optional_json(path: &Path) -> Result<Option<Value>, LoadError> {
         return Ok(None);
     }
     read_json(path).map(Some)
+}
+
+/// What a cross-encoder is told: it scores pairs, it does not embed.
+const CROSS_ENCODER: &str = "a sentence embedding model (this is a cross-encoder: its classifier head scores (query, document) pairs, and pooling its encoder would give vectors no one trained; the rerank task that runs it is not served yet)";
+
+/// `config.json` does not name a sequence-classification head (a
+/// cross-encoder's or a classifier's): embedding with its encoder alone
+/// would give vectors nobody trained.
+fn check_not_a_classifier(path: &Path, config: &Value) -> Result<(), LoadError> {
+    let classifier = config
+        .get("architectures")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .find(|a| {
+            a.as_str()
+                .is_some_and(|a| a.ends_with("ForSequenceClassification"))
+        });
+    match classifier {
+        Some(name) => Err(unsupported(path, "architectures", name, CROSS_ENCODER)),
+        None => Ok(()),
+    }
 }
 
 /// `config.json`'s `model_type` is one the encoder runs (absent: BERT, as
@@ -595,6 +627,38 @@ mod tests {
             (
                 "roberta",
                 vec![("config.json", r#"{"model_type": "roberta"}"#)],
+                ok(Pooling::Mean, None, false),
+            ),
+            (
+                "a cross-encoder's head",
+                vec![(
+                    "config.json",
+                    r#"{"model_type": "bert", "architectures": ["BertForSequenceClassification"]}"#,
+                )],
+                Err(vec![
+                    "config.json",
+                    "architectures = \"BertForSequenceClassification\"",
+                    "this is a cross-encoder",
+                ]),
+            ),
+            (
+                "sentence-transformers' cross-encoder",
+                vec![(
+                    "config_sentence_transformers.json",
+                    r#"{"model_type": "CrossEncoder", "activation_fn": "torch.nn.modules.activation.Sigmoid", "prompts": {}}"#,
+                )],
+                Err(vec![
+                    "config_sentence_transformers.json",
+                    "model_type = \"CrossEncoder\"",
+                    "rerank task",
+                ]),
+            ),
+            (
+                "a masked-LM checkpoint embeds as its encoder",
+                vec![(
+                    "config.json",
+                    r#"{"model_type": "bert", "architectures": ["BertForMaskedLM"]}"#,
+                )],
                 ok(Pooling::Mean, None, false),
             ),
             (

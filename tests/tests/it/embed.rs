@@ -241,7 +241,7 @@ async fn truncation_off_refuses_long_items_with_a_clear_code() {
 
 /// A model directory sluice would run differently from sentence-transformers
 /// (here one whose pooling module asks for the last token, a decoder
-/// embedder's pooling) stops the consumer at start-up with the file, the
+/// embedder's pooling, and a cross-encoder) stops the consumer at start-up with the file, the
 /// field and what is supported; the job waiting for it stays in the stream
 /// and is answered once a consumer with a model it runs starts.
 #[tokio::test]
@@ -277,6 +277,28 @@ async fn a_model_the_encoder_would_run_wrong_is_refused_at_start_and_no_job_is_l
         "1_Pooling/config.json",
         "pooling_mode = \"lasttoken\" is not supported",
         "supported: pooling_mode mean, cls or max",
+    ] {
+        assert!(err.contains(words), "{err:?} lacks {words:?}");
+    }
+    // A cross-encoder (a reranker) is refused too: its encoder alone
+    // would embed, wrongly.
+    let reranker = tempfile::tempdir().unwrap();
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(weights.join("config.json")).unwrap()).unwrap();
+    config["architectures"] = serde_json::json!(["BertForSequenceClassification"]);
+    std::fs::write(reranker.path().join("config.json"), config.to_string()).unwrap();
+    for file in ["tokenizer.json", "model.safetensors"] {
+        std::os::unix::fs::symlink(weights.join(file), reranker.path().join(file)).unwrap();
+    }
+    let err = match d.start_consumer_of(reranker.path(), &[]).await {
+        Err(e) => format!("{e:#}"),
+        Ok(_) => panic!("a consumer embedded with a cross-encoder"),
+    };
+    eprintln!("start-up refused: {err}");
+    for words in [
+        "config.json",
+        "architectures = \"BertForSequenceClassification\"",
+        "this is a cross-encoder",
     ] {
         assert!(err.contains(words), "{err:?} lacks {words:?}");
     }
