@@ -24,6 +24,10 @@ pub enum EncoderInputError {
     TooLong { tokens: usize, positions: usize },
     #[error("token id {id} is outside the vocabulary ({vocab})")]
     OutOfVocabulary { id: u32, vocab: usize },
+    #[error("token type {id} is outside the model's {types} token types")]
+    BadTokenType { id: u32, types: usize },
+    #[error("a sequence of {tokens} tokens came with {types} token types")]
+    TypesDoNotMatch { tokens: usize, types: usize },
 }
 
 pub struct BertEncoder {
@@ -36,6 +40,9 @@ pub struct BertEncoder {
     words: Vec<f32>,
     /// `[positions, hidden]`, with token type 0's embedding added.
     positions: Vec<f32>,
+    /// `[types - 1, hidden]`: token type t's embedding minus type 0's, for
+    /// t >= 1 (the second text of a pair).
+    type_deltas: Vec<f32>,
     embeddings_norm: LayerNorm,
     layers: Vec<EncoderLayer>,
 }
@@ -194,6 +201,10 @@ impl BertEncoder {
                 *p += t;
             }
         }
+        let type_deltas: Vec<f32> = token_types[h.min(token_types.len())..]
+            .chunks_exact(h)
+            .flat_map(|row| row.iter().zip(&token_types[..h]).map(|(t, t0)| t - t0))
+            .collect();
         let embeddings_norm = norm(e.pp("LayerNorm"))?;
         let mut layers = Vec::with_capacity(config.num_hidden_layers);
         for l in 0..config.num_hidden_layers {
@@ -225,18 +236,39 @@ impl BertEncoder {
             max_positions: config.max_position_embeddings,
             words,
             positions,
+            type_deltas,
             embeddings_norm,
             layers,
         })
     }
 
-    /// The last hidden states pooled by `pooling`, one vector per sequence.
-    pub fn embed(
+    /// The last hidden states pooled by `pooling`, one vector per
+    /// sequence, with each token's type (`types[i]` as long as `batch[i]`;
+    /// none: all type 0), as a pair's second text has.
+    pub fn embed_typed(
         &self,
         batch: &[&[u32]],
+        types: Option<&[&[u32]]>,
         pooling: Pooling,
     ) -> Result<Vec<Vec<f32>>, EncoderInputError> {
         let h = self.hidden;
+        let type_count = 1 + self.type_deltas.len() / h.max(1);
+        if let Some(types) = types {
+            for (seq, t) in batch.iter().zip(types) {
+                if seq.len() != t.len() {
+                    return Err(EncoderInputError::TypesDoNotMatch {
+                        tokens: seq.len(),
+                        types: t.len(),
+                    });
+                }
+                if let Some(id) = t.iter().find(|id| **id as usize >= type_count) {
+                    return Err(EncoderInputError::BadTokenType {
+                        id: *id,
+                        types: type_count,
+                    });
+                }
+            }
+        }
         let mut spans = Vec::with_capacity(batch.len());
         let mut tokens = 0;
         for seq in batch {
@@ -270,6 +302,17 @@ impl BertEncoder {
                 *r = w + p;
             }
         }
+        if let Some(types) = types {
+            let typed = types.iter().flat_map(|t| t.iter());
+            for (row, &t) in hidden.chunks_exact_mut(h).zip(typed) {
+                if t > 0 {
+                    let delta = &self.type_deltas[(t as usize - 1) * h..t as usize * h];
+                    for (r, d) in row.iter_mut().zip(delta) {
+                        *r += d;
+                    }
+                }
+            }
+        }
         self.embeddings_norm.apply(&mut hidden, None);
         // One buffer per activation, reused by every layer (the kernels
         // overwrite them whole): allocated and faulted in once per batch.
@@ -297,7 +340,7 @@ impl BertEncoder {
             .collect())
     }
 
-    /// Peak bytes of [`BertEncoder::embed`] over `tokens` tokens beyond
+    /// Peak bytes of [`BertEncoder::embed_typed`] over `tokens` tokens beyond
     /// the weights, counted generously: the hidden state, Q/K/V, the
     /// context, the attention output and the intermediate all live for the
     /// whole forward (one buffer each, reused by every layer); each

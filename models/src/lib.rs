@@ -9,6 +9,7 @@
 //! the batcher plan with.
 
 mod bert;
+pub mod cross_encoder;
 pub mod generation;
 pub mod gguf_tokenizer;
 pub mod llama;
@@ -80,7 +81,7 @@ impl EmbedWeights {
     }
 }
 pub use minilm::{DEFAULT_MAX_TOKENS, ForwardChoice, MiniLm};
-pub use tokenizer::{TextTokenizer, TokenizeError, TokenizedItem};
+pub use tokenizer::{TextTokenizer, TokenizeError, TokenizedItem, TokenizedPair};
 
 /// An embedding model: token ids in, one pooled vector per item out (pooled
 /// as the model's sentence-transformers files say).

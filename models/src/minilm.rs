@@ -115,6 +115,19 @@ impl MiniLm {
         choice: ForwardChoice,
     ) -> Result<MiniLm, LoadError> {
         let files = EncoderFiles::read(dir)?;
+        Self::load_from(dir, files, device, max_tokens_per_item, choice)
+    }
+
+    /// The encoder in `dir`, run as `files` say (read and checked by the
+    /// caller: [`EncoderFiles::read`] for an embedding model, the
+    /// cross-encoder's own reader for a reranker).
+    pub(crate) fn load_from(
+        dir: &Path,
+        files: EncoderFiles,
+        device: Device,
+        max_tokens_per_item: usize,
+        choice: ForwardChoice,
+    ) -> Result<MiniLm, LoadError> {
         if let Some(limit) = files.max_seq_length
             && max_tokens_per_item > limit
         {
@@ -237,7 +250,11 @@ impl MiniLm {
         &self.prompts
     }
 
-    fn candle_forward(&self, batch: &[&[u32]]) -> candle_core::Result<Vec<Vec<f32>>> {
+    fn candle_forward(
+        &self,
+        batch: &[&[u32]],
+        types: Option<&[&[u32]]>,
+    ) -> candle_core::Result<Vec<Vec<f32>>> {
         let n = batch.len();
         let len = batch.iter().map(|s| s.len()).max().unwrap_or(0);
         let mut ids = vec![self.pad_id; n * len];
@@ -246,9 +263,13 @@ impl MiniLm {
             ids[row * len..row * len + seq.len()].copy_from_slice(seq);
             mask[row * len..row * len + seq.len()].fill(1);
         }
+        let mut type_ids = vec![0u32; n * len];
+        for (row, t) in types.into_iter().flatten().enumerate() {
+            type_ids[row * len..row * len + t.len()].copy_from_slice(t);
+        }
         let ids = Tensor::from_vec(ids, (n, len), &self.device)?;
         let mask = Tensor::from_vec(mask, (n, len), &self.device)?;
-        let types = ids.zeros_like()?;
+        let types = Tensor::from_vec(type_ids, (n, len), &self.device)?;
         let hidden = match &self.forward {
             Forward::Candle(model) => model.forward(&ids, &types, Some(&mask))?,
             Forward::CandleRoberta(model) => {
@@ -337,6 +358,18 @@ impl EmbeddingModel for MiniLm {
     }
 
     fn embed(&self, batch: &[&[u32]]) -> Result<Vec<Vec<f32>>, ModelError> {
+        self.embed_typed(batch, None)
+    }
+}
+
+impl MiniLm {
+    /// [`EmbeddingModel::embed`] with each token's type (a pair's second
+    /// text is type 1 in BERT's template; none: all type 0).
+    pub fn embed_typed(
+        &self,
+        batch: &[&[u32]],
+        types: Option<&[&[u32]]>,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
@@ -360,8 +393,19 @@ impl EmbeddingModel for MiniLm {
             )));
         }
         match &self.forward {
-            Forward::Packed(encoder) => Ok(encoder.embed(batch, self.pooling)?),
-            Forward::Candle(_) | Forward::CandleRoberta(_) => Ok(self.candle_forward(batch)?),
+            Forward::Packed(encoder) => Ok(encoder.embed_typed(batch, types, self.pooling)?),
+            Forward::Candle(_) | Forward::CandleRoberta(_) => {
+                if let Some(types) = types {
+                    // The packed forward's checks, for candle's lookup.
+                    let lengths_differ = batch.iter().zip(types).any(|(s, t)| s.len() != t.len());
+                    if lengths_differ || types.len() != batch.len() {
+                        return Err(ModelError::Failed(
+                            "bug: token types that do not match their sequences".into(),
+                        ));
+                    }
+                }
+                Ok(self.candle_forward(batch, types)?)
+            }
         }
     }
 }

@@ -202,25 +202,7 @@ impl EncoderFiles {
             }
             None => Pooling::Mean,
         };
-        let sbert_path = dir.join("sentence_bert_config.json");
-        let mut max_seq_length = match read_optional_json(&sbert_path)? {
-            Some(config) => whole_number(&sbert_path, &config, "max_seq_length")?,
-            None => None,
-        };
-        if max_seq_length.is_none() {
-            let path = dir.join("tokenizer_config.json");
-            if let Some(config) = read_optional_json(&path)? {
-                // transformers writes int(1e30) for "no limit" (read as a
-                // float here).
-                let unlimited = config
-                    .get("model_max_length")
-                    .and_then(Value::as_f64)
-                    .is_some_and(|n| n >= 4_294_967_296.0);
-                if !unlimited {
-                    max_seq_length = whole_number(&path, &config, "model_max_length")?;
-                }
-            }
-        }
+        let max_seq_length = declared_max_tokens(dir)?;
         let st_path = dir.join("config_sentence_transformers.json");
         let prompts = match read_optional_json(&st_path)? {
             Some(config) => {
@@ -243,6 +225,31 @@ impl EncoderFiles {
     }
 }
 
+/// The tokens per input the directory declares: sentence-transformers'
+/// `max_seq_length` (`sentence_bert_config.json`), else the tokenizer's
+/// `model_max_length` (`tokenizer_config.json`), else none.
+pub(crate) fn declared_max_tokens(dir: &Path) -> Result<Option<usize>, LoadError> {
+    let sbert_path = dir.join("sentence_bert_config.json");
+    if let Some(config) = read_optional_json(&sbert_path)?
+        && let Some(n) = whole_number(&sbert_path, &config, "max_seq_length")?
+    {
+        return Ok(Some(n));
+    }
+    let path = dir.join("tokenizer_config.json");
+    let Some(config) = read_optional_json(&path)? else {
+        return Ok(None);
+    };
+    // transformers writes int(1e30) for "no limit" (read as a float here).
+    let unlimited = config
+        .get("model_max_length")
+        .and_then(Value::as_f64)
+        .is_some_and(|n| n >= 4_294_967_296.0);
+    if unlimited {
+        return Ok(None);
+    }
+    whole_number(&path, &config, "model_max_length")
+}
+
 /// `config[field]` as a whole number, absent or null as `None`.
 fn whole_number(path: &Path, config: &Value, field: &str) -> Result<Option<usize>, LoadError> {
     match config.get(field) {
@@ -254,14 +261,14 @@ fn whole_number(path: &Path, config: &Value, field: &str) -> Result<Option<usize
     }
 }
 
-fn unsupported(path: &Path, field: &str, value: &Value, supported: &str) -> LoadError {
+pub(crate) fn unsupported(path: &Path, field: &str, value: &Value, supported: &str) -> LoadError {
     LoadError::Unsupported(format!(
         "{}: {field} = {value} is not supported (supported: {supported})",
         path.display()
     ))
 }
 
-fn read_json(path: &Path) -> Result<Value, LoadError> {
+pub(crate) fn read_json(path: &Path) -> Result<Value, LoadError> {
     let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
         path: path.to_path_buf(),
         source,
@@ -272,7 +279,7 @@ fn read_json(path: &Path) -> Result<Value, LoadError> {
     })
 }
 
-fn read_optional_json(path: &Path) -> Result<Option<Value>, LoadError> {
+pub(crate) fn read_optional_json(path: &Path) -> Result<Option<Value>, LoadError> {
     if !path.exists() {
         return Ok(None);
     }
@@ -303,7 +310,7 @@ fn check_not_a_classifier(path: &Path, config: &Value) -> Result<(), LoadError> 
 
 /// `config.json`'s `model_type` is one the encoder runs (absent: BERT, as
 /// candle-transformers reads it).
-fn check_model_type(path: &Path, config: &Value) -> Result<(), LoadError> {
+pub(crate) fn check_model_type(path: &Path, config: &Value) -> Result<(), LoadError> {
     match config.get("model_type") {
         None => Ok(()),
         Some(Value::String(t)) if MODEL_TYPES.contains(&t.as_str()) => Ok(()),

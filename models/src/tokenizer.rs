@@ -6,7 +6,9 @@
 
 use std::path::Path;
 
-use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
+use tokenizers::{
+    EncodeInput, Encoding, Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy,
+};
 
 use super::LoadError;
 
@@ -15,6 +17,17 @@ use super::LoadError;
 pub struct TokenizedItem {
     pub ids: Vec<u32>,
     /// The item was longer than the model's limit and was cut.
+    pub truncated: bool,
+}
+
+/// A (query, document) pair's token ids, in the tokenizer's pair template,
+/// and each token's type (0 for the first text, 1 for the second in BERT's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenizedPair {
+    pub ids: Vec<u32>,
+    pub type_ids: Vec<u32>,
+    /// The pair was longer than the model's limit and was cut (the longer
+    /// text first, as transformers' `longest_first`).
     pub truncated: bool,
 }
 
@@ -58,9 +71,43 @@ impl TextTokenizer {
         texts: Vec<String>,
         truncate: bool,
     ) -> Result<Vec<TokenizedItem>, TokenizeError> {
+        self.encode_each(texts, truncate, |enc, truncated| TokenizedItem {
+            ids: enc.get_ids().to_vec(),
+            truncated,
+        })
+    }
+
+    /// Tokenizes (query, document) pairs in the pair template. Blocking and
+    /// CPU-heavy: call it off the async runtime.
+    pub fn encode_pairs(
+        &self,
+        pairs: Vec<(String, String)>,
+        truncate: bool,
+    ) -> Result<Vec<TokenizedPair>, TokenizeError> {
+        // An empty document is still a second text (`[CLS] query [SEP]
+        // [SEP]`), as sentence-transformers' batched call tokenizes it.
+        let inputs: Vec<EncodeInput> = pairs
+            .into_iter()
+            .map(|(a, b)| EncodeInput::Dual(a.into(), b.into()))
+            .collect();
+        self.encode_each(inputs, truncate, |enc, truncated| TokenizedPair {
+            ids: enc.get_ids().to_vec(),
+            type_ids: enc.get_type_ids().to_vec(),
+            truncated,
+        })
+    }
+
+    /// Encodes `inputs`, refusing a truncated one unless `truncate`, and
+    /// makes each result from its encoding and whether it was cut.
+    fn encode_each<'s, I: Into<EncodeInput<'s>> + Send, T>(
+        &self,
+        inputs: Vec<I>,
+        truncate: bool,
+        make: impl Fn(Encoding, bool) -> T,
+    ) -> Result<Vec<T>, TokenizeError> {
         let encodings = self
             .inner
-            .encode_batch(texts, true)
+            .encode_batch(inputs, true)
             .map_err(|e| TokenizeError::Failed(e.to_string()))?;
         encodings
             .into_iter()
@@ -73,10 +120,7 @@ impl TextTokenizer {
                         limit: self.max_tokens,
                     });
                 }
-                Ok(TokenizedItem {
-                    ids: enc.get_ids().to_vec(),
-                    truncated,
-                })
+                Ok(make(enc, truncated))
             })
             .collect()
     }

@@ -1,0 +1,470 @@
+//! Cross-encoders (rerankers): a BERT, RoBERTa or XLM-RoBERTa encoder over a
+//! (query, document) pair in the tokenizer's pair template, its first
+//! token's last state through the sequence-classification head (a dense
+//! layer and tanh, then one score: BERT's `bert.pooler` + `classifier`,
+//! RoBERTa's `classifier.dense` + `classifier.out_proj`), then the
+//! activation sentence-transformers' `CrossEncoder` applies (sigmoid by
+//! default for one label, or what its files name).
+//!
+//! The directory is read and checked first, as for embedding models: a head
+//! with other than one label, an activation sluice does not run, modules
+//! beyond the transformer, or token types it cannot tell are refused naming
+//! the file and the field. The encoder is the embedding models' (`MiniLm`,
+//! both forwards), pooling the first token.
+
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor};
+use serde_json::Value;
+
+use super::minilm::{ForwardChoice, MiniLm};
+use super::pooling::Pooling;
+use super::sentence_transformers::{
+    EncoderFiles, Prompts, check_model_type, declared_max_tokens, read_json, read_optional_json,
+    unsupported,
+};
+use super::{EmbeddingModel, LoadError, ModelError};
+
+/// The heads the reranker runs, by `config.json`'s `architectures`.
+pub const ARCHITECTURES: [&str; 3] = [
+    "BertForSequenceClassification",
+    "RobertaForSequenceClassification",
+    "XLMRobertaForSequenceClassification",
+];
+
+/// What turns the head's logit into the score.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScoreActivation {
+    /// `1 / (1 + e^-x)`: sentence-transformers' default for one label.
+    Sigmoid,
+    /// The raw logit.
+    Identity,
+}
+
+impl ScoreActivation {
+    fn apply(self, x: f32) -> f32 {
+        match self {
+            ScoreActivation::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+            ScoreActivation::Identity => x,
+        }
+    }
+}
+
+/// What a cross-encoder directory asks beyond its encoder's weights.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CrossEncoderFiles {
+    pub activation: ScoreActivation,
+    /// The tokens per pair the directory declares, if any.
+    pub max_seq_length: Option<usize>,
+    /// Whether the model reads token type ids (BERT's tokenizers pass them;
+    /// XLM-RoBERTa's do not).
+    pub token_types: bool,
+}
+
+impl CrossEncoderFiles {
+    pub fn read(dir: &Path) -> Result<CrossEncoderFiles, LoadError> {
+        let config_path = dir.join("config.json");
+        let config = read_json(&config_path)?;
+        check_model_type(&config_path, &config)?;
+        let architectures: Vec<&str> = config
+            .get("architectures")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        if !architectures.iter().any(|a| ARCHITECTURES.contains(a)) {
+            return Err(unsupported(
+                &config_path,
+                "architectures",
+                config.get("architectures").unwrap_or(&Value::Null),
+                &format!(
+                    "one of {} (a cross-encoder's head)",
+                    ARCHITECTURES.join(", ")
+                ),
+            ));
+        }
+        // transformers' own default is two labels.
+        let labels = match (config.get("id2label"), config.get("num_labels")) {
+            (Some(Value::Object(labels)), _) => labels.len() as u64,
+            (_, Some(n)) => n.as_u64().unwrap_or(0),
+            _ => 2,
+        };
+        if labels != 1 {
+            return Err(unsupported(
+                &config_path,
+                "id2label",
+                config.get("id2label").unwrap_or(&Value::Null),
+                "one label: a reranker gives one score per pair",
+            ));
+        }
+        let modules_path = dir.join("modules.json");
+        if let Some(modules) = read_optional_json(&modules_path)? {
+            let only_transformer = modules.as_array().is_some_and(|m| {
+                m.len() == 1
+                    && m[0]
+                        .get("type")
+                        .and_then(Value::as_str)
+                        .is_some_and(|t| t.ends_with(".Transformer"))
+            });
+            if !only_transformer {
+                return Err(unsupported(
+                    &modules_path,
+                    "(the modules)",
+                    &modules,
+                    "a cross-encoder's one Transformer module",
+                ));
+            }
+        }
+        let st_path = dir.join("config_sentence_transformers.json");
+        let activation = match read_optional_json(&st_path)? {
+            Some(st) if st.get("activation_fn").is_some() => {
+                activation_of(&st_path, &st["activation_fn"])?
+            }
+            // sentence-transformers before 4 kept it in config.json.
+            _ => match config.pointer("/sentence_transformers/activation_fn") {
+                Some(name) => activation_of(&config_path, name)?,
+                None => ScoreActivation::Sigmoid,
+            },
+        };
+        Ok(CrossEncoderFiles {
+            activation,
+            max_seq_length: declared_max_tokens(dir)?,
+            token_types: token_types(dir, &config)?,
+        })
+    }
+}
+
+fn activation_of(path: &Path, name: &Value) -> Result<ScoreActivation, LoadError> {
+    match name.as_str() {
+        Some("torch.nn.modules.activation.Sigmoid") => Ok(ScoreActivation::Sigmoid),
+        Some("torch.nn.modules.linear.Identity") => Ok(ScoreActivation::Identity),
+        _ => Err(unsupported(
+            path,
+            "activation_fn",
+            name,
+            "torch.nn.modules.activation.Sigmoid or torch.nn.modules.linear.Identity",
+        )),
+    }
+}
+
+/// Whether transformers hands the model the tokenizer's token type ids:
+/// as `tokenizer_config.json`'s `model_input_names` say, else as its
+/// `tokenizer_class` does. A model with one token type reads none.
+fn token_types(dir: &Path, config: &Value) -> Result<bool, LoadError> {
+    if config.get("type_vocab_size").and_then(Value::as_u64) == Some(1) {
+        return Ok(false);
+    }
+    let path = dir.join("tokenizer_config.json");
+    let tokenizer = read_optional_json(&path)?.unwrap_or(Value::Null);
+    if let Some(names) = tokenizer.get("model_input_names").and_then(Value::as_array) {
+        return Ok(names.iter().any(|n| n.as_str() == Some("token_type_ids")));
+    }
+    match tokenizer.get("tokenizer_class").and_then(Value::as_str) {
+        Some("BertTokenizer" | "BertTokenizerFast") => Ok(true),
+        Some(
+            "RobertaTokenizer"
+            | "RobertaTokenizerFast"
+            | "XLMRobertaTokenizer"
+            | "XLMRobertaTokenizerFast",
+        ) => Ok(false),
+        _ => Err(unsupported(
+            &path,
+            "tokenizer_class",
+            tokenizer.get("tokenizer_class").unwrap_or(&Value::Null),
+            "a BERT or (XLM-)RoBERTa tokenizer, or model_input_names saying whether token_type_ids are passed",
+        )),
+    }
+}
+
+/// The classifier head: `score = out . tanh(dense . cls + dense_bias) + out_bias`.
+struct Head {
+    hidden: usize,
+    /// `[hidden, hidden]`, row per output.
+    dense: Vec<f32>,
+    dense_bias: Vec<f32>,
+    out: Vec<f32>,
+    out_bias: f32,
+}
+
+impl Head {
+    /// The head's tensors from `model.safetensors` (BERT's or RoBERTa's names).
+    fn load(dir: &Path, hidden: usize) -> Result<Head, LoadError> {
+        let path = dir.join("model.safetensors");
+        let bytes = std::fs::read(&path).map_err(|source| LoadError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        let weights = |source| LoadError::Weights {
+            path: path.clone(),
+            source,
+        };
+        let tensors =
+            candle_core::safetensors::load_buffer(&bytes, &Device::Cpu).map_err(weights)?;
+        let names = if tensors.contains_key("bert.pooler.dense.weight") {
+            ["bert.pooler.dense", "classifier"]
+        } else {
+            ["classifier.dense", "classifier.out_proj"]
+        };
+        let get = |name: String, len: usize| -> Result<Vec<f32>, LoadError> {
+            let t: &Tensor = tensors.get(&name).ok_or_else(|| {
+                LoadError::Unsupported(format!(
+                    "{}: no tensor {name} (the classifier head of {})",
+                    path.display(),
+                    ARCHITECTURES.join(", ")
+                ))
+            })?;
+            let values = t
+                .to_dtype(DType::F32)
+                .and_then(|t| t.flatten_all())
+                .and_then(|t| t.to_vec1::<f32>())
+                .map_err(weights)?;
+            if values.len() != len {
+                return Err(LoadError::Unsupported(format!(
+                    "{}: {name} holds {} values, not {len} (hidden size {hidden}, one label)",
+                    path.display(),
+                    values.len()
+                )));
+            }
+            Ok(values)
+        };
+        Ok(Head {
+            hidden,
+            dense: get(format!("{}.weight", names[0]), hidden * hidden)?,
+            dense_bias: get(format!("{}.bias", names[0]), hidden)?,
+            out: get(format!("{}.weight", names[1]), hidden)?,
+            out_bias: get(format!("{}.bias", names[1]), 1)?[0],
+        })
+    }
+
+    fn logit(&self, cls: &[f32]) -> f32 {
+        let h = self.hidden;
+        let pooled = self
+            .dense
+            .chunks_exact(h)
+            .zip(&self.dense_bias)
+            .map(|(row, b)| (b + row.iter().zip(cls).map(|(w, x)| w * x).sum::<f32>()).tanh());
+        self.out_bias + pooled.zip(&self.out).map(|(p, w)| p * w).sum::<f32>()
+    }
+}
+
+pub struct CrossEncoder {
+    encoder: MiniLm,
+    head: Head,
+    files: CrossEncoderFiles,
+}
+
+impl CrossEncoder {
+    /// Tokens per pair when the deployment sets none: the directory's
+    /// declared limit, else [`super::DEFAULT_MAX_TOKENS`] (within its
+    /// positions, as [`MiniLm::max_tokens_of`]).
+    pub fn load_with(
+        dir: &Path,
+        device: Device,
+        max_tokens_per_pair: usize,
+        choice: ForwardChoice,
+    ) -> Result<CrossEncoder, LoadError> {
+        let files = CrossEncoderFiles::read(dir)?;
+        let encoder_files = EncoderFiles {
+            pooling: Pooling::Cls,
+            max_seq_length: files.max_seq_length,
+            normalize: false,
+            prompts: Prompts::default(),
+        };
+        let encoder = MiniLm::load_from(dir, encoder_files, device, max_tokens_per_pair, choice)?;
+        let head = Head::load(dir, encoder.dim())?;
+        tracing::info!(
+            model = %dir.display(),
+            activation = ?files.activation,
+            token_types = files.token_types,
+            "cross-encoder files read"
+        );
+        Ok(CrossEncoder {
+            encoder,
+            head,
+            files,
+        })
+    }
+
+    /// Which forward runs the encoder (as [`EmbeddingModel::forward_name`]).
+    pub fn forward_name(&self) -> &'static str {
+        self.encoder.forward_name()
+    }
+
+    pub fn activation(&self) -> ScoreActivation {
+        self.files.activation
+    }
+
+    /// One score per pair, in order: `ids[i]` in the pair template with
+    /// `types[i]` its token types (read only where the model takes them).
+    pub fn score(&self, ids: &[&[u32]], types: &[&[u32]]) -> Result<Vec<f32>, ModelError> {
+        let types = self.files.token_types.then_some(types);
+        let first_tokens = self.encoder.embed_typed(ids, types)?;
+        Ok(first_tokens
+            .iter()
+            .map(|cls| self.files.activation.apply(self.head.logit(cls)))
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    /// A directory with a BERT cross-encoder's `config.json` (unless
+    /// `files` brings its own) and `files`.
+    fn dir_with(files: &[(&str, &str)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        if !files.iter().any(|(p, _)| *p == "config.json") {
+            std::fs::write(
+                dir.path().join("config.json"),
+                r#"{"model_type": "bert", "architectures": ["BertForSequenceClassification"], "id2label": {"0": "LABEL_0"}}"#,
+            )
+            .unwrap();
+        }
+        for (path, text) in files {
+            std::fs::write(dir.path().join(path), text).unwrap();
+        }
+        dir
+    }
+
+    const BERT_TOKENIZER: &str = r#"{"tokenizer_class": "BertTokenizer"}"#;
+
+    /// What each directory reads as, or the words its refusal carries.
+    #[test]
+    fn each_cross_encoder_directory_reads_as_sentence_transformers_would_or_is_refused() {
+        let ok = |activation, max_seq_length, token_types| {
+            Ok(CrossEncoderFiles {
+                activation,
+                max_seq_length,
+                token_types,
+            })
+        };
+        type Case<'a> = (
+            &'a str,
+            Vec<(&'a str, &'a str)>,
+            Result<CrossEncoderFiles, Vec<&'a str>>,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "sentence-transformers' default activation",
+                vec![("tokenizer_config.json", BERT_TOKENIZER)],
+                ok(ScoreActivation::Sigmoid, None, true),
+            ),
+            (
+                "identity, from sentence-transformers 6's file",
+                vec![
+                    ("tokenizer_config.json", BERT_TOKENIZER),
+                    (
+                        "config_sentence_transformers.json",
+                        r#"{"model_type": "CrossEncoder", "activation_fn": "torch.nn.modules.linear.Identity"}"#,
+                    ),
+                    ("sentence_bert_config.json", r#"{"max_seq_length": 512}"#),
+                ],
+                ok(ScoreActivation::Identity, Some(512), true),
+            ),
+            (
+                "identity, from an older config.json",
+                vec![
+                    (
+                        "config.json",
+                        r#"{"model_type": "bert", "architectures": ["BertForSequenceClassification"], "num_labels": 1, "sentence_transformers": {"activation_fn": "torch.nn.modules.linear.Identity"}}"#,
+                    ),
+                    ("tokenizer_config.json", BERT_TOKENIZER),
+                ],
+                ok(ScoreActivation::Identity, None, true),
+            ),
+            (
+                "a tokenizer that passes no token types",
+                vec![(
+                    "tokenizer_config.json",
+                    r#"{"model_input_names": ["input_ids", "attention_mask"]}"#,
+                )],
+                ok(ScoreActivation::Sigmoid, None, false),
+            ),
+            (
+                "XLM-RoBERTa's one token type",
+                vec![(
+                    "config.json",
+                    r#"{"model_type": "xlm-roberta", "architectures": ["XLMRobertaForSequenceClassification"], "id2label": {"0": "LABEL_0"}, "type_vocab_size": 1}"#,
+                )],
+                ok(ScoreActivation::Sigmoid, None, false),
+            ),
+            (
+                "an embedding model",
+                vec![(
+                    "config.json",
+                    r#"{"model_type": "bert", "architectures": ["BertModel"]}"#,
+                )],
+                Err(vec![
+                    "config.json",
+                    "architectures",
+                    "a cross-encoder's head",
+                ]),
+            ),
+            (
+                "two labels",
+                vec![(
+                    "config.json",
+                    r#"{"model_type": "bert", "architectures": ["BertForSequenceClassification"], "id2label": {"0": "no", "1": "yes"}}"#,
+                )],
+                Err(vec!["config.json", "id2label", "one label"]),
+            ),
+            (
+                "transformers' default of two labels",
+                vec![(
+                    "config.json",
+                    r#"{"model_type": "bert", "architectures": ["BertForSequenceClassification"]}"#,
+                )],
+                Err(vec!["id2label", "one label"]),
+            ),
+            (
+                "another activation",
+                vec![
+                    ("tokenizer_config.json", BERT_TOKENIZER),
+                    (
+                        "config_sentence_transformers.json",
+                        r#"{"activation_fn": "torch.nn.modules.activation.Tanh"}"#,
+                    ),
+                ],
+                Err(vec![
+                    "config_sentence_transformers.json",
+                    "activation_fn = \"torch.nn.modules.activation.Tanh\"",
+                ]),
+            ),
+            (
+                "a module after the transformer",
+                vec![(
+                    "modules.json",
+                    r#"[{"type": "sentence_transformers.models.Transformer"}, {"type": "sentence_transformers.models.Pooling"}]"#,
+                )],
+                Err(vec!["modules.json", "one Transformer module"]),
+            ),
+            (
+                "token types it cannot tell",
+                vec![(
+                    "tokenizer_config.json",
+                    r#"{"tokenizer_class": "ElectraTokenizer"}"#,
+                )],
+                Err(vec![
+                    "tokenizer_config.json",
+                    "tokenizer_class = \"ElectraTokenizer\"",
+                ]),
+            ),
+        ];
+        for (what, files, expected) in cases {
+            let dir = dir_with(&files);
+            match (CrossEncoderFiles::read(dir.path()), expected) {
+                (Ok(got), Ok(expected)) => assert_eq!(got, expected, "{what}"),
+                (Err(e), Err(words)) => {
+                    let text = e.to_string();
+                    for w in words {
+                        assert!(text.contains(w), "{what}: {text:?} lacks {w:?}");
+                    }
+                }
+                (got, expected) => panic!("{what}: got {got:?}, expected {expected:?}"),
+            }
+        }
+    }
+}
