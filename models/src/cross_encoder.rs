@@ -14,7 +14,8 @@
 
 use std::path::Path;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::Device;
+use candle_nn::VarBuilder;
 use serde_json::Value;
 
 use super::minilm::{ForwardChoice, MiniLm};
@@ -188,52 +189,37 @@ struct Head {
 }
 
 impl Head {
-    /// The head's tensors from `model.safetensors` (BERT's or RoBERTa's names).
-    fn load(dir: &Path, hidden: usize) -> Result<Head, LoadError> {
-        let path = dir.join("model.safetensors");
-        let bytes = std::fs::read(&path).map_err(|source| LoadError::Read {
-            path: path.clone(),
-            source,
-        })?;
-        let weights = |source| LoadError::Weights {
-            path: path.clone(),
-            source,
-        };
-        let tensors =
-            candle_core::safetensors::load_buffer(&bytes, &Device::Cpu).map_err(weights)?;
-        let names = if tensors.contains_key("bert.pooler.dense.weight") {
+    /// The head's tensors (BERT's or RoBERTa's names) from the weights the
+    /// encoder was loaded from (`path`, for messages).
+    fn load(path: &Path, vb: &VarBuilder, hidden: usize) -> Result<Head, LoadError> {
+        let names = if vb.contains_tensor("bert.pooler.dense.weight") {
             ["bert.pooler.dense", "classifier"]
         } else {
             ["classifier.dense", "classifier.out_proj"]
         };
-        let get = |name: String, len: usize| -> Result<Vec<f32>, LoadError> {
-            let t: &Tensor = tensors.get(&name).ok_or_else(|| {
-                LoadError::Unsupported(format!(
+        let get = |name: String, shape: &[usize]| -> Result<Vec<f32>, LoadError> {
+            if !vb.contains_tensor(&name) {
+                return Err(LoadError::Unsupported(format!(
                     "{}: no tensor {name} (the classifier head of {})",
                     path.display(),
                     ARCHITECTURES.join(", ")
-                ))
-            })?;
-            let values = t
-                .to_dtype(DType::F32)
-                .and_then(|t| t.flatten_all())
-                .and_then(|t| t.to_vec1::<f32>())
-                .map_err(weights)?;
-            if values.len() != len {
-                return Err(LoadError::Unsupported(format!(
-                    "{}: {name} holds {} values, not {len} (hidden size {hidden}, one label)",
-                    path.display(),
-                    values.len()
                 )));
             }
-            Ok(values)
+            vb.get(shape, &name)
+                .and_then(|t| t.to_device(&Device::Cpu))
+                .and_then(|t| t.flatten_all())
+                .and_then(|t| t.to_vec1::<f32>())
+                .map_err(|source| LoadError::Weights {
+                    path: path.to_path_buf(),
+                    source,
+                })
         };
         Ok(Head {
             hidden,
-            dense: get(format!("{}.weight", names[0]), hidden * hidden)?,
-            dense_bias: get(format!("{}.bias", names[0]), hidden)?,
-            out: get(format!("{}.weight", names[1]), hidden)?,
-            out_bias: get(format!("{}.bias", names[1]), 1)?[0],
+            dense: get(format!("{}.weight", names[0]), &[hidden, hidden])?,
+            dense_bias: get(format!("{}.bias", names[0]), &[hidden])?,
+            out: get(format!("{}.weight", names[1]), &[1, hidden])?,
+            out_bias: get(format!("{}.bias", names[1]), &[1])?[0],
         })
     }
 
@@ -271,8 +257,9 @@ impl CrossEncoder {
             normalize: false,
             prompts: Prompts::default(),
         };
-        let encoder = MiniLm::load_from(dir, encoder_files, device, max_tokens_per_pair, choice)?;
-        let head = Head::load(dir, encoder.dim())?;
+        let (encoder, weights) =
+            MiniLm::load_from(dir, encoder_files, device, max_tokens_per_pair, choice)?;
+        let head = Head::load(&dir.join("model.safetensors"), &weights, encoder.dim())?;
         tracing::info!(
             model = %dir.display(),
             activation = ?files.activation,
@@ -455,16 +442,11 @@ mod tests {
         ];
         for (what, files, expected) in cases {
             let dir = dir_with(&files);
-            match (CrossEncoderFiles::read(dir.path()), expected) {
-                (Ok(got), Ok(expected)) => assert_eq!(got, expected, "{what}"),
-                (Err(e), Err(words)) => {
-                    let text = e.to_string();
-                    for w in words {
-                        assert!(text.contains(w), "{what}: {text:?} lacks {w:?}");
-                    }
-                }
-                (got, expected) => panic!("{what}: got {got:?}, expected {expected:?}"),
-            }
+            crate::sentence_transformers::assert_reads_as(
+                what,
+                CrossEncoderFiles::read(dir.path()),
+                expected,
+            );
         }
     }
 }

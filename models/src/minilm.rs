@@ -115,19 +115,20 @@ impl MiniLm {
         choice: ForwardChoice,
     ) -> Result<MiniLm, LoadError> {
         let files = EncoderFiles::read(dir)?;
-        Self::load_from(dir, files, device, max_tokens_per_item, choice)
+        Self::load_from(dir, files, device, max_tokens_per_item, choice).map(|(model, _)| model)
     }
 
     /// The encoder in `dir`, run as `files` say (read and checked by the
     /// caller: [`EncoderFiles::read`] for an embedding model, the
-    /// cross-encoder's own reader for a reranker).
+    /// cross-encoder's own reader for a reranker), and the weights it read
+    /// (for a head on top, so the file is read once).
     pub(crate) fn load_from(
         dir: &Path,
         files: EncoderFiles,
         device: Device,
         max_tokens_per_item: usize,
         choice: ForwardChoice,
-    ) -> Result<MiniLm, LoadError> {
+    ) -> Result<(MiniLm, VarBuilder<'static>), LoadError> {
         if let Some(limit) = files.max_seq_length
             && max_tokens_per_item > limit
         {
@@ -198,6 +199,7 @@ impl MiniLm {
             );
         }
         let packed = fastest && unsupported.is_none();
+        let weights_read = vb.clone();
         let forward = if packed {
             let weights = match choice {
                 ForwardChoice::FastestBf16 => super::EmbedWeights::Bf16,
@@ -226,7 +228,7 @@ impl MiniLm {
             };
             Forward::CandleRoberta(XLMRobertaModel::new(&roberta, vb).map_err(build)?)
         };
-        Ok(MiniLm {
+        let model = MiniLm {
             forward,
             device,
             vocab_size: config.vocab_size,
@@ -237,7 +239,8 @@ impl MiniLm {
             pooling: files.pooling,
             prompts: files.prompts,
             pad_id: config.pad_token_id as u32,
-        })
+        };
+        Ok((model, weights_read))
     }
 
     /// How the vectors are pooled (from the model's files).
@@ -392,18 +395,17 @@ impl MiniLm {
                 self.vocab_size
             )));
         }
+        if let Some(types) = types
+            && (types.len() != batch.len()
+                || batch.iter().zip(types).any(|(s, t)| s.len() != t.len()))
+        {
+            return Err(ModelError::Failed(
+                "bug: token types that do not match their sequences".into(),
+            ));
+        }
         match &self.forward {
             Forward::Packed(encoder) => Ok(encoder.embed_typed(batch, types, self.pooling)?),
             Forward::Candle(_) | Forward::CandleRoberta(_) => {
-                if let Some(types) = types {
-                    // The packed forward's checks, for candle's lookup.
-                    let lengths_differ = batch.iter().zip(types).any(|(s, t)| s.len() != t.len());
-                    if lengths_differ || types.len() != batch.len() {
-                        return Err(ModelError::Failed(
-                            "bug: token types that do not match their sequences".into(),
-                        ));
-                    }
-                }
                 Ok(self.candle_forward(batch, types)?)
             }
         }

@@ -168,7 +168,7 @@ impl Prompts {
                 ));
             }
         };
-        Prompts::new(by_name, default.clone()).map_err(|e| {
+        Prompts::new(by_name, default).map_err(|e| {
             unsupported(
                 path,
                 "default_prompt_name",
@@ -426,6 +426,26 @@ fn pooling_of(path: &Path, config: &Value) -> Result<Pooling, LoadError> {
                 .collect::<Vec<_>>()
                 .join(", ")
         ))),
+    }
+}
+
+/// A table row's check for a directory reader: `got` is `expected`, or its
+/// refusal's message holds every one of the words.
+#[cfg(test)]
+pub(crate) fn assert_reads_as<T: PartialEq + std::fmt::Debug>(
+    what: &str,
+    got: Result<T, LoadError>,
+    expected: Result<T, Vec<&str>>,
+) {
+    match (got, expected) {
+        (Ok(got), Ok(expected)) => assert_eq!(got, expected, "{what}"),
+        (Err(e), Err(words)) => {
+            let text = e.to_string();
+            for w in words {
+                assert!(text.contains(w), "{what}: {text:?} lacks {w:?}");
+            }
+        }
+        (got, expected) => panic!("{what}: got {got:?}, expected {expected:?}"),
     }
 }
 
@@ -714,17 +734,7 @@ mod tests {
         ];
         for (what, files, expected) in cases {
             let dir = dir_with(&files);
-            let got = EncoderFiles::read(dir.path());
-            match (got, expected) {
-                (Ok(got), Ok(expected)) => assert_eq!(got, expected, "{what}"),
-                (Err(e), Err(words)) => {
-                    let text = e.to_string();
-                    for w in words {
-                        assert!(text.contains(w), "{what}: {text:?} lacks {w:?}");
-                    }
-                }
-                (got, expected) => panic!("{what}: got {got:?}, expected {expected:?}"),
-            }
+            assert_reads_as(what, EncoderFiles::read(dir.path()), expected);
         }
     }
 
