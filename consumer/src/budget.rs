@@ -270,6 +270,9 @@ pub struct JobCost {
 pub enum ItemCost {
     /// A text: its ids while it waits, its vector (and the `.npy` copy).
     Embed { dim: u64, max_tokens_per_item: u64 },
+    /// A (query, document) pair: its ids and token types while it waits,
+    /// its score.
+    Rerank { max_tokens_per_item: u64 },
     /// A prompt: the KV cache of its whole sequence, its ids and its text.
     Generate {
         kv_bytes_per_token: u64,
@@ -300,6 +303,10 @@ impl JobCost {
                 max_tokens_per_item,
                 ..
             } => (items * max_tokens_per_item).min(self.max_input_bytes + 2 * items),
+            // A pair carries up to four (RoBERTa's `<s> q </s></s> d </s>`).
+            ItemCost::Rerank {
+                max_tokens_per_item,
+            } => (items * max_tokens_per_item).min(self.max_input_bytes + 4 * items),
             // A prompt may grow by its chat template, and then generates.
             ItemCost::Generate {
                 max_prompt_tokens,
@@ -311,12 +318,16 @@ impl JobCost {
     }
 
     /// What a job holds once tokenized. embed: `tokens` are the items' ids,
-    /// plus vectors; generate: `tokens` are the sequences' whole lengths
+    /// plus vectors; rerank: the pairs' ids and token types, plus scores;
+    /// generate: `tokens` are the sequences' whole lengths
     /// (`prompt + max_new_tokens` each), each with its KV cache.
     pub fn actual_bytes(&self, items: u64, tokens: u64) -> u64 {
         match self.per_item {
             ItemCost::Embed { dim, .. } => {
                 tokens * Self::PER_TOKEN + items * (2 * 4 * dim + Self::PER_ITEM)
+            }
+            ItemCost::Rerank { .. } => {
+                tokens * 2 * Self::PER_TOKEN + items * (2 * 4 + Self::PER_ITEM)
             }
             ItemCost::Generate {
                 kv_bytes_per_token, ..

@@ -23,6 +23,9 @@ pub enum TaskKind {
     Embed,
     /// Text generation (SmolLM2 GGUF).
     Generate,
+    /// Relevance scores of (query, document) pairs (a cross-encoder's
+    /// directory, given with --model-dir).
+    Rerank,
 }
 
 impl TaskKind {
@@ -30,6 +33,7 @@ impl TaskKind {
         match self {
             TaskKind::Embed => Task::Embed,
             TaskKind::Generate => Task::Generate,
+            TaskKind::Rerank => Task::Rerank,
         }
     }
 }
@@ -39,11 +43,12 @@ impl TaskKind {
 pub struct ModelConfig {
     /// Directory with the model: for embed, `config.json`, `tokenizer.json`
     /// and `model.safetensors` (default weights/all-minilm-l6-v2); for
-    /// generate, one `.gguf` file (default weights/smollm2).
+    /// rerank, the same files of a cross-encoder (no default: none ships);
+    /// for generate, one `.gguf` file (default weights/smollm2).
     #[arg(long, env = "SLUICE_MODEL_DIR")]
     pub model_dir: Option<PathBuf>,
     /// The model name jobs must ask for (default all-minilm-l6-v2 for embed,
-    /// smollm2-135m-instruct for generate).
+    /// smollm2-135m-instruct for generate, reranker for rerank).
     #[arg(long, env = "SLUICE_MODEL_NAME")]
     pub model_name: Option<String>,
     #[arg(long, env = "SLUICE_DEVICE", value_enum, default_value = "cpu")]
@@ -62,14 +67,16 @@ pub struct ModelConfig {
     /// A batch's padded cost, `items x longest item`, stays at or under this.
     #[arg(long, env = "SLUICE_MAX_BATCH_TOKENS", default_value_t = 8192)]
     pub max_batch_tokens: usize,
-    /// Embed: the precision of sluice's CPU forward's linear layers. `bf16`
+    /// Embed and rerank: the precision of sluice's CPU forward's linear layers. `bf16`
     /// rounds weights and activations to bf16 and sums in f32 on CPUs with
     /// AVX512_BF16 (on AMX tiles where the CPU has them; cosine of at least
     /// 0.99995 to f32), elsewhere f32. `auto` (the default) takes bf16 only
     /// where a ~20 ms measurement at start-up finds it at least 1.1x as fast
     /// as f32 (1.4x on a Zen 4, 1.8-2.9x on an Intel Xeon's AMX tiles;
     /// without AMX that Xeon's `vdpbf16ps` was slower than f32). `f32` keeps
-    /// f32 everywhere. See the README's benchmark.
+    /// f32 everywhere. See the README's benchmark. Rerank: `auto` is f32
+    /// (bf16 moves a score by ~1e-3, ten times a reranker's 1e-4 bound);
+    /// `bf16` still asks for the bf16 layers.
     #[arg(long, env = "SLUICE_EMBED_WEIGHTS", default_value = "auto")]
     pub embed_weights: sluice_models::EmbedWeights,
 }
@@ -238,6 +245,8 @@ impl ModelConfig {
             PathBuf::from(match task {
                 Task::Embed => "weights/all-minilm-l6-v2",
                 Task::Generate => "weights/smollm2",
+                // No reranker ships on PyPI: its load names --model-dir.
+                Task::Rerank => "weights/reranker",
             })
         })
     }
@@ -337,7 +346,7 @@ impl Config {
     /// Most items per job, or the task's default.
     pub fn max_items_per_job(&self) -> u64 {
         self.max_items_per_job.unwrap_or(match self.task() {
-            Task::Embed => 10_000,
+            Task::Embed | Task::Rerank => 10_000,
             Task::Generate => 64,
         })
     }

@@ -26,7 +26,7 @@ use candle_core::{Device, Tensor};
 
 use crate::budget::device_headroom_bytes;
 use crate::config::ModelConfig;
-use crate::engine::embed::{l2_normalize, load_embedding_model};
+use crate::engine::encoder::{l2_normalize, load_encoder};
 use crate::memory::MemoryProbe;
 use sluice_models::llama::{Llama, Segment, WeightFormat};
 
@@ -186,7 +186,7 @@ pub fn run(args: &DeviceCheckArgs) -> anyhow::Result<DeviceReport> {
     let mut rows = Vec::new();
 
     // Embeddings.
-    let loaded = load_embedding_model(&model)?;
+    let loaded = load_encoder(&model, sluice_schemas::Task::Embed)?;
     let probe = MemoryProbe::for_device(&loaded.device);
     let device = crate::engine::startup::device_name(&loaded.device);
     let headroom = device_headroom_bytes(&loaded.device)?;

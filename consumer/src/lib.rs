@@ -2,14 +2,14 @@
 //! ARCHITECTURE.md at the repository root for the whole map):
 //!
 //! ```text
-//! admission -> job::pipeline -> fetch -> engine::embed -> output -> job::settle
+//! admission -> job::pipeline -> fetch -> engine::encoder -> output -> job::settle
 //! (pull within     (one task per    (inputs)  (tokenize, batch  (S3 or    (status, result,
 //!  the budget)      job)                       by tokens, run)   inline)   ack / retry / DLQ)
 //! ```
 //!
 //! A `--task generate` process takes the same path with `engine::generate`
 //! (prompts tokenized and checked, then the generation thread's continuous
-//! batching over the llama model) in place of `engine::embed`.
+//! batching over the llama model) in place of `engine::encoder`.
 //!
 //! `main` parses a [`Config`] and calls [`run`]; tests call [`start`].
 

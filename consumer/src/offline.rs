@@ -9,8 +9,8 @@ use sluice_schemas::{Item, Task};
 use tokio::sync::mpsc;
 
 use crate::config::ModelConfig;
-use crate::engine::embed::batcher::{BatchItem, Queue};
-use crate::engine::embed::{LoadedModel, l2_normalize, load_embedding_model};
+use crate::engine::encoder::batcher::{BatchItem, Queue};
+use crate::engine::encoder::{EncoderInputs, LoadedModel, l2_normalize, load_encoder};
 use crate::fetch;
 use sluice_schemas::npy;
 
@@ -50,7 +50,10 @@ pub struct EmbedReport {
 pub fn embed_file(args: &EmbedArgs) -> anyhow::Result<EmbedReport> {
     args.model.validate()?;
     crate::alloc::tune();
-    let loaded = load_embedding_model(&args.model)?;
+    let loaded = load_encoder(&args.model, Task::Embed)?;
+    let EncoderInputs::Texts(prompts) = &loaded.inputs else {
+        anyhow::bail!("bug: an embedding model loaded as a reranker");
+    };
     let body = std::fs::read(&args.input)
         .with_context(|| format!("cannot read {}", args.input.display()))?;
     let mut items = Vec::new();
@@ -60,10 +63,10 @@ pub fn embed_file(args: &EmbedArgs) -> anyhow::Result<EmbedReport> {
         .into_iter()
         .filter_map(|i| match i {
             Item::Text(t) => Some(t),
-            Item::Prompt(_) => None, // an embed input holds texts only
+            _ => None, // an embed input holds texts only
         })
         .collect();
-    let texts = loaded.prompts.apply(args.prompt_name.as_deref(), texts)?;
+    let texts = prompts.apply(args.prompt_name.as_deref(), texts)?;
     let (vectors, report) = embed_texts(&loaded, texts, args.model.max_batch_tokens)?;
     let vectors = if args.normalize {
         vectors.into_iter().map(l2_normalize).collect()
@@ -95,6 +98,7 @@ pub fn embed_texts(
     for (index, t) in tokenized.into_iter().enumerate() {
         queue.push(BatchItem {
             ids: t.ids,
+            type_ids: None,
             index,
             job: tx.clone(),
             ready_at: now,

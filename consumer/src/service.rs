@@ -424,32 +424,36 @@ fn pull_plan(
     recycle: &crate::recycle::RecycleLimits,
     cost: &JobCost,
 ) -> PullPlan {
-    let embed = task == Task::Embed;
-    // embed: the tokens per item the model runs with (the flag's, or its own).
+    // embed and rerank batch items by token sum under one in-flight cap.
+    let batched = task != Task::Generate;
+    // The tokens per item the encoder runs with (the flag's, or its own).
     let item_tokens = match cost.per_item {
         ItemCost::Embed {
             max_tokens_per_item,
             ..
+        }
+        | ItemCost::Rerank {
+            max_tokens_per_item,
         } => max_tokens_per_item,
-        _ => 0,
+        ItemCost::Generate { .. } => 0,
     };
     PullPlan {
         max_messages: config.pull_max_messages,
         expires: Duration::from_millis(config.pull_expires_ms),
         job_limit: recycle.after_jobs,
-        in_flight_cap: embed.then(|| InFlightCap {
+        in_flight_cap: batched.then(|| InFlightCap {
             tokens: match config.max_tokens_in_flight {
                 0 => 2 * config.model.max_batch_tokens,
                 n => n,
             } as u64,
             per_job: item_tokens,
         }),
-        tenant_quantum: if embed {
+        tenant_quantum: if batched {
             config.model.max_batch_tokens as u64
         } else {
             config.generate.max_step_tokens as u64
         },
-        job_estimate: if embed {
+        job_estimate: if batched {
             item_tokens
         } else {
             config.generate.max_new_tokens as u64

@@ -43,6 +43,10 @@ pub struct Config {
     /// Models the generate consumers serve.
     #[arg(long, env = "SLUICE_GENERATE_MODELS", value_delimiter = ',', default_value = Task::Generate.default_model())]
     pub generate_models: Vec<String>,
+    /// Models the rerank consumers serve (default none: no reranker ships
+    /// with sluice; name yours, or list it in `sluice init`'s `[[models]]`).
+    #[arg(long, env = "SLUICE_RERANK_MODELS", value_delimiter = ',')]
+    pub rerank_models: Vec<String>,
 
     /// Largest file accepted by `POST /v1/files` (OpenAI's: 200 MB).
     #[arg(long, env = "SLUICE_MAX_FILE_BYTES", default_value_t = 200_000_000)]

@@ -51,6 +51,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/embeddings", post(online::answer))
         .route("/v1/chat/completions", post(online::answer))
         .route("/v1/completions", post(online::answer))
+        .route("/v1/rerank", post(online::answer))
         .route("/v1/models", get(online::models))
         .route("/v1/batches", post(batches::create).get(batches::list))
         .route("/v1/batches/{id}", get(batches::retrieve))

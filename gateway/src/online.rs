@@ -1,5 +1,5 @@
 //! The online endpoints: `POST /v1/embeddings`, `/v1/chat/completions`,
-//! `/v1/completions` and `GET /v1/models`. Each request becomes one job on
+//! `/v1/completions`, `/v1/rerank` and `GET /v1/models`. Each request becomes one job on
 //! the stream, published as the API key's tenant with a deadline, and is
 //! answered from the job's result: a burst waits in the queue, inside the
 //! consumers' memory budget, instead of in this process's memory.
@@ -189,8 +189,8 @@ impl FromRequest<AppState> for OnlineRequest {
     }
 }
 
-/// One online request: `/v1/embeddings`, `/v1/chat/completions` or
-/// `/v1/completions`, by its route.
+/// One online request: `/v1/embeddings`, `/v1/chat/completions`,
+/// `/v1/completions` or `/v1/rerank`, by its route.
 pub async fn answer(
     State(state): State<AppState>,
     Tenant(tenant): Tenant,
@@ -313,6 +313,9 @@ pub async fn answer(
                 Outputs::Vectors { dim, values, .. } => {
                     let rows: Vec<&[f32]> = values.chunks(dim.max(1)).collect();
                     openai::embeddings_body(&model, &rows, result.usage.tokens, request.base64)
+                }
+                Outputs::Scores { values, .. } => {
+                    openai::rerank_body(&job_id, &model, &request, &values, result.usage.tokens)
                 }
                 Outputs::Generations(generations) => {
                     openai::generation_body(endpoint, &job_id, now(), &model, &generations)
@@ -572,7 +575,7 @@ impl Relay {
             Outcome::Ok { output } => {
                 let generations = match read_output(&self.state, output).await {
                     Ok(Outputs::Generations(g)) => g,
-                    Ok(Outputs::Vectors { .. }) => Vec::new(),
+                    Ok(Outputs::Vectors { .. } | Outputs::Scores { .. }) => Vec::new(),
                     Err(e) => {
                         self.fail(&e.message);
                         return;
@@ -707,10 +710,11 @@ fn take_streaming(
         Some(Value::Bool(true)) => {}
         Some(_) => return Err(ApiError::invalid("`stream` must be a boolean").param("stream")),
     }
-    if endpoint == Endpoint::Embeddings {
-        return Err(ApiError::invalid(
-            "`stream` applies to /v1/chat/completions and /v1/completions, not to embeddings",
-        )
+    if matches!(endpoint, Endpoint::Embeddings | Endpoint::Rerank) {
+        return Err(ApiError::invalid(format!(
+            "`stream` applies to /v1/chat/completions and /v1/completions, not to {}",
+            endpoint.as_str()
+        ))
         .param("stream"));
     }
     let include_usage = match &options {
@@ -756,9 +760,14 @@ fn deadline_secs(state: &AppState, headers: &HeaderMap) -> Result<f64, ApiError>
 /// large to travel inline.
 async fn read_output(state: &AppState, output: Output) -> Result<Outputs, ApiError> {
     Ok(match output {
+        Output::Inline { scores, .. } if !scores.is_empty() => Outputs::Scores {
+            values: scores,
+            tokens: Vec::new(),
+        },
         Output::Inline {
             embeddings,
             generations,
+            ..
         } if generations.is_empty() => Outputs::Vectors {
             dim: embeddings.first().map_or(0, Vec::len),
             values: embeddings.concat(),

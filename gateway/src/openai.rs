@@ -19,13 +19,17 @@ pub enum Endpoint {
     Embeddings,
     ChatCompletions,
     Completions,
+    /// The rerank API vLLM, llama-server, Jina and Cohere share (not
+    /// OpenAI's): a query, documents, the documents ranked.
+    Rerank,
 }
 
 impl Endpoint {
-    pub const ALL: [Endpoint; 3] = [
+    pub const ALL: [Endpoint; 4] = [
         Endpoint::Embeddings,
         Endpoint::ChatCompletions,
         Endpoint::Completions,
+        Endpoint::Rerank,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -33,6 +37,7 @@ impl Endpoint {
             Endpoint::Embeddings => "/v1/embeddings",
             Endpoint::ChatCompletions => "/v1/chat/completions",
             Endpoint::Completions => "/v1/completions",
+            Endpoint::Rerank => "/v1/rerank",
         }
     }
 
@@ -44,6 +49,7 @@ impl Endpoint {
         match self {
             Endpoint::Embeddings => Task::Embed,
             Endpoint::ChatCompletions | Endpoint::Completions => Task::Generate,
+            Endpoint::Rerank => Task::Rerank,
         }
     }
 
@@ -94,7 +100,8 @@ impl RequestError {
 pub struct Request {
     pub endpoint: Endpoint,
     pub model: String,
-    /// The job items (embed: texts; generate: prompt objects).
+    /// The job items (embed: texts; generate: prompt objects; rerank: one
+    /// `{"query", "document"}` pair per document, in the request's order).
     pub items: Vec<Value>,
     /// embeddings: answer vectors as base64 of little-endian float32.
     pub base64: bool,
@@ -102,6 +109,16 @@ pub struct Request {
     /// body field sentence-transformers servers take; OpenAI's SDKs send it
     /// with `extra_body`). None: the model's default prompt.
     pub prompt_name: Option<String>,
+    /// rerank: what the answer lists.
+    pub ranking: Ranking,
+}
+
+/// What a rerank answer lists: the `top_n` best documents (none: all),
+/// each with its text when `return_documents`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Ranking {
+    pub top_n: Option<usize>,
+    pub return_documents: bool,
 }
 
 /// What one line of a batch file is.
@@ -209,6 +226,7 @@ pub fn parse_request(
             param: Some("model"),
         });
     }
+    let mut ranking = Ranking::default();
     let (items, base64, prompt_name) = match endpoint {
         Endpoint::Embeddings => {
             let (items, base64) = embedding_items(&mut body)?;
@@ -216,6 +234,11 @@ pub fn parse_request(
         }
         Endpoint::ChatCompletions => (vec![chat_item(&mut body)?], false, None),
         Endpoint::Completions => (completion_items(&mut body)?, false, None),
+        Endpoint::Rerank => {
+            let (items, asked) = rerank_items(&mut body)?;
+            ranking = asked;
+            (items, false, None)
+        }
     };
     Ok(Request {
         endpoint,
@@ -223,7 +246,77 @@ pub fn parse_request(
         items,
         base64,
         prompt_name,
+        ranking,
     })
+}
+
+/// A rerank body: `query` (a string), `documents` (a non-empty list of
+/// strings or `{"text": ...}` objects, as Cohere's v2 and vLLM take),
+/// `top_n` (a whole number >= 1; default: every document) and
+/// `return_documents` (default false, as Cohere's).
+fn rerank_items(body: &mut Map<String, Value>) -> Result<(Vec<Value>, Ranking), RequestError> {
+    let query = match body.remove("query") {
+        Some(Value::String(q)) => q,
+        _ => {
+            return Err(RequestError::invalid(
+                "`query` is required: the text to rank the documents against",
+                Some("query"),
+            ));
+        }
+    };
+    let refused = || {
+        RequestError::invalid(
+            "`documents` must be a non-empty list of strings or {\"text\": ...} objects",
+            Some("documents"),
+        )
+    };
+    let documents: Vec<String> = match body.remove("documents") {
+        Some(Value::Array(list)) if !list.is_empty() => list
+            .into_iter()
+            .map(|d| match d {
+                Value::String(s) => Ok(s),
+                Value::Object(mut o) if o.len() == 1 => match o.remove("text") {
+                    Some(Value::String(s)) => Ok(s),
+                    _ => Err(refused()),
+                },
+                _ => Err(refused()),
+            })
+            .collect::<Result<_, _>>()?,
+        _ => return Err(refused()),
+    };
+    let top_n = match body.get("top_n") {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_u64() {
+            Some(n) if n >= 1 => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+            _ => {
+                return Err(RequestError::invalid(
+                    "`top_n` must be a whole number >= 1 (how many of the best documents to list)",
+                    Some("top_n"),
+                ));
+            }
+        },
+    };
+    let return_documents = match body.get("return_documents") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            return Err(RequestError::invalid(
+                "`return_documents` must be a boolean",
+                Some("return_documents"),
+            ));
+        }
+    };
+    let items = documents
+        .into_iter()
+        .map(|document| json!({"query": query, "document": document}))
+        .collect();
+    Ok((
+        items,
+        Ranking {
+            top_n,
+            return_documents,
+        },
+    ))
 }
 
 fn embedding_items(body: &mut Map<String, Value>) -> Result<(Vec<Value>, bool), RequestError> {
@@ -489,6 +582,39 @@ pub fn embeddings_body(model: &str, vectors: &[&[f32]], tokens: u64, base64: boo
     })
 }
 
+/// The response body of a rerank request: the documents by relevance, best
+/// first (ties in request order), the first `top_n` of them, each with its
+/// index in the request, its score and, with `return_documents`, its text
+/// (from the request's items).
+pub fn rerank_body(id: &str, model: &str, request: &Request, scores: &[f32], tokens: u64) -> Value {
+    let mut order: Vec<usize> = (0..scores.len()).collect();
+    order.sort_by(|a, b| scores[*b].total_cmp(&scores[*a]));
+    order.truncate(request.ranking.top_n.unwrap_or(usize::MAX));
+    let results: Vec<Value> = order
+        .into_iter()
+        .map(|index| {
+            let mut result = json!({"index": index, "relevance_score": scores[index]});
+            if request.ranking.return_documents {
+                let text = request
+                    .items
+                    .get(index)
+                    .and_then(|item| item.get("document"))
+                    .cloned()
+                    .unwrap_or(Value::Null);
+                result["document"] = json!({ "text": text });
+            }
+            result
+        })
+        .collect();
+    json!({
+        "id": format!("rerank-{id}"),
+        "object": "list",
+        "model": model,
+        "results": results,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    })
+}
+
 /// The response body of a chat completion or completions request.
 pub fn generation_body(
     endpoint: Endpoint,
@@ -724,6 +850,135 @@ mod tests {
                 json!({"prompt":"b","max_new_tokens":16})
             ]
         );
+    }
+
+    fn reranks(task: Task, model: &str) -> bool {
+        task == Task::Rerank && model == "bge-reranker"
+    }
+
+    /// A rerank line becomes one pair per document, its ranking options
+    /// kept for the answer; documents may be `{"text": ...}` objects; a
+    /// bad field fails the request alone, naming it.
+    #[test]
+    fn rerank_lines_become_pairs_and_bad_ones_name_the_field() {
+        let read = |body: &str| {
+            read_line(
+                format!(r#"{{"custom_id":"r","method":"POST","url":"/v1/rerank","body":{body}}}"#)
+                    .as_bytes(),
+                &reranks,
+            )
+            .unwrap()
+        };
+        let Line::Run { request, .. } = read(
+            r#"{"model":"bge-reranker","query":"q","documents":["a",{"text":"b"}],"top_n":1,"return_documents":true}"#,
+        ) else {
+            panic!()
+        };
+        assert_eq!(request.endpoint.task(), Task::Rerank);
+        assert_eq!(
+            request.items,
+            vec![
+                json!({"query": "q", "document": "a"}),
+                json!({"query": "q", "document": "b"})
+            ]
+        );
+        for item in &request.items {
+            assert!(Item::from_value(Task::Rerank, item.clone()).is_ok());
+        }
+        assert_eq!(
+            request.ranking,
+            Ranking {
+                top_n: Some(1),
+                return_documents: true
+            }
+        );
+        let Line::Run { request, .. } =
+            read(r#"{"model":"bge-reranker","query":"q","documents":["a"]}"#)
+        else {
+            panic!()
+        };
+        assert_eq!(request.ranking, Ranking::default());
+        for (body, param, needle) in [
+            (
+                r#"{"model":"bge-reranker","documents":["a"]}"#,
+                "query",
+                "`query` is required",
+            ),
+            (
+                r#"{"model":"bge-reranker","query":"q","documents":[]}"#,
+                "documents",
+                "non-empty list",
+            ),
+            (
+                r#"{"model":"bge-reranker","query":"q","documents":[3]}"#,
+                "documents",
+                "non-empty list",
+            ),
+            (
+                r#"{"model":"bge-reranker","query":"q","documents":["a"],"top_n":0}"#,
+                "top_n",
+                ">= 1",
+            ),
+            (
+                r#"{"model":"bge-reranker","query":"q","documents":["a"],"return_documents":"yes"}"#,
+                "return_documents",
+                "boolean",
+            ),
+        ] {
+            let Line::Fail { error, .. } = read(body) else {
+                panic!("{body} ran")
+            };
+            assert_eq!((error.status, error.param), (400, Some(param)), "{body}");
+            assert!(error.message.contains(needle), "{body}: {}", error.message);
+        }
+        let Line::Fail { error, .. } =
+            read(r#"{"model":"all-minilm-l6-v2","query":"q","documents":["a"]}"#)
+        else {
+            panic!()
+        };
+        assert_eq!((error.status, error.code), (404, "model_not_found"));
+    }
+
+    /// The answer ranks best first (ties in request order), keeps the first
+    /// `top_n`, and gives each document's index, score and, when asked,
+    /// its text.
+    #[test]
+    fn a_rerank_answer_ranks_the_documents() {
+        let request = |top_n, return_documents| Request {
+            endpoint: Endpoint::Rerank,
+            model: "m".into(),
+            items: ["a", "b", "c", "d"]
+                .iter()
+                .map(|d| json!({"query": "q", "document": d}))
+                .collect(),
+            base64: false,
+            prompt_name: None,
+            ranking: Ranking {
+                top_n,
+                return_documents,
+            },
+        };
+        let scores = [0.25f32, 0.75, 0.25, -1.0];
+        let body = rerank_body("x", "m", &request(None, false), &scores, 12);
+        let order: Vec<u64> = body["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["index"].as_u64().unwrap())
+            .collect();
+        assert_eq!(order, [1, 0, 2, 3]);
+        assert_eq!(body["results"][0]["relevance_score"], 0.75);
+        assert!(body["results"][0].get("document").is_none());
+        assert_eq!(
+            (body["model"].as_str(), body["id"].as_str()),
+            (Some("m"), Some("rerank-x"))
+        );
+        assert_eq!(body["usage"]["total_tokens"], 12);
+        let body = rerank_body("x", "m", &request(Some(2), true), &scores, 12);
+        assert_eq!(body["results"].as_array().unwrap().len(), 2);
+        assert_eq!(body["results"][1]["document"], json!({"text": "a"}));
+        let body = rerank_body("x", "m", &request(Some(9), false), &scores, 12);
+        assert_eq!(body["results"].as_array().unwrap().len(), 4);
     }
 
     #[test]

@@ -69,7 +69,7 @@ impl Shared {
 
     /// Whether the consumers of `task` serve `model`: a deployed model of
     /// its task, where `sluice init` routes the task's models; else one of
-    /// `--embed-models` / `--generate-models`.
+    /// `--embed-models` / `--generate-models` / `--rerank-models`.
     pub fn serves(&self, task: Task, model: &str) -> bool {
         self.served_models(task).iter().any(|m| m == model)
     }
@@ -87,6 +87,7 @@ impl Shared {
         match task {
             Task::Embed => self.config.embed_models.clone(),
             Task::Generate => self.config.generate_models.clone(),
+            Task::Rerank => self.config.rerank_models.clone(),
         }
     }
 }

@@ -241,9 +241,42 @@ pub struct CrossEncoder {
 }
 
 impl CrossEncoder {
-    /// Tokens per pair when the deployment sets none: the directory's
-    /// declared limit, else [`super::DEFAULT_MAX_TOKENS`] (within its
-    /// positions, as [`MiniLm::max_tokens_of`]).
+    /// Tokens per pair the reranker in `dir` is run with when the
+    /// deployment sets none: the limit its files declare (what
+    /// sentence-transformers' `CrossEncoder` truncates at), else
+    /// [`super::DEFAULT_MAX_TOKENS`], never more than its positions hold.
+    pub fn max_tokens_of(dir: &Path) -> Result<usize, LoadError> {
+        let files = CrossEncoderFiles::read(dir)?;
+        MiniLm::limit_within_positions(dir, files.max_seq_length)
+    }
+
+    /// Loads the reranker in `dir` with the fastest forward for `device`
+    /// at the precision `weights` asks for, cutting pairs at
+    /// `max_tokens_per_pair` (none: [`CrossEncoder::max_tokens_of`]).
+    ///
+    /// `auto` is f32 here, not the embedding models' measured choice: the
+    /// bf16 layers move a score by about 1e-3 (1.3e-3 on the random-weight
+    /// BERT reranker on an Intel Xeon's AMX tiles), ten times the 1e-4 a
+    /// reranker is held to, enough to swap two close documents. `bf16`
+    /// still asks for them.
+    pub fn load(
+        dir: &Path,
+        device: Device,
+        max_tokens_per_pair: Option<usize>,
+        weights: super::EmbedWeights,
+    ) -> Result<CrossEncoder, LoadError> {
+        let max_tokens_per_pair = match max_tokens_per_pair {
+            Some(n) => n,
+            None => Self::max_tokens_of(dir)?,
+        };
+        let weights = match weights {
+            super::EmbedWeights::Auto => super::EmbedWeights::F32,
+            asked => asked,
+        };
+        let choice = MiniLm::choice_for(&device, weights);
+        Self::load_with(dir, device, max_tokens_per_pair, choice)
+    }
+
     pub fn load_with(
         dir: &Path,
         device: Device,
@@ -273,11 +306,6 @@ impl CrossEncoder {
         })
     }
 
-    /// Which forward runs the encoder (as [`EmbeddingModel::forward_name`]).
-    pub fn forward_name(&self) -> &'static str {
-        self.encoder.forward_name()
-    }
-
     pub fn activation(&self) -> ScoreActivation {
         self.files.activation
     }
@@ -290,6 +318,49 @@ impl CrossEncoder {
         Ok(first_tokens
             .iter()
             .map(|cls| self.files.activation.apply(self.head.logit(cls)))
+            .collect())
+    }
+}
+
+/// A cross-encoder's "vector" is its pair's one score, so the rerank task
+/// runs on the embed task's batcher, executor and budget unchanged.
+impl EmbeddingModel for CrossEncoder {
+    fn forward_name(&self) -> &'static str {
+        self.encoder.forward_name()
+    }
+
+    /// One score per pair.
+    fn dim(&self) -> usize {
+        1
+    }
+
+    fn max_tokens_per_item(&self) -> usize {
+        self.encoder.max_tokens_per_item()
+    }
+
+    /// The encoder's: the head's few vectors are noise beside it.
+    fn batch_cost_bytes(&self, items: usize, len: usize) -> u64 {
+        self.encoder.batch_cost_bytes(items, len)
+    }
+
+    /// `[score]` per pair. Without `types` every token is type 0, which a
+    /// BERT cross-encoder reads as a different pair: the rerank task always
+    /// passes the tokenizer's.
+    fn embed_typed(
+        &self,
+        batch: &[&[u32]],
+        types: Option<&[&[u32]]>,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let zeros: Vec<Vec<u32>> = match types {
+            Some(_) => Vec::new(),
+            None => batch.iter().map(|s| vec![0; s.len()]).collect(),
+        };
+        let zero_refs: Vec<&[u32]> = zeros.iter().map(Vec::as_slice).collect();
+        let types = types.unwrap_or(&zero_refs);
+        Ok(self
+            .score(batch, types)?
+            .into_iter()
+            .map(|s| vec![s])
             .collect())
     }
 }

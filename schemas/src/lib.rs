@@ -21,7 +21,7 @@ mod stream;
 pub use error_code::{ErrorCode, ErrorInfo};
 pub use job::{
     ChatMessage, GenerateParameters, Input, InputFormat, Item, Job, JsonlError, MAX_PROMPT_NAME,
-    ObjectRef, OutputOptions, Parameters, Prompt, PromptInput, Task, VERSION, ValidJob,
+    ObjectRef, OutputOptions, Pair, Parameters, Prompt, PromptInput, Task, VERSION, ValidJob,
     parse_jsonl, truncate_for_message,
 };
 pub use result::{

@@ -63,6 +63,10 @@ pub enum Output {
         /// generate: one generation per prompt, in item order.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         generations: Vec<Generation>,
+        /// rerank: one relevance score per pair, in item order (the
+        /// model's activation applied: a probability for a sigmoid head).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        scores: Vec<f32>,
     },
     /// Large outputs are written to S3 at a key derived from the job id.
     S3(S3Output),
@@ -74,6 +78,7 @@ impl Output {
         Output::Inline {
             embeddings,
             generations: Vec::new(),
+            scores: Vec::new(),
         }
     }
     /// An inline generate output.
@@ -81,6 +86,15 @@ impl Output {
         Output::Inline {
             embeddings: Vec::new(),
             generations,
+            scores: Vec::new(),
+        }
+    }
+    /// An inline rerank output.
+    pub fn scores(scores: Vec<f32>) -> Output {
+        Output::Inline {
+            embeddings: Vec::new(),
+            generations: Vec::new(),
+            scores,
         }
     }
 }
@@ -129,8 +143,9 @@ pub struct S3Output {
     pub bytes: u64,
     /// Lowercase hex SHA-256 of the object's bytes.
     pub sha256: String,
-    /// `npy` (embed: float32, shape `[items, dim]`) or `jsonl` (generate: one
-    /// [`Generation`] per line, in item order).
+    /// `npy` (embed: float32, shape `[items, dim]`; rerank: float32, shape
+    /// `[items]`) or `jsonl` (generate: one [`Generation`] per line, in item
+    /// order).
     pub format: String,
     /// The array's shape, for `npy`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -618,7 +618,7 @@ fn generate_parameters_are_checked() {
     assert_eq!(err.code, ErrorCode::InvalidParameters);
     assert!(
         err.message
-            .contains("`truncate` applies to the embed task only"),
+            .contains("`truncate` applies to the embed and rerank tasks only"),
         "{}",
         err.message
     );
@@ -843,4 +843,97 @@ fn generate_items_are_read_with_clear_errors() {
     let merged = own.or(&job);
     assert_eq!(merged.max_new_tokens, Some(8));
     assert_eq!(merged.stop, Some(vec!["\n".to_string()]));
+}
+
+/// A rerank job's items are `{"query", "document"}` pairs: the schema and
+/// the decoder agree on them, `truncate` is its one parameter (embed's and
+/// generate's others are refused by name, as is streaming), and its scores
+/// validate and round-trip as a result.
+#[test]
+fn rerank_jobs_and_their_scores_are_checked() {
+    let v = validator(json_schema::JOB);
+    let job = |items: Value, parameters: Value| {
+        json!({
+            "version": 1, "id": "r-1", "task": "rerank", "model": "reranker",
+            "inputs": [{"type": "inline", "items": items}],
+            "parameters": parameters,
+        })
+    };
+    let ok = job(
+        json!([{"query": "q", "document": "d1"}, {"query": "q", "document": ""}]),
+        json!({"truncate": false}),
+    );
+    assert_valid(&v, &ok);
+    let decoded = Job::decode(&serde_json::to_vec(&ok).unwrap()).unwrap();
+    assert_eq!(decoded.task, Task::Rerank);
+    assert_eq!(
+        Item::from_value(Task::Rerank, json!({"query": "q", "document": "d"})),
+        Ok(Item::Pair(Pair {
+            query: "q".into(),
+            document: "d".into()
+        }))
+    );
+    for (item, needle) in [
+        (json!("just a text"), "found a string"),
+        (json!({"query": "q"}), "missing field `document`"),
+        (
+            json!({"query": "q", "document": "d", "score": 1}),
+            "unknown field `score`",
+        ),
+        (json!({"query": 1, "document": "d"}), "invalid type"),
+    ] {
+        let err = Item::from_value(Task::Rerank, item.clone()).unwrap_err();
+        assert!(err.contains(needle), "{item}: {err}");
+        assert!(
+            !v.is_valid(&job(json!([item]), json!({}))),
+            "the schema accepted {item}"
+        );
+    }
+    for (parameters, needle) in [
+        (
+            json!({"normalize": true}),
+            "`normalize` applies to the embed task only, not to rerank",
+        ),
+        (
+            json!({"prompt_name": "query"}),
+            "`prompt_name` applies to the embed task only, not to rerank",
+        ),
+        (
+            json!({"temperature": 0.5}),
+            "`temperature` applies to the generate task only, not to rerank",
+        ),
+    ] {
+        let bad = job(json!([{"query": "q", "document": "d"}]), parameters);
+        let err = Job::decode(&serde_json::to_vec(&bad).unwrap()).unwrap_err();
+        assert_eq!(err.code, ErrorCode::InvalidParameters, "{}", err.message);
+        assert!(err.message.contains(needle), "{}", err.message);
+    }
+    let mut streamed = job(json!([{"query": "q", "document": "d"}]), json!({}));
+    streamed["output"] = json!({"stream": true});
+    let err = Job::decode(&serde_json::to_vec(&streamed).unwrap()).unwrap_err();
+    assert!(
+        err.message
+            .contains("output.stream applies to generate jobs only (the rerank task's"),
+        "{}",
+        err.message
+    );
+
+    let result = validator(json_schema::RESULT);
+    let scored = JobResult {
+        version: VERSION,
+        job_id: Some("r-1".into()),
+        outcome: Outcome::Ok {
+            output: Output::scores(vec![0.75, -1.5]),
+        },
+        usage: Usage {
+            items: 2,
+            tokens: 9,
+            ..Usage::default()
+        },
+        timings_ms: Timings::default(),
+        attempt: 1,
+        served_by: None,
+        finished_at: datetime!(2026-12-04 12:00:00 UTC),
+    };
+    round_trip(&result, &scored);
 }

@@ -288,6 +288,20 @@ impl Deployment {
         }
     }
 
+    /// The bytes of `key` in this deployment's bucket.
+    pub async fn read_object(&self, key: &str) -> Result<Vec<u8>> {
+        let object = self
+            .servers
+            .s3
+            .client()
+            .get_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .send()
+            .await?;
+        Ok(object.body.collect().await?.into_bytes().to_vec())
+    }
+
     /// Starts a consumer in this process.
     pub async fn start_consumer(&self, extra: &[&str]) -> Result<sluice_consumer::Consumer> {
         sluice_consumer::start(self.consumer_config(extra)).await

@@ -49,11 +49,42 @@ pub struct EncoderFamily {
 
 /// The family's directory and reference.
 pub fn encoder_family(family: &str) -> Result<(PathBuf, EncoderFamily)> {
-    let dir = fixtures_dir().join("encoders").join(family);
+    family_fixture("encoders", family)
+}
+
+/// `tests/fixtures/<kind>/<family>/` and its `reference.json`, read.
+fn family_fixture<T: serde::de::DeserializeOwned>(
+    kind: &str,
+    family: &str,
+) -> Result<(PathBuf, T)> {
+    let dir = fixtures_dir().join(kind).join(family);
     let path = dir.join("reference.json");
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("cannot read {} (the test fixtures)", path.display()))?;
     Ok((dir, serde_json::from_str(&text)?))
+}
+
+/// A random-weight cross-encoder of `tests/fixtures/rerankers/<family>/`
+/// and its `reference.json`: sentence-transformers' `CrossEncoder.predict`
+/// scores of its pairs, and the pairs' token ids.
+#[derive(Debug, Deserialize)]
+pub struct RerankerFamily {
+    pub max_length: usize,
+    pub pairs: Vec<(String, String)>,
+    pub ids: Vec<Vec<u32>>,
+    pub scores: Vec<f32>,
+}
+
+/// The reranker's directory and reference.
+pub fn reranker_family(family: &str) -> Result<(PathBuf, RerankerFamily)> {
+    family_fixture("rerankers", family)
+}
+
+/// The indices of `scores`, best first (ties in order).
+pub fn ranking(scores: &[f32]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..scores.len()).collect();
+    order.sort_by(|a, b| scores[*b].total_cmp(&scores[*a]));
+    order
 }
 
 pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
@@ -71,4 +102,16 @@ pub fn jsonl(texts: &[String]) -> Vec<u8> {
         out.push(b'\n');
     }
     out
+}
+
+/// The example of the JSON Schema `schema` whose `field` is `id`.
+pub fn schema_example(schema: &str, field: &str, id: &str) -> serde_json::Value {
+    let schema: serde_json::Value = serde_json::from_str(schema).unwrap_or_default();
+    schema["examples"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e[field] == id)
+        .unwrap_or_else(|| panic!("no example with {field} {id}"))
+        .clone()
 }

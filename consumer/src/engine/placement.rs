@@ -37,7 +37,7 @@ pub struct Part {
 /// The plan for `task` as configured.
 pub fn plan(task: Task, model: &ModelConfig, weights: WeightFormat) -> Vec<Part> {
     match task {
-        Task::Embed => embed(model.device, model.embed_weights),
+        Task::Embed | Task::Rerank => encoder(task, model.device, model.embed_weights),
         Task::Generate => generate(model.device, weights),
     }
 }
@@ -58,18 +58,34 @@ fn warning(part: &'static str, runs: Runs, how: &'static str) -> Part {
     }
 }
 
-fn embed(device: DeviceKind, weights: EmbedWeights) -> Vec<Part> {
+fn encoder(task: Task, device: DeviceKind, weights: EmbedWeights) -> Vec<Part> {
     let tokenize = part("tokenize", Runs::Host, "the tokenizers crate");
+    // rerank: the cross-encoder's head reads the pooled first token.
+    let score = part(
+        "score",
+        Runs::Host,
+        "the first token's state through the classifier head, then the activation its files name",
+    );
     match device {
-        DeviceKind::Cpu => vec![
-            tokenize,
-            part(
-                "forward",
-                Runs::Host,
-                "sluice's packed BERT forward (no padding) on the CPU kernels, or candle-transformers' BERT where it cannot run",
-            ),
-            part("pool", Runs::Host, "mean pooling over the packed rows"),
-        ],
+        DeviceKind::Cpu => {
+            let mut parts = vec![
+                tokenize,
+                part(
+                    "forward",
+                    Runs::Host,
+                    "sluice's packed BERT forward (no padding) on the CPU kernels, or candle-transformers' BERT where it cannot run",
+                ),
+                part(
+                    "pool",
+                    Runs::Host,
+                    "the pooling the model's files name (mean, CLS or max) over the packed rows",
+                ),
+            ];
+            if task == Task::Rerank {
+                parts.push(score);
+            }
+            parts
+        }
         DeviceKind::Cuda => {
             let mut parts = vec![
                 tokenize,
@@ -81,9 +97,12 @@ fn embed(device: DeviceKind, weights: EmbedWeights) -> Vec<Part> {
                 part(
                     "pool",
                     Runs::Device,
-                    "masked mean pooling; the vectors are copied to the host",
+                    "the pooling the model's files name, masked; the pooled rows are copied to the host",
                 ),
             ];
+            if task == Task::Rerank {
+                parts.push(score);
+            }
             if weights == EmbedWeights::Bf16 {
                 parts.push(part(
                     "--embed-weights",
@@ -164,7 +183,8 @@ mod tests {
     #[test]
     fn on_a_cpu_everything_runs_on_the_host_and_nothing_warns() {
         for parts in [
-            embed(DeviceKind::Cpu, EmbedWeights::Bf16),
+            encoder(Task::Embed, DeviceKind::Cpu, EmbedWeights::Bf16),
+            encoder(Task::Rerank, DeviceKind::Cpu, EmbedWeights::F32),
             generate(DeviceKind::Cpu, WeightFormat::Q8_0),
         ] {
             assert!(parts.iter().all(|p| p.runs == Runs::Host && !p.warn));
@@ -173,7 +193,7 @@ mod tests {
 
     #[test]
     fn on_cuda_the_models_run_on_the_device_and_host_work_is_named() {
-        let e = embed(DeviceKind::Cuda, EmbedWeights::Bf16);
+        let e = encoder(Task::Embed, DeviceKind::Cuda, EmbedWeights::Bf16);
         assert_eq!(runs(&e, "forward"), Runs::Device);
         assert_eq!(runs(&e, "pool"), Runs::Device);
         assert_eq!(runs(&e, "tokenize"), Runs::Host);
@@ -182,10 +202,14 @@ mod tests {
                 .any(|p| p.part == "--embed-weights" && p.how.contains("CPU forward only"))
         );
         assert!(
-            !embed(DeviceKind::Cuda, EmbedWeights::F32)
+            !encoder(Task::Embed, DeviceKind::Cuda, EmbedWeights::F32)
                 .iter()
                 .any(|p| p.part == "--embed-weights")
         );
+        assert!(!e.iter().any(|p| p.part == "score"), "{e:?}");
+        let r = encoder(Task::Rerank, DeviceKind::Cuda, EmbedWeights::F32);
+        assert_eq!(runs(&r, "forward"), Runs::Device);
+        assert_eq!(runs(&r, "score"), Runs::Host);
 
         let g = generate(DeviceKind::Cuda, WeightFormat::Q8_0);
         assert_eq!(runs(&g, "step"), Runs::Device);

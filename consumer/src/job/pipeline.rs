@@ -21,7 +21,7 @@ use super::delivery::{
 use super::settle::{Done, Finished, settle};
 use crate::budget::Reservation;
 use crate::engine::Engine;
-use crate::engine::embed::{EmbedEngine, Prepared, l2_normalize};
+use crate::engine::encoder::{EncoderEngine, EncoderInputs, Prepared, l2_normalize};
 use crate::engine::generate::GenerateEngine;
 use crate::error::JobError;
 use crate::output::JobStream;
@@ -185,7 +185,7 @@ async fn process(
     // so one stored after that is seen (embed jobs are short: they finish).
     let mut cancel = match &shared.engine {
         Engine::Generate(_) => CancelWatch::subscribe(shared, &job.id).await,
-        Engine::Embed(_) => CancelWatch::none(),
+        Engine::Encoder(_) => CancelWatch::none(),
     };
     // Mark it running unless it is already final: a compare-and-swap, so a
     // stale redelivery can never turn a finished job back into a running one.
@@ -225,8 +225,8 @@ async fn process(
     }
 
     let (output, usage) = match &shared.engine {
-        Engine::Embed(engine) => {
-            run_embed(
+        Engine::Encoder(engine) => {
+            run_encoder(
                 shared,
                 engine,
                 &job,
@@ -266,11 +266,12 @@ async fn process(
     Ok(Finished::Done(Box::new(Done { output, usage })))
 }
 
-/// embed: tokenize, batch, gather vectors, write the output.
+/// embed or rerank: tokenize, batch, gather vectors (rerank: scores),
+/// write the output.
 #[allow(clippy::too_many_arguments)]
-async fn run_embed(
+async fn run_encoder(
     shared: &Shared,
-    engine: &EmbedEngine,
+    engine: &EncoderEngine,
     job: &sluice_schemas::Job,
     items: Vec<Item>,
     reservation: &mut Reservation,
@@ -308,16 +309,31 @@ async fn run_embed(
 
     let served = |tokens| shared.stats.add_tenant_tokens(tenant, tokens);
     let vectors = engine.run(tokenized, timings, trace, served).await?;
-    let vectors = if job.parameters.normalize() {
-        vectors.into_iter().map(l2_normalize).collect()
-    } else {
-        vectors
-    };
     let started = Instant::now();
-    let output = shared
-        .outputs
-        .store_embeddings(&job.id, vectors, engine.dim, &job.output)
-        .await?;
+    let output = match engine.inputs {
+        EncoderInputs::Texts(_) => {
+            let vectors = if job.parameters.normalize() {
+                vectors.into_iter().map(l2_normalize).collect()
+            } else {
+                vectors
+            };
+            shared
+                .outputs
+                .store_embeddings(&job.id, vectors, engine.dim, &job.output)
+                .await?
+        }
+        EncoderInputs::Pairs => {
+            let scores = vectors
+                .iter()
+                .map(|v| v.first().copied())
+                .collect::<Option<Vec<f32>>>()
+                .ok_or_else(|| JobError::new(ErrorCode::Internal, "bug: a pair got no score"))?;
+            shared
+                .outputs
+                .store_scores(&job.id, scores, &job.output)
+                .await?
+        }
+    };
     record_write(timings, trace, started, &output);
     Ok((output, usage))
 }

@@ -52,6 +52,31 @@ impl OutputStore {
         .await
     }
 
+    /// Puts the scores inline when small (unless the job asked for S3),
+    /// else into S3 as `.npy` of shape `[items]`.
+    pub async fn store_scores(
+        &self,
+        job_id: &str,
+        scores: Vec<f32>,
+        options: &OutputOptions,
+    ) -> Result<Output, JobError> {
+        if (scores.len() * 4) as u64 <= self.inline_max_bytes && !options.always_s3() {
+            return Ok(Output::scores(scores));
+        }
+        let items = scores.len() as u64;
+        let body = npy::encode_f32_vector(&scores);
+        drop(scores);
+        self.put(
+            job_id,
+            body,
+            "npy",
+            "application/octet-stream",
+            vec![items],
+            options.presign_get_secs,
+        )
+        .await
+    }
+
     /// Puts the generations inline when their JSON is small (unless the job
     /// asked for S3), else into S3 as JSONL (one generation object per line,
     /// in item order).

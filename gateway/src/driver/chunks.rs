@@ -54,7 +54,8 @@ impl Chunker {
     pub fn add(&mut self, line_no: u64, request: &Request) -> Option<OpenChunk> {
         let task = request.endpoint.task();
         let most_items = match task {
-            Task::Embed => self.limits.texts,
+            // A rerank document is one pair, one encoder item, as a text is.
+            Task::Embed | Task::Rerank => self.limits.texts,
             Task::Generate => self.limits.prompts,
         };
         let n = request.items.len();
@@ -125,11 +126,13 @@ impl ErrorLog {
     }
 }
 
-/// A chunk's job id: `<batch>-e<n>` for embeddings, `-g<n>` for generations.
+/// A chunk's job id: `<batch>-e<n>` for embeddings, `-g<n>` for
+/// generations, `-r<n>` for rerankings.
 pub fn chunk_job(batch_id: &str, task: Task, index: usize) -> String {
     let kind = match task {
         Task::Embed => 'e',
         Task::Generate => 'g',
+        Task::Rerank => 'r',
     };
     format!("{batch_id}-{kind}{index}")
 }
@@ -138,10 +141,10 @@ pub fn chunk_job(batch_id: &str, task: Task, index: usize) -> String {
 /// batch id has no `-`).
 pub fn chunk_task(job_id: &str) -> Task {
     let kind = job_id.split('-').nth(1).unwrap_or_default();
-    if kind.starts_with('g') {
-        Task::Generate
-    } else {
-        Task::Embed
+    match kind.chars().next() {
+        Some('g') => Task::Generate,
+        Some('r') => Task::Rerank,
+        _ => Task::Embed,
     }
 }
 
@@ -163,6 +166,7 @@ mod tests {
             items: (0..items).map(|i| json!(format!("t{i}"))).collect(),
             base64: false,
             prompt_name: None,
+            ranking: Default::default(),
         }
     }
 
@@ -321,6 +325,7 @@ mod tests {
         let table = [
             ("batch_ab", Task::Embed, 0, "batch_ab-e0"),
             ("batch_ab", Task::Generate, 12, "batch_ab-g12"),
+            ("batch_ab", Task::Rerank, 3, "batch_ab-r3"),
         ];
         for (batch, task, index, id) in table {
             assert_eq!(chunk_job(batch, task, index), id);

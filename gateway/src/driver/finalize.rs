@@ -299,6 +299,13 @@ impl Answers {
                 let used: u64 = tokens.get(first..first + n).map_or(0, |t| t.iter().sum());
                 Ok(openai::embeddings_body(model, &rows, used, request.base64))
             }
+            Outputs::Scores { values, tokens } => {
+                let scores = values
+                    .get(first..first + n)
+                    .context("fewer scores than documents")?;
+                let used: u64 = tokens.get(first..first + n).map_or(0, |t| t.iter().sum());
+                Ok(openai::rerank_body(id, model, request, scores, used))
+            }
             Outputs::Generations(all) => {
                 let gens = all
                     .get(first..first + n)

@@ -9,7 +9,7 @@
 //! crate's top-level modules, then the children of each folder module), no
 //! module uses, directly or through its siblings, a sibling that uses it
 //! back. A module is its whole subtree here: `job::settle` naming
-//! `crate::engine::embed::EmbedEngine` is an edge `job -> engine` at the top
+//! `crate::engine::encoder::EncoderEngine` is an edge `job -> engine` at the top
 //! and nothing inside `job/`. A folder's own file (`mod.rs`) is one more node
 //! among its children, `(mod)`: a child that names the folder's own items
 //! while the folder's file names that child is a cycle too, so shared types

@@ -74,17 +74,7 @@ async fn embed_job_via_presigned_url_matches_reference_and_small_job_comes_inlin
             r.timings_ms
         );
     }
-    let obj = d
-        .servers
-        .s3
-        .client()
-        .get_object()
-        .bucket(&d.bucket)
-        .key(&o.key)
-        .send()
-        .await
-        .unwrap();
-    let bytes = obj.body.collect().await.unwrap().into_bytes();
+    let bytes = d.read_object(&o.key).await.unwrap();
     assert_eq!(bytes.len() as u64, o.bytes);
     assert_eq!(hex::encode(Sha256::digest(&bytes)), o.sha256);
     let (rows, dim, values) = npy::decode_f32(&bytes).unwrap();

@@ -11,7 +11,7 @@ use base64::Engine;
 use serde_json::{Value, json};
 use sluice_schemas::JobState;
 use sluice_tests::deploy::Deployment;
-use sluice_tests::fixtures::{cosine, minilm_reference};
+use sluice_tests::fixtures::{cosine, minilm_reference, ranking, reranker_family};
 use sluice_tests::repo_root;
 
 const KEY_A: &str = "sk-team-a-0123456789";
@@ -410,10 +410,15 @@ impl Api {
 
     /// Uploads `bytes` and creates a batch of them; the batch object.
     async fn batch(&self, key: &str, bytes: &[u8], window: &str) -> Value {
+        self.batch_to(key, bytes, window, "/v1/embeddings").await
+    }
+
+    /// [`Api::batch`] naming `endpoint` as the batch's.
+    async fn batch_to(&self, key: &str, bytes: &[u8], window: &str, endpoint: &str) -> Value {
         let (status, file) = self.upload(key, bytes).await;
         assert_eq!(status, 200, "{file}");
         let (status, batch) = self
-            .post("/batches", key, json!({"input_file_id": file["id"], "endpoint": "/v1/embeddings", "completion_window": window}))
+            .post("/batches", key, json!({"input_file_id": file["id"], "endpoint": endpoint, "completion_window": window}))
             .await;
         assert_eq!(status, 200, "{batch}");
         batch
@@ -1109,4 +1114,197 @@ async fn the_shipped_permissions_let_the_gateway_run_and_cancel_batches() {
     assert_eq!(list["data"].as_array().map(Vec::len), Some(2), "{list}");
     gateway.stop();
     consumer.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+/// The rerank API (vLLM's, llama-server's, Jina's and Cohere's shape) over
+/// the queue, on the random-weight XLM-RoBERTa reranker served as
+/// `xlm-reranker`: `POST /v1/rerank` answers the documents best first with
+/// the scores a rerank job of the same pairs gets (which
+/// `rerank::rerank_jobs_score_pairs_as_sentence_transformers...` holds to
+/// sentence-transformers), `top_n` of them, with their texts when asked;
+/// bad requests get OpenAI's error shape naming the field; `/v1/rerank`
+/// batch lines are answered in the same shape, a line naming an undeployed
+/// model failing alone.
+#[tokio::test]
+async fn the_gateway_ranks_documents_online_and_in_a_batch() {
+    let d = Deployment::start().await.unwrap();
+    let (dir, reference) = reranker_family("xlm-roberta-reranker").unwrap();
+    let _rerank = d
+        .start_consumer_of(&dir, &["--task=rerank", "--model-name=xlm-reranker"])
+        .await
+        .unwrap();
+    let gateway = d
+        .start_gateway(KEYS, &["--rerank-models=xlm-reranker"])
+        .await
+        .unwrap();
+    let api = Api::new(gateway.addr);
+    let query = reference.pairs[1].0.clone();
+    let documents: Vec<String> = reference.pairs.iter().map(|p| p.1.clone()).collect();
+
+    // The consumer's own scores of (query, document i), as a job.
+    let mut results = d.producer.subscribe_results().await.unwrap();
+    let items: Vec<Value> = documents
+        .iter()
+        .map(|doc| json!({"query": query, "document": doc}))
+        .collect();
+    let job = sluice_schemas::Job {
+        model: "xlm-reranker".into(),
+        ..d.producer.job(
+            sluice_schemas::Task::Rerank,
+            "direct",
+            vec![sluice_schemas::Input::Inline { items }],
+        )
+    };
+    d.producer.submit(&job).await.unwrap();
+    let got = sluice_tests::results::wait_results(&mut results, 1, Duration::from_secs(60)).await;
+    let sluice_schemas::Outcome::Ok {
+        output: sluice_schemas::Output::Inline { scores, .. },
+    } = &got[0].outcome
+    else {
+        panic!("{:?}", got[0].outcome);
+    };
+    let direct = scores.clone();
+    let tokens = got[0].usage.tokens;
+    let best = ranking(&direct);
+    // The answer's results: (index, score, text) in its order.
+    let read = |body: &Value| -> Vec<(usize, f32, Option<String>)> {
+        body["results"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{body}"))
+            .iter()
+            .map(|r| {
+                (
+                    r["index"].as_u64().unwrap() as usize,
+                    r["relevance_score"].as_f64().unwrap() as f32,
+                    r["document"]["text"].as_str().map(str::to_string),
+                )
+            })
+            .collect()
+    };
+    let check = |body: &Value, top_n: usize, texts: bool| {
+        let results = read(body);
+        assert_eq!(results.len(), top_n, "{body}");
+        for (rank, (index, score, text)) in results.into_iter().enumerate() {
+            assert_eq!(index, best[rank], "rank {rank}: {body}");
+            assert!(
+                (score - direct[index]).abs() <= 1e-6,
+                "{score} vs {}",
+                direct[index]
+            );
+            assert_eq!(text, texts.then(|| documents[index].clone()), "{body}");
+        }
+        assert_eq!(body["model"], "xlm-reranker");
+        assert_eq!(body["usage"]["total_tokens"], tokens, "{body}");
+    };
+
+    let (status, body) = api
+        .post(
+            "/rerank",
+            KEY_A,
+            json!({"model": "xlm-reranker", "query": query, "documents": documents, "top_n": 5, "return_documents": true}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    check(&body, 5, true);
+    let objects: Vec<Value> = documents.iter().map(|t| json!({ "text": t })).collect();
+    let (status, body) = api
+        .post(
+            "/rerank",
+            KEY_A,
+            json!({"model": "xlm-reranker", "query": query, "documents": objects}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    check(&body, documents.len(), false);
+
+    for (body, status, param) in [
+        (
+            json!({"model": "bge-reranker-base", "query": "q", "documents": ["d"]}),
+            404,
+            "model",
+        ),
+        (
+            json!({"model": "xlm-reranker", "query": "q", "documents": []}),
+            400,
+            "documents",
+        ),
+        (
+            json!({"model": "xlm-reranker", "documents": ["d"]}),
+            400,
+            "query",
+        ),
+        (
+            json!({"model": "xlm-reranker", "query": "q", "documents": ["d"], "stream": true}),
+            400,
+            "stream",
+        ),
+        (
+            json!({"model": "xlm-reranker", "query": "q", "documents": ["d"], "top_n": -1}),
+            400,
+            "top_n",
+        ),
+    ] {
+        let (got, answer) = api.post("/rerank", KEY_A, body.clone()).await;
+        eprintln!("{body} -> {got} {answer}");
+        assert_eq!(got, status, "{body}: {answer}");
+        assert_eq!(answer["error"]["param"], param, "{body}: {answer}");
+    }
+    let (_, models) = api.get("/models", KEY_A).await;
+    let listed = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["id"] == "xlm-reranker")
+        .cloned()
+        .unwrap_or_else(|| panic!("{models}"));
+    assert_eq!(
+        (listed["task"].as_str(), listed["live"].as_bool()),
+        (Some("rerank"), Some(true))
+    );
+
+    // A batch of rerank lines.
+    let line = |id: &str, body: Value| json!({"custom_id": id, "method": "POST", "url": "/v1/rerank", "body": body});
+    let lines = [
+        line(
+            "top-3",
+            json!({"model": "xlm-reranker", "query": query, "documents": documents, "top_n": 3, "return_documents": true}),
+        ),
+        line(
+            "all",
+            json!({"model": "xlm-reranker", "query": query, "documents": objects}),
+        ),
+        line(
+            "unknown-model",
+            json!({"model": "bge-reranker-base", "query": query, "documents": ["d"]}),
+        ),
+    ];
+    let batch = api
+        .batch_to(KEY_A, &to_jsonl(&lines), "24h", "/v1/rerank")
+        .await;
+    let done = api
+        .wait(
+            KEY_A,
+            batch["id"].as_str().unwrap(),
+            Duration::from_secs(120),
+        )
+        .await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["request_counts"]["completed"], 2, "{done}");
+    assert_eq!(done["request_counts"]["failed"], 1, "{done}");
+    let output = api.content(KEY_A, &done["output_file_id"]).await;
+    let by_id: BTreeMap<&str, &Value> = output
+        .iter()
+        .map(|l| (l["custom_id"].as_str().unwrap(), &l["response"]))
+        .collect();
+    assert_eq!(by_id["top-3"]["status_code"], 200);
+    check(&by_id["top-3"]["body"], 3, true);
+    check(&by_id["all"]["body"], documents.len(), false);
+    let errors = api.content(KEY_A, &done["error_file_id"]).await;
+    assert_eq!(errors.len(), 1);
+    assert_eq!(errors[0]["custom_id"], "unknown-model");
+    assert_eq!(
+        errors[0]["response"]["body"]["error"]["code"],
+        "model_not_found"
+    );
+    assert_eq!(d.jobs_in_stream_settled(0).await, 0);
 }

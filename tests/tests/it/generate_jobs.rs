@@ -16,6 +16,7 @@ use sluice_schemas::{
 };
 use sluice_tests::deploy::Deployment;
 
+use sluice_tests::fixtures::schema_example;
 use sluice_tests::results::wait_results;
 
 const MODEL: &str = "smollm2-135m-instruct";
@@ -409,18 +410,6 @@ async fn generate_flood_stays_inside_the_kv_budget() {
     assert_eq!(stats.jobs_ok.load(Ordering::Relaxed), JOBS as u64);
     assert_eq!(d.jobs_in_stream_settled(0).await, 0);
     consumer.shutdown(Duration::from_secs(10)).await.unwrap();
-}
-
-/// One example of a schema's `examples`, by its id field.
-fn schema_example(schema: &str, field: &str, id: &str) -> serde_json::Value {
-    let schema: serde_json::Value = serde_json::from_str(schema).unwrap();
-    schema["examples"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e[field] == id)
-        .unwrap_or_else(|| panic!("no example with {field} {id}"))
-        .clone()
 }
 
 /// The schemas' chat example is what the model answers (issue #16): the

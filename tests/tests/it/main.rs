@@ -20,6 +20,7 @@ mod online;
 mod priorities;
 mod publishers;
 mod recycle;
+mod rerank;
 mod status;
 mod streaming;
 mod tenants;

@@ -156,6 +156,7 @@ async fn three_models_share_a_namespace_and_every_job_is_answered_by_its_own() {
             let item = match task {
                 Task::Embed => json!(long_text(i)),
                 Task::Generate => json!({"prompt": format!("Count: {i},"), "max_new_tokens": 1}),
+                Task::Rerank => json!({"query": "which text?", "document": long_text(i)}),
             };
             wanted.insert(id.clone(), model);
             Submission::new(

