@@ -292,7 +292,7 @@ impl MiniLm {
             Forward::Packed(_) => candle_core::bail!("bug: the packed forward has no candle model"),
         };
         // Mean and CLS on the device (one vector per sequence comes back);
-        // max over each sequence's own rows on the host.
+        // the other modes over each sequence's own rows on the host.
         let pooled = match self.pooling {
             Pooling::Mean => {
                 let mask = mask.to_dtype(DType::F32)?.unsqueeze(2)?;
@@ -300,7 +300,7 @@ impl MiniLm {
                 summed.broadcast_div(&mask.sum(1)?)?
             }
             Pooling::Cls => hidden.narrow(1, 0, 1)?.squeeze(1)?,
-            Pooling::Max => {
+            Pooling::Max | Pooling::MeanSqrtLen | Pooling::WeightedMean | Pooling::LastToken => {
                 let states = hidden.to_device(&Device::Cpu)?.to_vec3::<f32>()?;
                 return Ok(states
                     .iter()

@@ -374,11 +374,13 @@ fn modules_of(path: &Path, modules: &Value) -> Result<(Option<PathBuf>, bool), L
     Ok((pooling, kinds.last() == Some(&"Normalize")))
 }
 
-/// The one pooling mode `config` turns on, if sluice runs it: the string
-/// `pooling_mode` (sentence-transformers 6) or the older booleans.
+/// The one pooling mode `config` turns on: the string `pooling_mode`
+/// (sentence-transformers 6; a list of one counts) or the older booleans.
+/// Several at once (their vectors concatenated) are refused.
 fn pooling_of(path: &Path, config: &Value) -> Result<Pooling, LoadError> {
     let on = |field: &str| config.get(field).and_then(Value::as_bool).unwrap_or(false);
-    let supported = "pooling_mode mean, cls or max (or exactly one of pooling_mode_mean_tokens, pooling_mode_cls_token, pooling_mode_max_tokens)";
+    let names = Pooling::ALL.map(Pooling::name).join(", ");
+    let supported = format!("one pooling_mode of {names} (or one pooling_mode_... key set true)");
     if config.get("include_prompt") == Some(&Value::Bool(false)) {
         return Err(unsupported(
             path,
@@ -388,37 +390,25 @@ fn pooling_of(path: &Path, config: &Value) -> Result<Pooling, LoadError> {
         ));
     }
     if let Some(mode) = config.get("pooling_mode") {
-        return match mode.as_str() {
-            Some("mean") => Ok(Pooling::Mean),
-            Some("cls") => Ok(Pooling::Cls),
-            Some("max") => Ok(Pooling::Max),
-            _ => Err(unsupported(path, "pooling_mode", mode, supported)),
+        let one = match mode {
+            Value::Array(list) if list.len() == 1 => &list[0],
+            other => other,
         };
+        return one
+            .as_str()
+            .and_then(Pooling::from_name)
+            .ok_or_else(|| unsupported(path, "pooling_mode", mode, &supported));
     }
-    let runs = [
-        ("pooling_mode_mean_tokens", Pooling::Mean),
-        ("pooling_mode_cls_token", Pooling::Cls),
-        ("pooling_mode_max_tokens", Pooling::Max),
-    ];
-    let refused = [
-        "pooling_mode_mean_sqrt_len_tokens",
-        "pooling_mode_weightedmean_tokens",
-        "pooling_mode_lasttoken",
-    ];
-    if let Some(field) = refused.iter().find(|f| on(f)) {
-        return Err(unsupported(path, field, &Value::Bool(true), supported));
-    }
-    let chosen: Vec<Pooling> = runs
-        .iter()
-        .filter(|(f, _)| on(f))
-        .map(|(_, p)| *p)
+    let chosen: Vec<Pooling> = Pooling::ALL
+        .into_iter()
+        .filter(|p| on(p.legacy_key()))
         .collect();
     match chosen.as_slice() {
         [one] => Ok(*one),
         // sentence-transformers' own default when nothing is set.
         [] => Ok(Pooling::Mean),
         _ => Err(LoadError::Unsupported(format!(
-            "{}: several pooling modes are on ({}); supported: {supported}",
+            "{}: several pooling modes are on ({}), which concatenates their vectors; supported: {supported}",
             path.display(),
             chosen
                 .iter()
@@ -607,10 +597,32 @@ mod tests {
             (
                 "sentence-transformers 6, last token",
                 vec![("1_Pooling/config.json", r#"{"pooling_mode": "lasttoken"}"#)],
+                ok(Pooling::LastToken, None, false),
+            ),
+            (
+                "sentence-transformers 6, a list of one mode",
+                vec![(
+                    "1_Pooling/config.json",
+                    r#"{"pooling_mode": ["mean_sqrt_len_tokens"]}"#,
+                )],
+                ok(Pooling::MeanSqrtLen, None, false),
+            ),
+            (
+                "sentence-transformers 6, two modes",
+                vec![(
+                    "1_Pooling/config.json",
+                    r#"{"pooling_mode": ["cls", "mean"]}"#,
+                )],
                 Err(vec![
                     "1_Pooling/config.json",
-                    "pooling_mode = \"lasttoken\"",
+                    "pooling_mode = [\"cls\",\"mean\"] is not supported",
+                    "one pooling_mode of cls, max, mean, mean_sqrt_len_tokens, weightedmean, lasttoken",
                 ]),
+            ),
+            (
+                "sentence-transformers 6, a mode it does not have",
+                vec![("1_Pooling/config.json", r#"{"pooling_mode": "median"}"#)],
+                Err(vec!["pooling_mode = \"median\" is not supported"]),
             ),
             (
                 "prompts with a default",
@@ -700,21 +712,17 @@ mod tests {
             (
                 "last token",
                 vec![("1_Pooling/config.json", &last)],
-                Err(vec![
-                    "1_Pooling/config.json",
-                    "pooling_mode_lasttoken",
-                    "exactly one of",
-                ]),
+                ok(Pooling::LastToken, None, false),
             ),
             (
                 "weighted mean",
                 vec![("1_Pooling/config.json", &weighted)],
-                Err(vec!["pooling_mode_weightedmean_tokens"]),
+                ok(Pooling::WeightedMean, None, false),
             ),
             (
                 "two modes",
                 vec![("1_Pooling/config.json", two)],
-                Err(vec!["several pooling modes", "mean_tokens, cls_token"]),
+                Err(vec!["several pooling modes", "cls, mean", "concatenates"]),
             ),
             (
                 "prompt left out of the pooling",

@@ -7,7 +7,7 @@
 mod common;
 
 use candle_core::Device;
-use common::{cosine, min_cosine, minilm_reference};
+use common::{cosine, min_cosine, minilm_reference, norm};
 use sluice_models::pooling::Pooling;
 use sluice_models::{EmbeddingModel, ForwardChoice, MiniLm, TextTokenizer, encoder_kernels};
 
@@ -246,6 +246,13 @@ fn every_pooling_mode_matches_sentence_transformers() {
         ("mean", "mean_tokens", Pooling::Mean),
         ("cls", "cls_token", Pooling::Cls),
         ("max", "max_tokens", Pooling::Max),
+        (
+            "mean_sqrt_len_tokens",
+            "mean_sqrt_len_tokens",
+            Pooling::MeanSqrtLen,
+        ),
+        ("weightedmean", "weightedmean_tokens", Pooling::WeightedMean),
+        ("lasttoken", "lasttoken", Pooling::LastToken),
     ] {
         let dir = pooled_model_dir(config_name);
         let ids = token_ids(dir.path(), MAX_TOKENS, &reference.texts);
@@ -262,13 +269,25 @@ fn every_pooling_mode_matches_sentence_transformers() {
                 got.len()
             );
             assert!(worst >= 0.9999, "{mode}, {}: {worst}", model.forward_name());
+            // The lengths too: cosine cannot tell the sqrt mean from the mean.
+            for (g, e) in got.iter().zip(expected) {
+                let (g, e) = (norm(g), norm(e));
+                assert!((g - e).abs() <= 1e-4 * e, "{mode}: length {g} vs {e}");
+            }
             if choice == ForwardChoice::Packed {
                 by_mode.push(got);
             }
         }
     }
-    // The modes are told apart: CLS and max are far from the mean.
-    for (other, name) in [(1, "cls"), (2, "max")] {
+    // The modes are told apart: each is far from the mean (the sqrt mean
+    // is the mean scaled, so its cosine is 1; its scale is checked by the
+    // vectors themselves).
+    for (other, name) in [
+        (1, "cls"),
+        (2, "max"),
+        (4, "weightedmean"),
+        (5, "lasttoken"),
+    ] {
         let closest = by_mode[0]
             .iter()
             .zip(&by_mode[other])

@@ -94,7 +94,10 @@ pub fn min_cosine(got: &[Vec<f32>], expected: &[Vec<f32>]) -> f32 {
 
 pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
     let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
-    let na = a.iter().map(|x| x * x).sum::<f32>().sqrt();
-    let nb = b.iter().map(|x| x * x).sum::<f32>().sqrt();
-    dot / (na * nb).max(1e-12)
+    dot / (norm(a) * norm(b)).max(1e-12)
+}
+
+/// The Euclidean length of `v`.
+pub fn norm(v: &[f32]) -> f32 {
+    v.iter().map(|x| x * x).sum::<f32>().sqrt()
 }

@@ -230,8 +230,8 @@ async fn truncation_off_refuses_long_items_with_a_clear_code() {
 }
 
 /// A model directory sluice would run differently from sentence-transformers
-/// (here one whose pooling module asks for the last token, a decoder
-/// embedder's pooling, and a cross-encoder) stops the consumer at start-up with the file, the
+/// (here one whose pooling module asks for two modes at once, their vectors
+/// concatenated, and a cross-encoder) stops the consumer at start-up with the file, the
 /// field and what is supported; the job waiting for it stays in the stream
 /// and is answered once a consumer with a model it runs starts.
 #[tokio::test]
@@ -253,20 +253,20 @@ async fn a_model_the_encoder_would_run_wrong_is_refused_at_start_and_no_job_is_l
     std::fs::create_dir(dir.path().join("1_Pooling")).unwrap();
     std::fs::write(
         dir.path().join("1_Pooling/config.json"),
-        r#"{"embedding_dimension": 384, "pooling_mode": "lasttoken", "include_prompt": true}"#,
+        r#"{"embedding_dimension": 768, "pooling_mode": ["cls", "mean"], "include_prompt": true}"#,
     )
     .unwrap();
     let mut refused = d.consumer_config(&[]);
     refused.model.model_dir = Some(dir.path().to_path_buf());
     let err = match sluice_consumer::start(refused).await {
         Err(e) => format!("{e:#}"),
-        Ok(_) => panic!("a consumer started on last-token pooling"),
+        Ok(_) => panic!("a consumer started on two pooling modes"),
     };
     eprintln!("start-up refused: {err}");
     for words in [
         "1_Pooling/config.json",
-        "pooling_mode = \"lasttoken\" is not supported",
-        "supported: pooling_mode mean, cls or max",
+        "pooling_mode = [\"cls\",\"mean\"] is not supported",
+        "supported: one pooling_mode of cls, max, mean, mean_sqrt_len_tokens, weightedmean, lasttoken",
     ] {
         assert!(err.contains(words), "{err:?} lacks {words:?}");
     }
