@@ -104,11 +104,19 @@ pub struct GenerateConfig {
     /// Most sequences decoding together; more wait for a free slot.
     #[arg(long, env = "SLUICE_MAX_SEQUENCES", default_value_t = 64)]
     pub max_sequences: usize,
-    /// How the weights are held: q8_0 (requantized at load; the fastest on
-    /// CPUs), as-stored (the GGUF's own quantization) or f32 (dense; gains the
-    /// most from batching, 4x the memory).
-    #[arg(long, env = "SLUICE_WEIGHTS", default_value = "q8_0")]
-    pub weights: sluice_models::llama::WeightFormat,
+    /// How the weights are held: auto (as stored or Q8_0, whichever a
+    /// measurement at start-up finds faster here for this model; logged),
+    /// as-stored (the GGUF's own 4-bit blocks where the host step takes
+    /// them, else Q8_0), q8_0 (every matrix requantized at load) or f32
+    /// (dense; gains the most from batching, 7x the memory of 4 bits).
+    #[arg(long, env = "SLUICE_WEIGHTS", default_value = "auto")]
+    pub weights: sluice_models::decoder::WeightFormat,
+    /// A Jinja chat template (a file, as Hugging Face's
+    /// `tokenizer_config.json` holds one) to render chat jobs with instead
+    /// of the model's own `tokenizer.chat_template`; needed for chat jobs on
+    /// a model that has none (raw prompts need no template).
+    #[arg(long, env = "SLUICE_CHAT_TEMPLATE")]
+    pub chat_template: Option<std::path::PathBuf>,
 }
 
 /// The service's config.

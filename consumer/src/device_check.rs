@@ -28,7 +28,7 @@ use crate::budget::device_headroom_bytes;
 use crate::config::ModelConfig;
 use crate::engine::encoder::{l2_normalize, load_encoder};
 use crate::memory::MemoryProbe;
-use sluice_models::llama::{Llama, Segment, WeightFormat};
+use sluice_models::decoder::{Decoder, Segment, WeightFormat};
 
 /// Where the bundle keeps each part (`scripts/device-bundle` writes them).
 pub const BUNDLE_MINILM: &str = "minilm";
@@ -258,13 +258,13 @@ pub fn run(args: &DeviceCheckArgs) -> anyhow::Result<DeviceReport> {
     let gguf = scratch.join("llama-random.gguf");
     write_random_llama(&args.bundle.join(BUNDLE_LLAMA_HEADER), &gguf, 0x5eed)?;
     let candle_device = crate::engine::startup::open_device(&model)?;
-    let (llama, _) = Llama::load(&gguf, WeightFormat::AsStored, &candle_device)?;
+    let (llama, _) = Decoder::load(&gguf, WeightFormat::AsStored, &candle_device)?;
     let headroom = device_headroom_bytes(&candle_device)?;
     let budget = (headroom as f64 * args.memory_fraction) as u64;
     let loaded_level = used_now(&probe);
     let sampler = PeakSampler::start(&probe);
     if !candle_device.is_cpu() {
-        let (cpu, _) = Llama::load(&gguf, WeightFormat::AsStored, &Device::Cpu)?;
+        let (cpu, _) = Decoder::load(&gguf, WeightFormat::AsStored, &Device::Cpu)?;
         let drift = logits_drift(&llama, &cpu)?;
         rows.push(row(
             format!(
@@ -424,9 +424,9 @@ pub fn write_random_llama(header: &Path, out: &Path, seed: u64) -> anyhow::Resul
 }
 
 /// `max |a - b| / max |b|` over the logits after a 16-token prompt.
-fn logits_drift(device: &Llama, cpu: &Llama) -> anyhow::Result<f64> {
+fn logits_drift(device: &Decoder, cpu: &Decoder) -> anyhow::Result<f64> {
     let prompt: Vec<u32> = (1..=PROMPT_TOKENS as u32).collect();
-    let logits = |m: &Llama| -> anyhow::Result<Vec<f32>> {
+    let logits = |m: &Decoder| -> anyhow::Result<Vec<f32>> {
         let mut cache = m.new_cache(PROMPT_TOKENS)?;
         let out = m.forward(&mut [Segment {
             cache: &mut cache,
@@ -447,7 +447,7 @@ fn logits_drift(device: &Llama, cpu: &Llama) -> anyhow::Result<f64> {
 /// prompt each, prefilled in one step) over `new_tokens` steps, each step
 /// one token per sequence, sampled on the host as the consumer does.
 fn decode_tokens_per_sec(
-    llama: &Llama,
+    llama: &Decoder,
     sequences: usize,
     new_tokens: usize,
 ) -> anyhow::Result<f64> {

@@ -1,20 +1,25 @@
-//! The f32 pieces of a llama decoder step on plain buffers, between the
-//! quantized matrix products ([`crate::quantized`]): RMS norm, interleaved
-//! rotary embeddings, causal attention of a sequence's new tokens against
-//! its KV cache (grouped-query heads), and the SwiGLU product.
+//! The f32 pieces of a decoder step on plain buffers, between the
+//! quantized matrix products ([`crate::quantized`]): RMS norm, rotary
+//! embeddings (interleaved pairs, or halves), causal attention of a
+//! sequence's new tokens against its KV cache (grouped-query heads; a scale,
+//! a soft cap and a sliding window where the family has them), and the
+//! gated MLP product (SwiGLU, or tanh-GELU's GeGLU).
 //!
 //! They are plain Rust, built at `opt-level = 3` for every CPU (the compiler
 //! vectorizes the inner loops for the baseline instruction set), except the
 //! attention's per-head work, which runs `f32_kernels::decode_attend` at the
-//! process's level where `head_dim` is a multiple of 32 (it was 6-16% of an
-//! 8-sequence decode in plain Rust, growing with the context), and SwiGLU,
-//! whose `exp` per value is a vector polynomial there too. Each token's result depends on
+//! process's level where `head_dim` is a multiple of 32 and the scores take
+//! no soft cap (it was 6-16% of an 8-sequence decode in plain Rust, growing
+//! with the context), and the gated product, whose `exp` per value is a
+//! vector polynomial there too. Each token's result depends on
 //! its own row and its own sequence's cache only, so a token's logits do not
 //! depend on the other sequences of its step (batch invariance).
 
 use rayon::prelude::*;
 
 use crate::encoder::F32Kernels;
+use crate::scalar;
+pub use crate::scalar::Gate;
 use crate::team::{Team, parts_mut, take};
 
 /// `out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * weight` for each row `t` of
@@ -72,24 +77,37 @@ pub fn rope_interleaved(x: &mut [f32], cos: &[f32], sin: &[f32]) {
     }
 }
 
-/// `silu(gate) * up` per row of `gate_up` (`[tokens, 2 * ffn]`, each row the
-/// gate's `ffn` values then the up projection's), as `[tokens, ffn]`.
-pub fn swiglu(gate_up: &[f32], ffn: usize) -> Vec<f32> {
-    swiglu_with(F32Kernels::current(), gate_up, ffn)
+/// Rotary position embedding in the halves layout (GPT-NeoX's, Qwen's and
+/// Gemma's), in place on one head's vector: pair `(x[i], x[i + d / 2])`
+/// turns by the angle whose cosine and sine are `cos[i]` and `sin[i]`
+/// (candle's `rope`).
+pub fn rope_halves(x: &mut [f32], cos: &[f32], sin: &[f32]) {
+    let (first, second) = x.split_at_mut(x.len() / 2);
+    for (((a, b), c), s) in first.iter_mut().zip(second.iter_mut()).zip(cos).zip(sin) {
+        let (x0, x1) = (*a, *b);
+        *a = x0 * c - x1 * s;
+        *b = x0 * s + x1 * c;
+    }
 }
 
-/// [`swiglu`] at the level `kernels` (its vector `exp` at AVX2 and
-/// AVX-512, `f32::exp` in the references).
-pub fn swiglu_with(kernels: F32Kernels, gate_up: &[f32], ffn: usize) -> Vec<f32> {
+/// `act(gate) * up` per row of `gate_up` (`[tokens, 2 * ffn]`, each row the
+/// gate's `ffn` values then the up projection's), as `[tokens, ffn]`.
+pub fn gated(act: Gate, gate_up: &[f32], ffn: usize) -> Vec<f32> {
+    gated_with(F32Kernels::current(), act, gate_up, ffn)
+}
+
+/// [`gated`] at the level `kernels` (its vector `exp` at AVX2 and AVX-512,
+/// `f32::exp` in the references).
+pub fn gated_with(kernels: F32Kernels, act: Gate, gate_up: &[f32], ffn: usize) -> Vec<f32> {
     let mut out = vec![0f32; gate_up.len() / 2];
     for (row, out) in gate_up.chunks_exact(2 * ffn).zip(out.chunks_exact_mut(ffn)) {
         let (gate, up) = row.split_at(ffn);
         match kernels {
-            F32Kernels::Avx512(t) => t.swiglu(gate, up, out),
-            F32Kernels::Avx2(t) => t.swiglu(gate, up, out),
+            F32Kernels::Avx512(t) => t.gated(act, gate, up, out),
+            F32Kernels::Avx2(t) => t.gated(act, gate, up, out),
             F32Kernels::Reference => {
                 for ((g, u), o) in gate.iter().zip(up).zip(out.iter_mut()) {
-                    *o = g / (1.0 + (-g).exp()) * u;
+                    *o = scalar::gated(act, *g) * u;
                 }
             }
         }
@@ -103,6 +121,17 @@ pub struct DecoderHeads {
     pub heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
+}
+
+/// How a layer's scores are made: `score = scale * q . k`, then `cap *
+/// tanh(score / cap)` with a soft cap; with a window, a query at position
+/// `p` sees only keys at `p - window + 1 ..= p`.
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+pub struct AttentionRule {
+    /// `None`: `1 / sqrt(head_dim)`.
+    pub scale: Option<f32>,
+    pub softcap: Option<f32>,
+    pub window: Option<usize>,
 }
 
 /// One sequence's part in a step's attention: its queries, its cache, and
@@ -125,8 +154,12 @@ pub struct SequenceAttention<'a> {
 /// own. Returns the contexts, `[all new tokens, heads * head_dim]`, in the
 /// sequences' order. The (token, head) items run on the rayon pool when a
 /// step has enough of them to pay for the hand-off.
-pub fn causal_attention(shape: DecoderHeads, sequences: &[SequenceAttention<'_>]) -> Vec<f32> {
-    causal_attention_with(F32Kernels::current(), shape, sequences)
+pub fn causal_attention(
+    shape: DecoderHeads,
+    rule: AttentionRule,
+    sequences: &[SequenceAttention<'_>],
+) -> Vec<f32> {
+    causal_attention_with(F32Kernels::current(), shape, rule, sequences)
 }
 
 /// [`causal_attention`] at the level `kernels` (the plain-Rust reference
@@ -134,6 +167,7 @@ pub fn causal_attention(shape: DecoderHeads, sequences: &[SequenceAttention<'_>]
 pub fn causal_attention_with(
     kernels: F32Kernels,
     shape: DecoderHeads,
+    rule: AttentionRule,
     sequences: &[SequenceAttention<'_>],
 ) -> Vec<f32> {
     let scored: usize = sequences
@@ -149,7 +183,7 @@ pub fn causal_attention_with(
     } else {
         1
     };
-    attention_in_parts(kernels, shape, sequences, parts, |part| {
+    attention_in_parts(kernels, shape, rule, sequences, parts, |part| {
         (0..parts).into_par_iter().for_each(part)
     })
 }
@@ -159,10 +193,11 @@ pub fn causal_attention_with(
 pub fn causal_attention_on(
     team: &Team,
     shape: DecoderHeads,
+    rule: AttentionRule,
     sequences: &[SequenceAttention<'_>],
 ) -> Vec<f32> {
     let kernels = F32Kernels::current();
-    attention_in_parts(kernels, shape, sequences, team.size(), |part| {
+    attention_in_parts(kernels, shape, rule, sequences, team.size(), |part| {
         team.run(part)
     })
 }
@@ -174,6 +209,7 @@ pub fn causal_attention_on(
 fn attention_in_parts(
     kernels: F32Kernels,
     shape: DecoderHeads,
+    rule: AttentionRule,
     sequences: &[SequenceAttention<'_>],
     parts: usize,
     run_parts: impl FnOnce(&(dyn Fn(usize) + Sync)),
@@ -212,7 +248,11 @@ fn attention_in_parts(
     }
     bounds.push(items.len());
     let mut out = vec![0f32; items.len() * head_dim];
-    let simd = head_dim.is_multiple_of(32);
+    // The kernels scale by 1 / sqrt(head_dim): another scale is folded
+    // into the query.
+    let standard = 1.0 / (head_dim as f32).sqrt();
+    let rescale = rule.scale.filter(|s| *s != standard).map(|s| s / standard);
+    let simd = head_dim.is_multiple_of(32) && rule.softcap.is_none();
     let outs = parts_mut(
         &mut out,
         bounds.windows(2).map(|w| (w[1] - w[0]) * head_dim),
@@ -220,18 +260,26 @@ fn attention_in_parts(
     run_parts(&|part| {
         let mut ctx = take(&outs[part]);
         let mut scores = Vec::new();
+        let mut scaled = vec![0f32; head_dim];
         let mine = &items[bounds[part]..bounds[part + 1]];
         for (&(s, i, h), ctx) in mine.iter().zip(ctx.chunks_exact_mut(head_dim)) {
             let seq = &sequences[s];
             let len = seq.start + i + 1;
+            let first = rule.window.map_or(0, |w| len.saturating_sub(w));
             let g = h / (heads / kv_heads);
-            let cached = g * seq.capacity * head_dim..(g * seq.capacity + len) * head_dim;
-            let q = &seq.queries[i * width + h * head_dim..i * width + (h + 1) * head_dim];
+            let cached = (g * seq.capacity + first) * head_dim..(g * seq.capacity + len) * head_dim;
+            let mut q = &seq.queries[i * width + h * head_dim..i * width + (h + 1) * head_dim];
+            if let Some(r) = rescale {
+                for (d, v) in scaled.iter_mut().zip(q) {
+                    *d = v * r;
+                }
+                q = &scaled;
+            }
             let (keys, values) = (&seq.keys[cached.clone()], &seq.values[cached]);
             match kernels {
                 F32Kernels::Avx512(t) if simd => t.decode_attend(q, keys, values, &mut scores, ctx),
                 F32Kernels::Avx2(t) if simd => t.decode_attend(q, keys, values, &mut scores, ctx),
-                _ => attend(q, keys, values, &mut scores, ctx),
+                _ => attend(q, keys, values, rule.softcap, &mut scores, ctx),
             }
         }
     });
@@ -240,13 +288,27 @@ fn attention_in_parts(
 }
 
 /// One query head against `keys` and `values` (`[len, head_dim]` each):
-/// `out = softmax(q . k / sqrt(head_dim)) v`, in plain Rust (the reference
-/// of `f32_kernels::decode_attend`).
-fn attend(q: &[f32], keys: &[f32], values: &[f32], scores: &mut Vec<f32>, out: &mut [f32]) {
+/// `out = softmax(cap(q . k / sqrt(head_dim))) v`, in plain Rust (the
+/// reference of `f32_kernels::decode_attend`, and the path of soft-capped
+/// scores).
+fn attend(
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    softcap: Option<f32>,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
     let dim = q.len();
     let scale = 1.0 / (dim as f32).sqrt();
     scores.clear();
-    scores.extend(keys.chunks_exact(dim).map(|k| dot(q, k) * scale));
+    scores.extend(keys.chunks_exact(dim).map(|k| {
+        let score = dot(q, k) * scale;
+        match softcap {
+            Some(cap) => cap * (score / cap).tanh(),
+            None => score,
+        }
+    }));
     let max = scores.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));
     let mut sum = 0f32;
     for v in scores.iter_mut() {
@@ -295,29 +357,52 @@ mod tests {
     }
 
     #[test]
-    fn swiglu_is_the_same_at_every_level() {
+    fn the_gated_product_is_the_same_at_every_level() {
         let ffn = 40; // two 16-lane vectors and a tail
         let gate_up: Vec<f32> = values(3 * 2 * ffn, 11).iter().map(|v| v * 30.0).collect();
-        let plain = swiglu_with(F32Kernels::Reference, &gate_up, ffn);
-        for kernels in F32Kernels::all() {
-            let got = swiglu_with(kernels, &gate_up, ffn);
-            for (i, (g, p)) in got.iter().zip(&plain).enumerate() {
-                assert!(
-                    (g - p).abs() <= 1e-6 * (1.0 + p.abs()),
-                    "{} [{i}]: {g} vs {p}",
-                    kernels.name()
-                );
+        for act in [Gate::Silu, Gate::GeluTanh] {
+            let plain = gated_with(F32Kernels::Reference, act, &gate_up, ffn);
+            for kernels in F32Kernels::all() {
+                let got = gated_with(kernels, act, &gate_up, ffn);
+                for (i, (g, p)) in got.iter().zip(&plain).enumerate() {
+                    assert!(
+                        (g - p).abs() <= 1e-6 * (1.0 + p.abs()),
+                        "{act:?}, {} [{i}]: {g} vs {p}",
+                        kernels.name()
+                    );
+                }
             }
         }
     }
 
+    /// SiLU, and tanh's GELU against its textbook form.
     #[test]
-    fn swiglu_is_silu_of_gate_times_up() {
+    fn each_gate_is_its_activation_of_gate_times_up() {
         let gu = vec![0.0, 2.0, 5.0, 3.0];
-        let out = swiglu(&gu, 2);
+        let out = gated(Gate::Silu, &gu, 2);
         assert_eq!(out[0], 0.0);
         let silu2 = 2.0 / (1.0 + (-2f32).exp());
         assert!((out[1] - silu2 * 3.0).abs() < 1e-6);
+        for g in [-6.0f32, -1.5, -0.3, 0.0, 0.7, 2.0, 9.0] {
+            let got = gated(Gate::GeluTanh, &[g, 1.0], 1)[0];
+            let u = (2.0f64 / std::f64::consts::PI).sqrt()
+                * (f64::from(g) + 0.044715 * f64::from(g).powi(3));
+            let want = 0.5 * f64::from(g) * (1.0 + u.tanh());
+            assert!(
+                (f64::from(got) - want).abs() < 1e-5 * (1.0 + want.abs()),
+                "{g}: {got} vs {want}"
+            );
+        }
+    }
+
+    #[test]
+    fn rope_halves_turns_the_pairs_half_a_head_apart() {
+        let mut x = vec![1.0, 3.0, 0.0, 4.0];
+        let (c, s) = (std::f32::consts::FRAC_PI_2.cos(), 1f32);
+        rope_halves(&mut x, &[c, 1.0], &[s, 0.0]);
+        // (x0, x2) = (1, 0) turned a quarter: (0, 1); (x1, x3) kept.
+        assert!((x[0] - c).abs() < 1e-6 && (x[2] - 1.0).abs() < 1e-6);
+        assert_eq!((x[1], x[3]), (3.0, 4.0));
     }
 
     /// Against a plain softmax in f64, for a prompt chunk after a cached
@@ -326,9 +411,26 @@ mod tests {
     /// whichever sequences share its step.
     #[test]
     fn causal_attention_matches_the_plain_softmax_per_sequence() {
+        let rules = [
+            AttentionRule::default(),
+            // Another scale and a window shorter than the chunk (the SIMD
+            // path at 64), and a soft cap (always the plain-Rust path).
+            AttentionRule {
+                scale: Some(0.3),
+                softcap: None,
+                window: Some(7),
+            },
+            AttentionRule {
+                scale: None,
+                softcap: Some(2.0),
+                window: None,
+            },
+        ];
         // 16: the plain-Rust path; 64: the SIMD one at this process's level.
         for hd in [16, 64] {
-            causal_attention_matches_at(hd);
+            for rule in rules {
+                causal_attention_matches_at(hd, rule);
+            }
         }
     }
 
@@ -353,9 +455,10 @@ mod tests {
                 capacity: cap,
                 start,
             };
-            let plain = causal_attention_with(F32Kernels::Reference, shape, &[seq()]);
+            let rule = AttentionRule::default();
+            let plain = causal_attention_with(F32Kernels::Reference, shape, rule, &[seq()]);
             for kernels in F32Kernels::all() {
-                let got = causal_attention_with(kernels, shape, &[seq()]);
+                let got = causal_attention_with(kernels, shape, rule, &[seq()]);
                 for (g, p) in got.iter().zip(&plain) {
                     assert!(
                         (g - p).abs() <= 1e-5,
@@ -367,7 +470,7 @@ mod tests {
         }
     }
 
-    fn causal_attention_matches_at(hd: usize) {
+    fn causal_attention_matches_at(hd: usize, rule: AttentionRule) {
         let shape = DecoderHeads {
             heads: 6,
             kv_heads: 2,
@@ -393,9 +496,10 @@ mod tests {
                 capacity: cap,
                 start: 0,
             };
-            let both = causal_attention(shape, &[a, b]);
+            let both = causal_attention(shape, rule, &[a, b]);
             let alone = causal_attention(
                 shape,
+                rule,
                 &[SequenceAttention {
                     queries: &queries,
                     keys: &keys,
@@ -425,7 +529,7 @@ mod tests {
                     },
                 ];
                 assert_eq!(
-                    causal_attention_on(&team, shape, &seqs),
+                    causal_attention_on(&team, shape, rule, &seqs),
                     both,
                     "team of {size}"
                 );
@@ -444,19 +548,28 @@ mod tests {
                     let g = h / 3;
                     let q = &queries[i * width + h * hd..i * width + (h + 1) * hd];
                     let len = start + i + 1;
-                    let s: Vec<f64> = (0..len)
+                    let first = rule.window.map_or(0, |w| len.saturating_sub(w));
+                    let scale = rule.scale.map_or(1.0 / (hd as f64).sqrt(), f64::from);
+                    let s: Vec<f64> = (first..len)
                         .map(|j| {
                             let k = &keys[(g * cap + j) * hd..(g * cap + j + 1) * hd];
-                            q.iter().zip(k).map(|(a, b)| f64::from(a * b)).sum::<f64>()
-                                / (hd as f64).sqrt()
+                            let dot = q
+                                .iter()
+                                .zip(k)
+                                .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                                .sum::<f64>();
+                            match rule.softcap {
+                                Some(c) => f64::from(c) * (dot * scale / f64::from(c)).tanh(),
+                                None => dot * scale,
+                            }
                         })
                         .collect();
                     let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                     let e: Vec<f64> = s.iter().map(|v| (v - m).exp()).collect();
                     let z: f64 = e.iter().sum();
                     for d in 0..hd {
-                        let want: f64 = (0..len)
-                            .map(|j| e[j] / z * f64::from(vals[(g * cap + j) * hd + d]))
+                        let want: f64 = (first..len)
+                            .map(|j| e[j - first] / z * f64::from(vals[(g * cap + j) * hd + d]))
                             .sum();
                         let got = f64::from(both[i * width + h * hd + d]);
                         assert!((got - want).abs() < 1e-5, "{got} vs {want}");

@@ -10,7 +10,7 @@
 //! blocks of two vectors, and values are summed 32 head dimensions at a time.
 
 use crate::layout::{Heads, KC, LinearPanels, MC};
-use crate::scalar::{ERF_A, ERF_P};
+use crate::scalar::{self, ERF_A, ERF_P, Gate};
 use crate::simd::Simd;
 
 /// The most columns a register tile has at any level (two AVX-512 vectors).
@@ -385,21 +385,30 @@ pub(crate) fn decode_attend<S: Simd>(
     }
 }
 
-/// `out = silu(gate) * up`, a vector at a time (`silu(g) = g / (1 +
-/// exp(-g))`, with this file's `exp`), the tail in plain Rust.
+/// `out = act(gate) * up`, a vector at a time, the tail in plain Rust.
+/// Both activations are `g * sigmoid(k(g))` with this file's `exp`: SiLU's
+/// `k(g) = g`; tanh's GELU approximation, `0.5 g (1 + tanh(u))` with `u =
+/// sqrt(2 / pi) (g + 0.044715 g^3)`, is `g * sigmoid(2u)`.
 #[inline(always)]
-pub(crate) fn swiglu<S: Simd>(s: S, gate: &[f32], up: &[f32], out: &mut [f32]) {
+pub(crate) fn gated<S: Simd>(s: S, act: Gate, gate: &[f32], up: &[f32], out: &mut [f32]) {
     let lanes = S::LANES;
     assert!(gate.len() == up.len() && up.len() == out.len());
     let whole = out.len() / lanes * lanes;
     let one = s.splat(1.0);
+    let c1 = s.splat(2.0 * scalar::SQRT_2_OVER_PI);
+    let c3 = s.splat(2.0 * scalar::SQRT_2_OVER_PI * 0.044_715);
     for ((g, u), o) in gate[..whole]
         .chunks_exact(lanes)
         .zip(up[..whole].chunks_exact(lanes))
         .zip(out[..whole].chunks_exact_mut(lanes))
     {
         let g = s.load(g);
-        let e = exp(s, s.neg(g));
+        let k = match act {
+            Gate::Silu => g,
+            // 2u = g (c1 + c3 g^2)
+            Gate::GeluTanh => s.mul(g, s.mul_add(c3, s.mul(g, g), c1)),
+        };
+        let e = exp(s, s.neg(k));
         s.store(o, s.mul(s.div(g, s.add(one, e)), s.load(u)));
     }
     for ((g, u), o) in gate[whole..]
@@ -407,7 +416,7 @@ pub(crate) fn swiglu<S: Simd>(s: S, gate: &[f32], up: &[f32], out: &mut [f32]) {
         .zip(&up[whole..])
         .zip(&mut out[whole..])
     {
-        *o = g / (1.0 + (-g).exp()) * u;
+        *o = scalar::gated(act, *g) * u;
     }
 }
 

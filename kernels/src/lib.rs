@@ -9,7 +9,9 @@
 //!   (RMS norm, rotary embeddings, causal attention against KV caches,
 //!   SwiGLU), in plain Rust but for each attention head's vector kernel.
 //! - `quantized`: batched matrix products over Q4_1 / Q8_0 blocks, with
-//!   their plain-Rust reference.
+//!   their plain-Rust reference; `ggml_blocks` reads the GGUF formats they
+//!   take without loss (Q4_0, Q4_1, Q4_K into the 4-bit packing; Q5_0,
+//!   Q8_0 into the 8-bit one).
 //! - `team`: the threads the generation step's parallel regions run on
 //!   (spinning between regions instead of sleeping).
 //! - `layout` and `scalar`: leaves every other module may import: the
@@ -38,6 +40,7 @@ pub mod cpu;
 pub mod decoder;
 pub mod encoder;
 mod f32_kernels;
+mod ggml_blocks;
 mod layout;
 pub mod quantized;
 mod quantized_kernels;

@@ -3,6 +3,7 @@
 
 use crate::layout::{Heads, LinearPanels};
 use crate::layout::{PackedMatrix, QuantizedRows};
+use crate::scalar::Gate;
 
 /// Never made: no AVX2 here.
 #[derive(Clone, Copy, Debug)]
@@ -29,7 +30,7 @@ impl Avx2 {
         match self {}
     }
 
-    pub fn swiglu(self, _: &[f32], _: &[f32], _: &mut [f32]) {
+    pub fn gated(self, _: Gate, _: &[f32], _: &[f32], _: &mut [f32]) {
         match self {}
     }
 

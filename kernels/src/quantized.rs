@@ -22,6 +22,8 @@ use std::sync::Mutex;
 
 use rayon::prelude::*;
 
+use crate::ggml_blocks;
+pub use crate::ggml_blocks::StoredBlocks;
 use crate::layout::{BLOCK, Packed};
 pub use crate::layout::{BlockType, PackedMatrix, QuantizedRows};
 use crate::team::{Columns, Team, parts_mut, share, take};
@@ -100,65 +102,44 @@ pub fn available() -> bool {
 }
 
 impl PackedMatrix {
-    /// Repacks a `[rows, cols]` matrix of GGUF blocks (`data`, row-major,
-    /// as GGUF stores them); `None` when the rows are not whole blocks or the
-    /// data is not `rows x cols` of them.
-    pub fn from_blocks(
-        kind: BlockType,
+    /// A `[rows, cols]` matrix of GGUF blocks (`data`, row-major, as GGUF
+    /// stores them) in the products' packing, every weight as stored;
+    /// `None` when the rows are not whole blocks or the data is not `rows x
+    /// cols` of them.
+    pub fn from_stored(
+        kind: StoredBlocks,
         rows: usize,
         cols: usize,
         data: &[u8],
     ) -> Option<PackedMatrix> {
-        if !cols.is_multiple_of(BLOCK) {
+        if !cols.is_multiple_of(kind.block_values()) {
             return None;
         }
-        let blocks = cols / BLOCK;
-        let f16 = |b: &[u8]| half::f16::from_le_bytes([b[0], b[1]]).to_f32();
-        let weights = match kind {
-            BlockType::Q4_1 => {
-                let raw: Vec<&[u8]> = data.chunks_exact(20).collect();
-                if raw.len() != rows * blocks {
-                    return None;
-                }
-                Packed::Q4_1 {
-                    d: raw.iter().map(|b| f16(&b[0..2])).collect(),
-                    m: raw.iter().map(|b| f16(&b[2..4])).collect(),
-                    qs: raw
-                        .iter()
-                        .map(|b| {
-                            let mut q = [0u8; 16];
-                            q.copy_from_slice(&b[4..20]);
-                            q
-                        })
-                        .collect(),
-                }
-            }
-            BlockType::Q8_0 => {
-                let raw: Vec<&[u8]> = data.chunks_exact(34).collect();
-                if raw.len() != rows * blocks {
-                    return None;
-                }
-                Packed::Q8_0 {
-                    d: raw.iter().map(|b| f16(&b[0..2])).collect(),
-                    qs: raw
-                        .iter()
-                        .map(|b| {
-                            let mut q = [0i8; 32];
-                            for (dst, src) in q.iter_mut().zip(&b[2..34]) {
-                                *dst = *src as i8;
-                            }
-                            q
-                        })
-                        .collect(),
-                }
-            }
-        };
         Some(PackedMatrix {
             rows,
             cols,
-            blocks,
-            weights,
+            blocks: cols / BLOCK,
+            weights: ggml_blocks::unpack(kind, rows * cols, data)?,
         })
+    }
+
+    /// The matrix requantized to Q8_0: its weights dequantized, then each
+    /// block of 32 quantized as ggml's `quantize_row_q8_0` does (scale
+    /// `amax / 127` kept in f16, values rounded half away from zero).
+    pub fn to_q8_0(&self) -> PackedMatrix {
+        let dense = ggml_blocks::dequantize(&self.weights);
+        let (mut d, mut qs) = (Vec::new(), Vec::new());
+        for block in dense.chunks_exact(BLOCK) {
+            let (q, scale, _) = quantize_block(block);
+            d.push(scale);
+            qs.push(q);
+        }
+        PackedMatrix {
+            rows: self.rows,
+            cols: self.cols,
+            blocks: self.blocks,
+            weights: Packed::Q8_0 { d, qs },
+        }
     }
 
     /// The matrices' rows one after another, as one matrix (so that one
@@ -286,6 +267,86 @@ impl PackedMatrix {
             kernels.rows(self, xq, rows.start, rows.len(), &mut out);
         });
         drop(outs);
+        y
+    }
+}
+
+/// Matrices over the same inputs run as one product (Q, K and V; gate and
+/// up): the input quantized once, each run of parts in one packing as one
+/// product, the outputs side by side (`[tokens, all parts' rows]`). A
+/// GGUF's mixed types (Q4_K_M's Q4_K beside Q6_K) stack as two runs.
+pub struct StackedMatrix {
+    /// Consecutive parts of one block type, stacked.
+    runs: Vec<PackedMatrix>,
+    rows: usize,
+    cols: usize,
+}
+
+impl StackedMatrix {
+    /// `None` unless every part has the same inputs.
+    pub fn new(parts: Vec<PackedMatrix>) -> Option<StackedMatrix> {
+        let cols = parts.first()?.cols;
+        if parts.iter().any(|p| p.cols != cols) {
+            return None;
+        }
+        let rows = parts.iter().map(|p| p.rows).sum();
+        let mut runs: Vec<Vec<PackedMatrix>> = Vec::new();
+        for part in parts {
+            match runs.last_mut() {
+                Some(run) if run[0].block_type() == part.block_type() => run.push(part),
+                _ => runs.push(vec![part]),
+            }
+        }
+        let runs = runs
+            .into_iter()
+            .map(|mut run| {
+                if run.len() == 1 {
+                    run.pop()
+                } else {
+                    PackedMatrix::stack(&run.iter().collect::<Vec<_>>())
+                }
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(StackedMatrix { runs, rows, cols })
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// The block types of the runs, in order.
+    pub fn block_types(&self) -> Vec<BlockType> {
+        self.runs.iter().map(PackedMatrix::block_type).collect()
+    }
+
+    /// `[tokens, rows]` for `x` (`[tokens, cols]`), the rows shared among
+    /// `team`'s members.
+    pub fn matmul_on(&self, team: &Team, x: &[f32], tokens: usize) -> Vec<f32> {
+        if let [one] = self.runs.as_slice() {
+            return one.matmul_on(team, x, tokens);
+        }
+        let xq = if tokens * (self.cols / BLOCK) >= QUANTIZE_ON_TEAM_BLOCKS {
+            quantize_rows_in_parts(x, tokens, self.cols, team.size(), |part| team.run(part))
+        } else {
+            quantize_rows(x, tokens, self.cols)
+        };
+        let mut y = vec![0f32; tokens * self.rows];
+        let mut at = 0;
+        for run in &self.runs {
+            let part =
+                run.product_in_parts(Int8Kernels::current(), &xq, team.size(), |p| team.run(p));
+            for (dst, src) in y
+                .chunks_exact_mut(self.rows)
+                .zip(part.chunks_exact(run.rows))
+            {
+                dst[at..at + run.rows].copy_from_slice(src);
+            }
+            at += run.rows;
+        }
         y
     }
 }
@@ -446,11 +507,11 @@ mod tests {
     fn pack(q: &QTensor) -> Option<PackedMatrix> {
         let (rows, cols) = q.shape().dims2().unwrap();
         let kind = match q.dtype() {
-            GgmlDType::Q4_1 => BlockType::Q4_1,
-            GgmlDType::Q8_0 => BlockType::Q8_0,
+            GgmlDType::Q4_1 => StoredBlocks::Q4_1,
+            GgmlDType::Q8_0 => StoredBlocks::Q8_0,
             _ => return None,
         };
-        PackedMatrix::from_blocks(kind, rows, cols, &q.data().unwrap())
+        PackedMatrix::from_stored(kind, rows, cols, &q.data().unwrap())
     }
 
     /// The SIMD kernels at every level the machine has equal the plain-Rust
@@ -670,8 +731,9 @@ mod tests {
 
     #[test]
     fn data_that_is_not_whole_blocks_is_refused() {
-        assert!(PackedMatrix::from_blocks(BlockType::Q8_0, 2, 40, &[0; 2 * 34]).is_none());
-        assert!(PackedMatrix::from_blocks(BlockType::Q8_0, 2, 32, &[0; 34]).is_none());
-        assert!(PackedMatrix::from_blocks(BlockType::Q4_1, 2, 32, &[0; 2 * 20]).is_some());
+        assert!(PackedMatrix::from_stored(StoredBlocks::Q8_0, 2, 40, &[0; 2 * 34]).is_none());
+        assert!(PackedMatrix::from_stored(StoredBlocks::Q8_0, 2, 32, &[0; 34]).is_none());
+        assert!(PackedMatrix::from_stored(StoredBlocks::Q4_1, 2, 32, &[0; 2 * 20]).is_some());
+        assert!(PackedMatrix::from_stored(StoredBlocks::Q4K, 2, 128, &[0; 144]).is_none());
     }
 }

@@ -20,3 +20,25 @@ pub fn gelu_scalar(x: f32) -> f32 {
     let erf = 1.0 - poly * (-z * z).exp();
     0.5 * x * (1.0 + erf.copysign(x))
 }
+
+/// `sqrt(2 / pi)`, tanh-GELU's constant.
+pub(crate) const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+
+/// The activation of a gated MLP's gate (`act(gate) * up`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gate {
+    /// `silu(g) = g / (1 + exp(-g))` (SwiGLU: Llama, Qwen).
+    Silu,
+    /// tanh's GELU approximation, `0.5 g (1 + tanh(sqrt(2 / pi) (g +
+    /// 0.044715 g^3)))` (GeGLU: Gemma), computed as `g / (1 + exp(-2u))`.
+    GeluTanh,
+}
+
+/// `act(g)` in plain Rust: the references' and the vector tails'.
+pub(crate) fn gated(act: Gate, g: f32) -> f32 {
+    let k = match act {
+        Gate::Silu => g,
+        Gate::GeluTanh => g * (2.0 * SQRT_2_OVER_PI + 2.0 * SQRT_2_OVER_PI * 0.044_715 * g * g),
+    };
+    g / (1.0 + (-k).exp())
+}

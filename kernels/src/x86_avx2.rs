@@ -12,6 +12,7 @@ use std::arch::x86_64::*;
 use crate::cpu::{self, KernelLevel};
 use crate::layout::{Heads, LinearPanels};
 use crate::layout::{PackedMatrix, QuantizedRows};
+use crate::scalar::Gate;
 use crate::simd::{Int8Simd, Simd};
 use crate::team::Columns;
 
@@ -57,10 +58,10 @@ impl Avx2 {
         unsafe { encoder::layer_norm(self, x, residual, weight, bias, eps) }
     }
 
-    /// SwiGLU of one row (see `decoder::swiglu`).
-    pub fn swiglu(self, gate: &[f32], up: &[f32], out: &mut [f32]) {
+    /// A gated MLP's `act(gate) * up` of one row (see `decoder::gated`).
+    pub fn gated(self, act: Gate, gate: &[f32], up: &[f32], out: &mut [f32]) {
         // SAFETY: as in `linear`.
-        unsafe { encoder::swiglu(self, gate, up, out) }
+        unsafe { encoder::gated(self, act, gate, up, out) }
     }
 
     /// One query head of a decode step (see `decoder::causal_attention`).
@@ -102,6 +103,7 @@ mod encoder {
     use super::Avx2;
     use crate::f32_kernels;
     use crate::layout::{Heads, LinearPanels};
+    use crate::scalar::Gate;
 
     #[target_feature(enable = "avx2,fma")]
     pub fn linear(s: Avx2, w: &LinearPanels, x: &[f32], out: &mut [f32]) {
@@ -131,8 +133,8 @@ mod encoder {
     }
 
     #[target_feature(enable = "avx2,fma")]
-    pub fn swiglu(s: Avx2, gate: &[f32], up: &[f32], out: &mut [f32]) {
-        f32_kernels::swiglu(s, gate, up, out)
+    pub fn gated(s: Avx2, act: Gate, gate: &[f32], up: &[f32], out: &mut [f32]) {
+        f32_kernels::gated(s, act, gate, up, out)
     }
 
     #[target_feature(enable = "avx2,fma")]

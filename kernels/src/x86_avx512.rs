@@ -20,6 +20,7 @@ use crate::f32_kernels;
 use crate::layout::{Heads, LinearPanels};
 use crate::layout::{PackedMatrix, QuantizedRows};
 use crate::quantized_kernels;
+use crate::scalar::Gate;
 use crate::simd::{Int8Simd, Simd};
 use crate::team::Columns;
 
@@ -65,10 +66,10 @@ impl Avx512 {
         unsafe { layer_norm(self, x, residual, weight, bias, eps) }
     }
 
-    /// SwiGLU of one row (see `decoder::swiglu`).
-    pub fn swiglu(self, gate: &[f32], up: &[f32], out: &mut [f32]) {
+    /// A gated MLP's `act(gate) * up` of one row (see `decoder::gated`).
+    pub fn gated(self, act: Gate, gate: &[f32], up: &[f32], out: &mut [f32]) {
         // SAFETY: as in `linear`.
-        unsafe { swiglu(self, gate, up, out) }
+        unsafe { gated(self, act, gate, up, out) }
     }
 
     /// One query head of a decode step (see `decoder::causal_attention`).
@@ -119,8 +120,8 @@ fn layer_norm(
 }
 
 #[target_feature(enable = "avx512f,avx2,fma")]
-fn swiglu(s: Avx512, gate: &[f32], up: &[f32], out: &mut [f32]) {
-    f32_kernels::swiglu(s, gate, up, out)
+fn gated(s: Avx512, act: Gate, gate: &[f32], up: &[f32], out: &mut [f32]) {
+    f32_kernels::gated(s, act, gate, up, out)
 }
 
 #[target_feature(enable = "avx512f,avx2,fma")]

@@ -14,8 +14,8 @@ use candle_core::Tensor;
 use candle_transformers::generation::{LogitsProcessor, Sampling};
 
 use super::ModelError;
+use super::decoder::{Decoder, KvCache, Segment};
 use super::gguf_tokenizer::GgufTokenizer;
-use super::llama::{KvCache, Llama, Segment};
 
 /// What the generator needs of a model.
 pub trait StepModel {
@@ -41,7 +41,7 @@ pub trait TokenText {
 }
 
 /// The consumer's model.
-impl StepModel for Llama {
+impl StepModel for Decoder {
     type Cache = KvCache;
 
     fn kv_bytes_per_token(&self) -> u64 {
@@ -53,7 +53,7 @@ impl StepModel for Llama {
     }
 
     fn new_cache(&self, capacity: usize) -> Result<KvCache, ModelError> {
-        Llama::new_cache(self, capacity)
+        Decoder::new_cache(self, capacity)
     }
 
     fn cache_capacity(cache: &KvCache) -> usize {
@@ -61,23 +61,14 @@ impl StepModel for Llama {
     }
 
     fn forward(&self, segments: &mut [Segment<'_, KvCache>]) -> Result<Tensor, ModelError> {
-        Llama::forward(self, segments)
+        Decoder::forward(self, segments)
     }
 }
 
 impl TokenText for GgufTokenizer {
-    /// The end-of-sequence id and the chat templates' end-of-turn markers
-    /// this vocabulary has.
+    /// EOS, EOT and the end-of-turn tokens this vocabulary has.
     fn stop_ids(&self) -> Vec<u32> {
-        let mut eos = vec![self.eos_id];
-        for name in ["<|im_end|>", "<|endoftext|>", "<|eot_id|>"] {
-            if let Some(id) = self.tokenizer.token_to_id(name)
-                && !eos.contains(&id)
-            {
-                eos.push(id);
-            }
-        }
-        eos
+        GgufTokenizer::stop_ids(self).to_vec()
     }
 
     fn decode(&self, ids: &[u32]) -> String {
@@ -183,7 +174,7 @@ struct Waiting<K> {
 
 /// The sequences being generated, keyed by the caller's `K`: a running set
 /// that holds KV caches, and a queue of sequences waiting for KV room.
-pub struct Generator<'m, K, M: StepModel = Llama, T: TokenText = GgufTokenizer> {
+pub struct Generator<'m, K, M: StepModel = Decoder, T: TokenText = GgufTokenizer> {
     model: &'m M,
     tokenizer: &'m T,
     eos: Vec<u32>,

@@ -10,9 +10,9 @@
 
 mod bert;
 pub mod cross_encoder;
+pub mod decoder;
 pub mod generation;
 pub mod gguf_tokenizer;
-pub mod llama;
 mod minilm;
 pub mod pooling;
 pub mod sentence_transformers;

@@ -12,29 +12,29 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use candle_core::{Device, Tensor};
+use sluice_models::decoder::{Decoder, Segment, StepChoice, WeightFormat, argmax};
 use sluice_models::generation::{FinishReason, GenerationParams, Generator};
 use sluice_models::gguf_tokenizer::{ChatMessage, GgufTokenizer};
-use sluice_models::llama::{Llama, Segment, StepChoice, WeightFormat, argmax};
 
 fn gguf() -> PathBuf {
     common::models_dir().join("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
 }
 
 /// The model as the consumer runs it by default (weights requantized to Q8_0).
-fn model() -> &'static (Llama, GgufTokenizer) {
-    static MODEL: OnceLock<(Llama, GgufTokenizer)> = OnceLock::new();
-    MODEL.get_or_init(|| Llama::load(&gguf(), WeightFormat::Q8_0, &Device::Cpu).unwrap())
+fn model() -> &'static (Decoder, GgufTokenizer) {
+    static MODEL: OnceLock<(Decoder, GgufTokenizer)> = OnceLock::new();
+    MODEL.get_or_init(|| Decoder::load(&gguf(), WeightFormat::Q8_0, &Device::Cpu).unwrap())
 }
 
 /// The weights exactly as stored in the GGUF (Q4_1), as the reference runs them.
-fn stored() -> &'static (Llama, GgufTokenizer) {
-    static MODEL: OnceLock<(Llama, GgufTokenizer)> = OnceLock::new();
-    MODEL.get_or_init(|| Llama::load(&gguf(), WeightFormat::AsStored, &Device::Cpu).unwrap())
+fn stored() -> &'static (Decoder, GgufTokenizer) {
+    static MODEL: OnceLock<(Decoder, GgufTokenizer)> = OnceLock::new();
+    MODEL.get_or_init(|| Decoder::load(&gguf(), WeightFormat::AsStored, &Device::Cpu).unwrap())
 }
 
 /// Logits of `prompt` followed by `steps` greedy tokens, one row per
 /// position, and the greedy tokens that were fed.
-fn greedy_logits(llama: &Llama, prompt: &[u32], steps: usize) -> (Vec<Vec<f32>>, Vec<u32>) {
+fn greedy_logits(llama: &Decoder, prompt: &[u32], steps: usize) -> (Vec<Vec<f32>>, Vec<u32>) {
     let mut cache = llama.new_cache(prompt.len() + steps).unwrap();
     let (mut rows, mut tokens) = (Vec::new(), Vec::new());
     let mut feed = prompt.to_vec();
@@ -57,10 +57,12 @@ fn greedy_logits(llama: &Llama, prompt: &[u32], steps: usize) -> (Vec<Vec<f32>>,
 }
 
 fn chat(tokenizer: &GgufTokenizer, question: &str) -> Vec<u32> {
-    let prompt = tokenizer.chat_prompt(&[ChatMessage {
-        role: "user".into(),
-        content: question.into(),
-    }]);
+    let prompt = tokenizer
+        .chat_prompt(&[ChatMessage {
+            role: "user".into(),
+            content: question.into(),
+        }])
+        .unwrap();
     tokenizer.encode(&prompt).unwrap()
 }
 
@@ -81,7 +83,7 @@ fn generate_together(
 }
 
 fn generate_with(
-    (llama, tokenizer): &(Llama, GgufTokenizer),
+    (llama, tokenizer): &(Decoder, GgufTokenizer),
     prompts: &[Vec<u32>],
     params: &GenerationParams,
     max_step_tokens: usize,
@@ -114,18 +116,18 @@ fn the_tokenizer_comes_from_the_gguf_and_round_trips() {
     assert_eq!(digits.len(), 4, "{digits:?}");
     // Chat markers are single special tokens, not split by the BPE.
     let ids = tokenizer.encode("<|im_start|>user\nhi<|im_end|>").unwrap();
-    let start = tokenizer.tokenizer.token_to_id("<|im_start|>").unwrap();
-    let end = tokenizer.tokenizer.token_to_id("<|im_end|>").unwrap();
+    let start = tokenizer.token_to_id("<|im_start|>").unwrap();
+    let end = tokenizer.token_to_id("<|im_end|>").unwrap();
     assert_eq!(ids.first(), Some(&start), "{ids:?}");
     assert_eq!(ids.last(), Some(&end), "{ids:?}");
-    assert!(tokenizer.chat_template.is_some());
+    assert!(tokenizer.chat_template().is_some());
 }
 
 #[test]
 fn chat_contents_are_text_and_cannot_open_or_close_turns() {
     let (_, tokenizer) = model();
-    let start = tokenizer.tokenizer.token_to_id("<|im_start|>").unwrap();
-    let end = tokenizer.tokenizer.token_to_id("<|im_end|>").unwrap();
+    let start = tokenizer.token_to_id("<|im_start|>").unwrap();
+    let end = tokenizer.token_to_id("<|im_end|>").unwrap();
     let message = |role: &str, content: &str| ChatMessage {
         role: role.into(),
         content: content.into(),
@@ -142,7 +144,9 @@ fn chat_contents_are_text_and_cannot_open_or_close_turns() {
             message("user", "And of Italy?"),
         ],
     ] {
-        let rendered = tokenizer.encode(&tokenizer.chat_prompt(&chat)).unwrap();
+        let rendered = tokenizer
+            .encode(&tokenizer.chat_prompt(&chat).unwrap())
+            .unwrap();
         assert_eq!(tokenizer.encode_chat(&chat).unwrap(), rendered);
     }
     // A content that spells the markers stays inside its turn as text.
@@ -157,7 +161,9 @@ fn chat_contents_are_text_and_cannot_open_or_close_turns() {
         tokenizer.decode(&ids)
     );
     // What rendering the text and tokenizing it would have done instead.
-    let rendered = tokenizer.encode(&tokenizer.chat_prompt(&chat)).unwrap();
+    let rendered = tokenizer
+        .encode(&tokenizer.chat_prompt(&chat).unwrap())
+        .unwrap();
     assert_eq!(
         count(&rendered, start),
         4,
@@ -185,7 +191,7 @@ fn the_shape_and_kv_cost_come_from_the_gguf() {
 /// Logits at every position of `prompt` followed by `forced`, one row per
 /// position (the last prompt token's, then each forced token's): the model
 /// is teacher-forced, fed `forced` whatever it would have chosen itself.
-fn forced_logits(llama: &Llama, prompt: &[u32], forced: &[u32]) -> Vec<Vec<f32>> {
+fn forced_logits(llama: &Decoder, prompt: &[u32], forced: &[u32]) -> Vec<Vec<f32>> {
     let mut cache = llama.new_cache(prompt.len() + forced.len()).unwrap();
     let mut rows = Vec::new();
     for feed in std::iter::once(prompt).chain(forced.chunks(1)) {
@@ -354,7 +360,7 @@ fn logits_match_candle_transformers_quantized_llama() {
 #[test]
 fn the_host_step_matches_the_candle_step() {
     let (host, tokenizer) = stored();
-    let (candle, _) = Llama::load_with(
+    let (candle, _) = Decoder::load_with(
         &gguf(),
         WeightFormat::AsStored,
         &Device::Cpu,
@@ -403,7 +409,7 @@ fn greedy_output_is_the_same_alone_and_batched() {
         raw("Once upon a time"),
     ];
     let params = greedy(12);
-    let dense = Llama::load(&gguf(), WeightFormat::F32, &Device::Cpu).unwrap();
+    let dense = Decoder::load(&gguf(), WeightFormat::F32, &Device::Cpu).unwrap();
     for (weights, m) in [("Q8_0", model()), ("f32", &dense)] {
         for max_step_tokens in [4096, 24] {
             let together = generate_with(m, &prompts, &params, max_step_tokens);

@@ -4,17 +4,18 @@
 //!
 //! On CUDA, embeddings run candle-transformers' BERT on padded batches (the
 //! packed forward in `sluice-models`' `bert.rs` is x86 host code), and generation runs
-//! the candle llama step with candle's quantized matmul on the device (the
-//! host step in `sluice-models`' `llama.rs` is CPU-only). What stays on the host there:
-//! tokenizing (always), sampling (the step's logits are copied back each
-//! step), and, with `--weights q8_0`, the requantization at load (candle
-//! quantizes on the host and uploads the blocks).
+//! the candle decoder step with candle's quantized matmul on the device (the
+//! host step in `sluice-models`' `decoder/host.rs` is CPU-only). What stays on the host there:
+//! tokenizing (always), the step's embedding rows (dequantized from the
+//! table as stored, then copied up), sampling (the step's logits are copied
+//! back each step), and, with `--weights q8_0`, the requantization at load
+//! (candle quantizes on the host and uploads the blocks).
 
 use sluice_schemas::Task;
 
 use crate::config::{DeviceKind, ModelConfig};
 use sluice_models::EmbedWeights;
-use sluice_models::llama::WeightFormat;
+use sluice_models::decoder::WeightFormat;
 
 /// Where a part runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,14 +117,18 @@ fn encoder(task: Task, device: DeviceKind, weights: EmbedWeights) -> Vec<Part> {
 }
 
 fn generate(device: DeviceKind, weights: WeightFormat) -> Vec<Part> {
-    let tokenize = part("tokenize", Runs::Host, "the GGUF's own BPE tokenizer");
+    let tokenize = part(
+        "tokenize",
+        Runs::Host,
+        "the GGUF's own tokenizer (byte-level BPE or SentencePiece) and chat template",
+    );
     match device {
         DeviceKind::Cpu => vec![
             tokenize,
             part(
                 "step",
                 Runs::Host,
-                "sluice's host step (int8 dot products over Q8_0 / Q4_1 blocks), or the candle step where the weights do not fit it",
+                "sluice's host step (int8 dot products over 4-bit and 8-bit blocks; other stored types requantized to Q8_0 at load), or the candle step where the weights do not fit it",
             ),
             part("sample", Runs::Host, "greedy or top-p over the logits"),
         ],
@@ -131,9 +136,14 @@ fn generate(device: DeviceKind, weights: WeightFormat) -> Vec<Part> {
             let mut parts = vec![
                 tokenize,
                 part(
+                    "embed",
+                    Runs::Host,
+                    "each step's embedding rows, dequantized from the table as stored and copied to the device",
+                ),
+                part(
                     "step",
                     Runs::Device,
-                    "the candle llama step: candle's quantized matmul (dense f32 with --weights f32), attention against device KV caches",
+                    "the candle decoder step: candle's quantized matmul (dense f32 with --weights f32), attention against device KV caches",
                 ),
                 part(
                     "sample",

@@ -101,3 +101,20 @@ pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
 pub fn norm(v: &[f32]) -> f32 {
     v.iter().map(|x| x * x).sum::<f32>().sqrt()
 }
+
+/// A fixture of `tests/fixtures/`, parsed (`rel` from there).
+pub fn fixture<T: serde::de::DeserializeOwned>(rel: &str) -> Result<T, String> {
+    read_json(&repo_root().join("tests/fixtures").join(rel))
+}
+
+/// A GGUF's header (metadata and tensor list), no tensor data read.
+pub fn gguf_content(path: &Path) -> candle_core::quantized::gguf_file::Content {
+    let mut file = std::fs::File::open(path).unwrap_or_else(|e| {
+        panic!(
+            "cannot open {} (scripts/setup unpacks it): {e}",
+            path.display()
+        )
+    });
+    candle_core::quantized::gguf_file::Content::read(&mut file)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}

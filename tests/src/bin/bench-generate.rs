@@ -13,9 +13,9 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use candle_core::Device;
+use sluice_models::decoder::{Decoder, StepChoice, WeightFormat};
 use sluice_models::generation::{GenerationParams, Generator};
 use sluice_models::gguf_tokenizer::ChatMessage;
-use sluice_models::llama::{Llama, StepChoice, WeightFormat};
 
 use sluice_tests::GENERATE_PROMPTS as PROMPTS;
 
@@ -36,15 +36,11 @@ fn main() -> Result<()> {
     // BENCH_WEIGHTS=as-stored,q8_0 runs only those formats.
     let only = std::env::var("BENCH_WEIGHTS").ok();
     for (name, format) in [
-        ("as stored (Q4_1)", WeightFormat::AsStored),
+        ("as stored", WeightFormat::AsStored),
         ("Q8_0", WeightFormat::Q8_0),
         ("f32", WeightFormat::F32),
     ] {
-        let key = match format {
-            WeightFormat::AsStored => "as-stored",
-            WeightFormat::Q8_0 => "q8_0",
-            WeightFormat::F32 => "f32",
-        };
+        let key = format.name();
         if only
             .as_deref()
             .is_some_and(|o| !o.split(',').any(|w| w == key))
@@ -84,13 +80,19 @@ fn run(
     levels: &[usize],
 ) -> Result<()> {
     let (model, tokenizer) =
-        Llama::load_with(std::path::Path::new(path), format, &Device::Cpu, step)?;
+        Decoder::load_with(std::path::Path::new(path), format, &Device::Cpu, step)?;
     eprintln!("bench-generate: {name}: the {} step", model.forward_name());
+    // Chat prompts through the model's template; a model without one (a
+    // base model) reads the question as a raw prompt.
     let prompt = |i: usize| {
-        tokenizer.encode(&tokenizer.chat_prompt(&[ChatMessage {
-            role: "user".into(),
-            content: PROMPTS[i % PROMPTS.len()].into(),
-        }]))
+        let text = PROMPTS[i % PROMPTS.len()];
+        match tokenizer.chat_template() {
+            Some(_) => tokenizer.encode_chat(&[ChatMessage {
+                role: "user".into(),
+                content: text.into(),
+            }]),
+            None => tokenizer.encode_prompt(text),
+        }
     };
 
     let ids: Vec<Vec<u32>> = (0..PROMPTS.len()).map(prompt).collect::<Result<_, _>>()?;

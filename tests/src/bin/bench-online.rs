@@ -19,9 +19,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use candle_core::Device;
 use serde_json::Value;
+use sluice_models::decoder::{Decoder, WeightFormat};
 use sluice_models::generation::{GenerationParams, Generator};
 use sluice_models::gguf_tokenizer::ChatMessage;
-use sluice_models::llama::{Llama, WeightFormat};
 use sluice_tests::deploy::Deployment;
 use sluice_tests::{models_dir, repo_root};
 
@@ -57,7 +57,7 @@ async fn main() -> Result<()> {
         vec![1, 8, 32]
     };
     let gguf = models_dir().join("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
-    let (model, tokenizer) = Llama::load(&gguf, WeightFormat::Q8_0, &Device::Cpu)
+    let (model, tokenizer) = Decoder::load(&gguf, WeightFormat::Q8_0, &Device::Cpu)
         .with_context(|| format!("loading {} (run ./scripts/setup)", gguf.display()))?;
     let ids: Vec<Vec<u32>> = PROMPTS
         .iter()
@@ -129,7 +129,7 @@ async fn main() -> Result<()> {
 
 /// N sequences on the generator at once, their text taken after each step.
 fn model_alone(
-    model: &Llama,
+    model: &Decoder,
     tokenizer: &sluice_models::gguf_tokenizer::GgufTokenizer,
     ids: &[Vec<u32>],
     n: usize,

@@ -15,9 +15,9 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::error::JobError;
 use crate::telemetry::Stats;
+use sluice_models::decoder::Decoder;
 use sluice_models::generation::{FinishReason, Generated, GenerationParams, Generator};
 use sluice_models::gguf_tokenizer::GgufTokenizer;
-use sluice_models::llama::Llama;
 
 /// One prompt on its way to the generation thread.
 pub struct Sequence {
@@ -80,7 +80,7 @@ pub struct StepSettings {
 /// Starts the generation thread. It ends when every sender of `sequences`
 /// is gone and its last sequence has finished.
 pub fn spawn(
-    model: Llama,
+    model: Decoder,
     tokenizer: Arc<GgufTokenizer>,
     mut sequences: mpsc::Receiver<Sequence>,
     settings: StepSettings,

@@ -26,9 +26,9 @@ use crate::budget::{Budget, ItemCost, JobCost};
 use crate::config::Config;
 use crate::error::JobError;
 use crate::telemetry::Stats;
+use sluice_models::decoder::{Decoder, WeightFormat};
 use sluice_models::generation::GenerationParams;
 use sluice_models::gguf_tokenizer::{ChatMessage, GgufTokenizer};
-use sluice_models::llama::{Llama, WeightFormat};
 
 /// The limits a generate job is checked against.
 #[derive(Debug, Clone)]
@@ -40,7 +40,7 @@ pub struct GenerateLimits {
 
 /// What the job side holds of the generate task.
 pub struct GenerateEngine {
-    /// Which step runs (`Llama::forward_name`).
+    /// Which step runs (`Decoder::forward_name`).
     pub forward: &'static str,
     pub tokenizer: Arc<GgufTokenizer>,
     pub sequences: mpsc::Sender<Sequence>,
@@ -77,14 +77,35 @@ pub fn find_gguf(dir: &Path) -> anyhow::Result<PathBuf> {
     }
 }
 
-/// Loads the GGUF model and its tokenizer.
+/// Loads the GGUF model and its tokenizer, with `chat_template`'s file as
+/// its chat template when given.
 pub fn load(
     dir: &Path,
     weights: WeightFormat,
+    chat_template: Option<&Path>,
     device: &Device,
-) -> anyhow::Result<(Llama, GgufTokenizer)> {
+) -> anyhow::Result<(Decoder, GgufTokenizer)> {
     let path = find_gguf(dir)?;
-    Ok(Llama::load(&path, weights, device)?)
+    let (llama, tokenizer) = Decoder::load(&path, weights, device)?;
+    let tokenizer = match chat_template {
+        None => {
+            if tokenizer.chat_template().is_none() {
+                tracing::warn!(
+                    model = %path.display(),
+                    "the model has no chat template: chat jobs will fail with input_invalid (raw prompts run); set --chat-template FILE to render chats"
+                );
+            }
+            tokenizer
+        }
+        Some(file) => {
+            let source = std::fs::read_to_string(file)
+                .with_context(|| format!("cannot read --chat-template {}", file.display()))?;
+            tokenizer
+                .with_chat_template(source)
+                .with_context(|| format!("--chat-template {}", file.display()))?
+        }
+    };
+    Ok((llama, tokenizer))
 }
 
 /// generate: load the GGUF, check the limits against the model and the
@@ -94,7 +115,12 @@ pub fn load(
 pub fn start(config: &Config, stats: &Arc<Stats>) -> anyhow::Result<Started<GenerateEngine>> {
     let g = &config.generate;
     let device = open_device(&config.model).context("cannot open the device")?;
-    let (llama, tokenizer) = load(&config.model.dir(Task::Generate), g.weights, &device)?;
+    let (llama, tokenizer) = load(
+        &config.model.dir(Task::Generate),
+        g.weights,
+        g.chat_template.as_deref(),
+        &device,
+    )?;
     let context = g.max_prompt_tokens + g.max_new_tokens;
     if context > llama.config.context_length {
         bail!(
@@ -145,7 +171,7 @@ pub fn start(config: &Config, stats: &Arc<Stats>) -> anyhow::Result<Started<Gene
         })?;
         let tokens = vec![tokenizer.eos_id; chunk.min(context)];
         llama
-            .forward(&mut [sluice_models::llama::Segment {
+            .forward(&mut [sluice_models::decoder::Segment {
                 cache: &mut cache,
                 tokens: &tokens,
             }])
@@ -272,9 +298,11 @@ impl GenerateEngine {
                 .enumerate()
                 .map(|(i, p)| {
                     // A raw prompt is the publisher's own template, special
-                    // tokens included; chat contents are always plain text.
+                    // tokens included (BOS added as the model says); chat
+                    // messages go through the model's template, their
+                    // contents always plain text.
                     let ids = match &p.input {
-                        PromptInput::Text(t) => tokenizer.encode(t),
+                        PromptInput::Text(t) => tokenizer.encode_prompt(t),
                         PromptInput::Messages(m) => tokenizer.encode_chat(&chat_turns(m)),
                     }
                     .map_err(|e| {
