@@ -27,7 +27,7 @@ for key in sorted(runs, key=lambda k: (k[0] != "llama.cpp", k[1], k[2] != "promp
     r = rate(key)
     single = rate((engine, weights, phase, 1))
     vs_one = f"{r / single:.2f}x" if phase == "decode" and single else "-"
-    base = rate(("llama.cpp", "as stored (Q4_1)", phase, n))
+    base = rate(("llama.cpp", "as stored", phase, n))
     vs_llama = f"{r / base:.2f}x" if base else "-"
     print(f"| {engine} | {weights} | {phase} | {n} | {r:.1f} | {vs_one} | {vs_llama} |")
 rounds = max(len(v) for v in runs.values()) if runs else 0

@@ -25,7 +25,7 @@ llm = Llama(model_path=gguf, n_ctx=2048, n_batch=512, n_threads=threads,
 
 
 def report(phase, tokens, seconds, concurrency=1):
-    print(json.dumps({"engine": "llama.cpp", "weights": "as stored (Q4_1)", "phase": phase,
+    print(json.dumps({"engine": "llama.cpp", "weights": "as stored", "phase": phase,
                       "concurrency": concurrency, "tokens": tokens, "seconds": seconds}),
           flush=True)
 

@@ -69,6 +69,7 @@ impl Heads {
 pub(crate) const BLOCK: usize = 32;
 
 /// A weight matrix `[rows (outputs), cols (inputs)]` in its quantized blocks.
+#[derive(Clone)]
 pub struct PackedMatrix {
     pub(crate) rows: usize,
     pub(crate) cols: usize,
@@ -85,6 +86,7 @@ pub enum BlockType {
     Q8_0,
 }
 
+#[derive(Clone)]
 pub(crate) enum Packed {
     /// `w = d * q + m`, `q` in 0..=15; low nibbles are values 0..16 of the
     /// block, high nibbles 16..32 (the GGUF layout).

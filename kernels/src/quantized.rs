@@ -323,6 +323,20 @@ impl StackedMatrix {
         self.runs.iter().map(PackedMatrix::block_type).collect()
     }
 
+    /// The stack with its 4-bit runs requantized to Q8_0 (its 8-bit ones
+    /// kept), as one run.
+    pub fn to_q8_0(&self) -> Option<StackedMatrix> {
+        StackedMatrix::new(
+            self.runs
+                .iter()
+                .map(|r| match r.block_type() {
+                    BlockType::Q4_1 => r.to_q8_0(),
+                    BlockType::Q8_0 => r.clone(),
+                })
+                .collect(),
+        )
+    }
+
     /// `[tokens, rows]` for `x` (`[tokens, cols]`), the rows shared among
     /// `team`'s members.
     pub fn matmul_on(&self, team: &Team, x: &[f32], tokens: usize) -> Vec<f32> {

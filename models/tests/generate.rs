@@ -379,6 +379,26 @@ fn the_host_step_matches_the_candle_step() {
     compare_forced("host step vs candle step", &ours, &reference, 0.05);
 }
 
+/// `--weights auto` resolves at load to one of the two packings it timed,
+/// and then answers bit for bit as that format asked for by name does.
+#[test]
+fn auto_weights_become_one_of_the_formats_and_answer_as_it() {
+    let (auto, tokenizer) = Decoder::load(&gguf(), WeightFormat::Auto, &Device::Cpu).unwrap();
+    let chosen = auto.weight_format();
+    eprintln!("--weights auto chose {chosen:?} here");
+    assert!(
+        matches!(chosen, WeightFormat::AsStored | WeightFormat::Q8_0),
+        "{chosen:?}"
+    );
+    let (named, _) = Decoder::load(&gguf(), chosen, &Device::Cpu).unwrap();
+    let prompt = chat(&tokenizer, "Why is the sky blue?");
+    let (_, tokens) = greedy_logits(&named, &prompt, 6);
+    assert_eq!(
+        forced_logits(&auto, &prompt, &tokens),
+        forced_logits(&named, &prompt, &tokens)
+    );
+}
+
 #[test]
 fn greedy_answers_are_coherent_english() {
     let (_, tokenizer) = model();

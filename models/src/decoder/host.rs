@@ -10,7 +10,9 @@
 
 use candle_core::Tensor;
 use sluice_kernels::decoder::{self, AttentionRule, DecoderHeads, Gate, SequenceAttention};
-use sluice_kernels::quantized::StackedMatrix;
+use std::time::{Duration, Instant};
+
+use sluice_kernels::quantized::{BlockType, StackedMatrix};
 use sluice_kernels::team::Team;
 
 use super::config::{Activation, DecoderConfig, RopeLayout};
@@ -95,6 +97,55 @@ impl HostBlock {
             down: stack(vec![b.down])?,
         })
     }
+}
+
+impl HostBlock {
+    /// Whether any of the block's matrices is held in 4 bits.
+    pub(crate) fn has_four_bit(&self) -> bool {
+        self.stacks()
+            .iter()
+            .any(|m| m.block_types().contains(&BlockType::Q4_1))
+    }
+
+    fn stacks(&self) -> [&StackedMatrix; 4] {
+        [&self.qkv, &self.o, &self.gate_up, &self.down]
+    }
+
+    /// The block with its 4-bit matrices requantized to Q8_0 (`--weights
+    /// auto`'s other choice).
+    pub(crate) fn to_q8_0(&self) -> Result<HostBlock, ModelError> {
+        let q8 = |m: &StackedMatrix| {
+            m.to_q8_0()
+                .ok_or_else(|| ModelError::Failed("cannot requantize a stack to Q8_0".into()))
+        };
+        Ok(HostBlock {
+            attn_norm: self.attn_norm.clone(),
+            qkv: q8(&self.qkv)?,
+            qkv_bias: self.qkv_bias.clone(),
+            q_norm: self.q_norm.clone(),
+            k_norm: self.k_norm.clone(),
+            o: q8(&self.o)?,
+            o_bias: self.o_bias.clone(),
+            attn_post_norm: self.attn_post_norm.clone(),
+            ffn_norm: self.ffn_norm.clone(),
+            gate_up: q8(&self.gate_up)?,
+            down: q8(&self.down)?,
+            ffn_post_norm: self.ffn_post_norm.clone(),
+        })
+    }
+}
+
+/// The time one step's products take over all of `blocks` at `tokens`
+/// tokens: the part of a step the weights' packing decides.
+pub(crate) fn time_products(blocks: &[HostBlock], team: &Team, tokens: usize) -> Duration {
+    let start = Instant::now();
+    for b in blocks {
+        for m in b.stacks() {
+            let x = vec![0.01f32; tokens * m.cols()];
+            std::hint::black_box(m.matmul_on(team, &x, tokens));
+        }
+    }
+    start.elapsed()
 }
 
 /// The blocks of the host step and the threads they run on.

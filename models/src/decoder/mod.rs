@@ -41,7 +41,7 @@ use super::gguf_tokenizer::GgufTokenizer;
 use host::{HostBlock, HostLayers};
 use rope::Ropes;
 use sluice_kernels::decoder::rms_norm;
-use sluice_kernels::quantized::{BlockType, PackedMatrix};
+use sluice_kernels::quantized::BlockType;
 use sluice_kernels::team::Team;
 use weights::{Block, Embeddings, Linear, Requantized, TensorReader};
 
@@ -173,7 +173,7 @@ impl Decoder {
         } else {
             embed
         };
-        let mut output = Linear::new(output_q, format, device, packing, &mut requantized)?;
+        let output = Linear::new(output_q, format, device, packing, &mut requantized)?;
         let output_bias = reader.vector("output.bias")?;
         let factors = match reader.vector("rope_freqs.weight")? {
             Some(t) => Some(t.to_vec1::<f32>()?),
@@ -193,52 +193,35 @@ impl Decoder {
             );
         }
         let host = step == StepChoice::Fastest && packing && blocks.iter().all(HostBlock::fits);
-        let team = || {
-            Team::new(rayon::current_num_threads())
-                .map_err(|e| ModelError::Failed(format!("cannot start the step's threads: {e}")))
-        };
-        let weights = match format {
-            WeightFormat::Auto if host => {
-                let team = team()?;
-                let choice = auto_weights(&blocks, &team);
-                if choice == WeightFormat::Q8_0 {
-                    for b in &mut blocks {
-                        for l in [
-                            &mut b.q,
-                            &mut b.k,
-                            &mut b.v,
-                            &mut b.o,
-                            &mut b.gate,
-                            &mut b.up,
-                            &mut b.down,
-                        ] {
-                            to_q8_0(l);
-                        }
-                    }
-                    to_q8_0(&mut output);
-                }
-                choice
-            }
-            WeightFormat::Auto => WeightFormat::AsStored,
-            other => other,
-        };
         let ropes = Ropes::new(
             &config.rope,
             &config.rope_local,
             config.head_dim,
             factors.as_deref(),
         );
-        let layers = if host {
-            Layers::Host(HostLayers {
-                blocks: blocks
-                    .into_iter()
-                    .map(HostBlock::from_block)
-                    .collect::<Result<_, _>>()?,
+        let (layers, output, weights) = if host {
+            let team = Team::new(rayon::current_num_threads())
+                .map_err(|e| ModelError::Failed(format!("cannot start the step's threads: {e}")))?;
+            let blocks: Vec<HostBlock> = blocks
+                .into_iter()
+                .map(HostBlock::from_block)
+                .collect::<Result<_, _>>()?;
+            let (blocks, output, weights) = match format {
+                WeightFormat::Auto => auto_weights(blocks, output, &team)?,
+                other => (blocks, output, other),
+            };
+            let layers = Layers::Host(HostLayers {
+                blocks,
                 norm: norm.to_vec1()?,
-                team: team()?,
-            })
+                team,
+            });
+            (layers, output, weights)
         } else {
-            Layers::Candle(blocks)
+            let weights = match format {
+                WeightFormat::Auto => WeightFormat::AsStored,
+                other => other,
+            };
+            (Layers::Candle(blocks), output, weights)
         };
         Ok((
             Decoder {
@@ -370,62 +353,63 @@ impl Decoder {
     }
 }
 
-/// Requantizes a 4-bit packed matrix to Q8_0 (`auto`'s other choice).
-fn to_q8_0(l: &mut Linear) {
-    if let Linear::Packed(p) = l
-        && p.block_type() == BlockType::Q4_1
-    {
-        *p = p.to_q8_0();
-    }
-}
-
 /// `--weights auto` on the host step: where some matrices are held in 4
-/// bits, times the first block's MLP products as stored and requantized to
-/// Q8_0, at one token (a single sequence's decode) and at eight (a batched
-/// one), alternating, the best of five each; keeps the 4-bit weights unless
-/// Q8_0 is faster by the geometric mean of the two. Logged.
-fn auto_weights(blocks: &[Block], team: &Team) -> WeightFormat {
+/// bits, times every block's products and the vocabulary product as stored
+/// and requantized to Q8_0, at one token (a single sequence's decode) and at
+/// eight (a batched one), alternating, the best of three each; keeps the
+/// 4-bit weights unless Q8_0 is faster by the geometric mean of the two
+/// (the other copy is dropped). Logged.
+fn auto_weights(
+    blocks: Vec<HostBlock>,
+    output: Linear,
+    team: &Team,
+) -> Result<(Vec<HostBlock>, Linear, WeightFormat), ModelError> {
     let four_bit = |l: &Linear| {
         l.packed()
             .is_some_and(|p| p.block_type() == BlockType::Q4_1)
     };
-    let Some(b) = blocks.first() else {
-        return WeightFormat::AsStored;
-    };
-    let parts = [&b.gate, &b.up, &b.down];
-    if !parts.iter().any(|l| four_bit(l)) {
-        return WeightFormat::AsStored;
+    if !blocks.iter().any(HostBlock::has_four_bit) && !four_bit(&output) {
+        return Ok((blocks, output, WeightFormat::AsStored));
     }
-    let stored: Vec<&PackedMatrix> = parts.iter().filter_map(|l| l.packed()).collect();
-    let q8: Vec<PackedMatrix> = stored.iter().map(|p| p.to_q8_0()).collect();
-    let time = |ms: &[&PackedMatrix], tokens: usize| -> Duration {
+    let q8_blocks: Vec<HostBlock> = blocks
+        .iter()
+        .map(HostBlock::to_q8_0)
+        .collect::<Result<_, _>>()?;
+    let q8_output = match &output {
+        Linear::Packed(p) if p.block_type() == BlockType::Q4_1 => Some(p.to_q8_0()),
+        _ => None,
+    };
+    let vocab = |out: &Linear, tokens: usize| -> Duration {
         let start = Instant::now();
-        for m in ms {
-            let x = vec![0.01f32; tokens * m.cols()];
-            std::hint::black_box(m.matmul_on(team, &x, tokens));
+        if let Linear::Packed(p) = out {
+            let x = vec![0.01f32; tokens * p.cols()];
+            std::hint::black_box(p.matmul_on(team, &x, tokens));
         }
         start.elapsed()
     };
-    let q8_refs: Vec<&PackedMatrix> = q8.iter().collect();
+    let q8_out = q8_output.map(Linear::Packed);
     let mut best = [[Duration::MAX; 2]; 2];
-    for _ in 0..5 {
+    for _ in 0..3 {
         for (i, tokens) in [1usize, 8].into_iter().enumerate() {
-            best[0][i] = best[0][i].min(time(&stored, tokens));
-            best[1][i] = best[1][i].min(time(&q8_refs, tokens));
+            let stored = host::time_products(&blocks, team, tokens) + vocab(&output, tokens);
+            let q8 = host::time_products(&q8_blocks, team, tokens)
+                + vocab(q8_out.as_ref().unwrap_or(&output), tokens);
+            best[0][i] = best[0][i].min(stored);
+            best[1][i] = best[1][i].min(q8);
         }
     }
     let speedup = |i: usize| best[0][i].as_secs_f64() / best[1][i].as_secs_f64().max(1e-12);
     let (one, eight) = (speedup(0), speedup(1));
-    let choice = if (one * eight).sqrt() > 1.0 {
-        WeightFormat::Q8_0
-    } else {
-        WeightFormat::AsStored
-    };
+    let q8_wins = (one * eight).sqrt() > 1.0;
     tracing::info!(
         q8_0_vs_stored_1_token = format!("{one:.2}"),
         q8_0_vs_stored_8_tokens = format!("{eight:.2}"),
-        choice = choice.name(),
-        "--weights auto: timed the first block's MLP products as stored (4-bit) and as Q8_0"
+        choice = if q8_wins { "q8_0" } else { "as-stored" },
+        "--weights auto: timed every product of a step with the 4-bit weights as stored and requantized to Q8_0"
     );
-    choice
+    Ok(if q8_wins {
+        (q8_blocks, q8_out.unwrap_or(output), WeightFormat::Q8_0)
+    } else {
+        (blocks, output, WeightFormat::AsStored)
+    })
 }

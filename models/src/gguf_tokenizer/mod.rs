@@ -178,7 +178,11 @@ impl GgufTokenizer {
                     .collect::<Result<Vec<_>, _>>()?;
                 let tokenizer = bpe::build(&vocab, merges, &pre_tokenizer)
                     .map_err(GgufTokenizerError::Build)?;
-                (Model::Bpe(Box::new(tokenizer)), pre_tokenizer.add_bos, false)
+                (
+                    Model::Bpe(Box::new(tokenizer)),
+                    pre_tokenizer.add_bos,
+                    false,
+                )
             }
             "llama" => (Model::Spm, true, true),
             other => return Err(GgufTokenizerError::UnsupportedModel(other.to_string())),

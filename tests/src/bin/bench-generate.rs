@@ -36,6 +36,7 @@ fn main() -> Result<()> {
     // BENCH_WEIGHTS=as-stored,q8_0 runs only those formats.
     let only = std::env::var("BENCH_WEIGHTS").ok();
     for (name, format) in [
+        ("auto", WeightFormat::Auto),
         ("as stored", WeightFormat::AsStored),
         ("Q8_0", WeightFormat::Q8_0),
         ("f32", WeightFormat::F32),
@@ -82,6 +83,12 @@ fn run(
     let (model, tokenizer) =
         Decoder::load_with(std::path::Path::new(path), format, &Device::Cpu, step)?;
     eprintln!("bench-generate: {name}: the {} step", model.forward_name());
+    // `auto` names what it chose.
+    let name = &if format == WeightFormat::Auto {
+        format!("auto ({})", model.weight_format().name())
+    } else {
+        name.to_string()
+    };
     // Chat prompts through the model's template; a model without one (a
     // base model) reads the question as a raw prompt.
     let prompt = |i: usize| {

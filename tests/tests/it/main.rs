@@ -9,6 +9,7 @@ mod device_check;
 mod embed;
 mod expiry;
 mod failures;
+mod families;
 mod faults;
 mod flood;
 mod gateway;

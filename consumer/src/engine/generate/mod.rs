@@ -188,7 +188,7 @@ pub fn start(config: &Config, stats: &Arc<Stats>) -> anyhow::Result<Started<Gene
         activation_mib = activation >> 20,
         worst_job_mib = worst_job >> 20,
         kv_bytes_per_token = llama.config.kv_bytes_per_token(),
-        weights = ?g.weights,
+        weights = llama.weight_format().name(),
         step = llama.forward_name(),
         cpu_kernels = sluice_models::cpu::level().name(),
         int8_kernels = sluice_models::qmatmul::Int8Kernels::current().name(),
