@@ -104,12 +104,14 @@ pub struct GenerateConfig {
     /// Most sequences decoding together; more wait for a free slot.
     #[arg(long, env = "SLUICE_MAX_SEQUENCES", default_value_t = 64)]
     pub max_sequences: usize,
-    /// How the weights are held: auto (as stored or Q8_0, whichever a
-    /// measurement at start-up finds faster here for this model; logged),
-    /// as-stored (the GGUF's own 4-bit blocks where the host step takes
-    /// them, else Q8_0), q8_0 (every matrix requantized at load) or f32
-    /// (dense; gains the most from batching, 7x the memory of 4 bits).
-    #[arg(long, env = "SLUICE_WEIGHTS", default_value = "auto")]
+    /// How the weights are held: as-stored (the GGUF's own 4-bit blocks
+    /// where the host step takes them, else Q8_0; the same answers on every
+    /// machine), auto (as stored or Q8_0, whichever a measurement at
+    /// start-up finds faster here for this model, Q8_0 by 10%; logged; the
+    /// answers then depend on the machine), q8_0 (every matrix requantized
+    /// at load) or f32 (dense; gains the most from batching, 7x the memory
+    /// of 4 bits).
+    #[arg(long, env = "SLUICE_WEIGHTS", default_value = "as-stored")]
     pub weights: sluice_models::decoder::WeightFormat,
     /// A Jinja chat template (a file, as Hugging Face's
     /// `tokenizer_config.json` holds one) to render chat jobs with instead

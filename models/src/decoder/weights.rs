@@ -28,11 +28,15 @@ pub enum WeightFormat {
     /// As stored where the host step's packing takes the format (4-bit
     /// Q4_0 / Q4_1 / Q4_K, 8-bit Q5_0 / Q8_0), else Q8_0 — or all Q8_0 —
     /// whichever a measurement at load finds faster on this machine for
-    /// this model (logged). Only 4-bit matrices differ between the two.
-    #[default]
+    /// this model (logged); Q8_0 must win by 10%. Only 4-bit matrices
+    /// differ between the two, and so may the answers: a fleet of unlike
+    /// machines may choose unlike formats, so it is not the default.
     Auto,
-    /// As stored (see [`WeightFormat::Auto`]): the least memory; on the host
-    /// step the fewest bytes read per token.
+    /// As stored where the host step's packing takes the format, else Q8_0:
+    /// the least memory, on the host step the fewest bytes read per token,
+    /// and the same answers on every machine and at every start (the
+    /// default).
+    #[default]
     AsStored,
     /// Every matrix requantized to Q8_0 at load: about 1.7x the memory of
     /// 4-bit weights; more arithmetic per byte saved, so often the faster

@@ -421,7 +421,11 @@ async fn generate_flood_stays_inside_the_kv_budget() {
 /// it, the third a seeded sampled prompt. The first answer starts at a near
 /// tie that the kernels' rounding decides (AVX2 and AVX-512 answer
 /// differently), so the consumer runs at the `avx2` kernel level, which
-/// every x86-64 CPU the team has offers, and the example is that level's.
+/// every x86-64 CPU the team has offers, with its weights requantized to
+/// Q8_0 (`SLUICE_WEIGHTS=q8_0`), and the example is that setting's. (The
+/// default `as-stored` runs SmolLM2's Q4_1 blocks, whose rounding tips the
+/// same tie to "L'Étoile, la Marseillaise, ...": a pinned format keeps the
+/// example one answer on every machine.)
 /// (Since the decode attention runs on the level's vectors the first answer
 /// is French, "L'Étoile, la Cité, ...", as llama.cpp 0.3.36's greedy answer
 /// to the same 37 tokens begins; the plain-Rust sums had tipped it to
@@ -438,7 +442,7 @@ async fn the_schemas_chat_example_is_what_the_model_answers() {
     let mut generator = d
         .spawn_consumer_with_env(
             &["--task=generate", "--max-items-per-job=8"],
-            &[("SLUICE_CPU_KERNELS", "avx2")],
+            &[("SLUICE_CPU_KERNELS", "avx2"), ("SLUICE_WEIGHTS", "q8_0")],
         )
         .await
         .unwrap();
