@@ -54,6 +54,18 @@ impl Records {
         Ok(())
     }
 
+    /// How long ago `key` was last written, if it is there.
+    pub async fn age(&self, key: &str) -> Result<Option<std::time::Duration>> {
+        let entry = self
+            .kv
+            .entry(key)
+            .await
+            .with_context(|| format!("reading {key}"))?;
+        Ok(entry
+            .filter(|e| e.operation == kv::Operation::Put)
+            .map(|e| (time::OffsetDateTime::now_utc() - e.created).unsigned_abs()))
+    }
+
     pub async fn delete(&self, key: &str) -> Result<()> {
         self.kv
             .delete(key)

@@ -364,9 +364,11 @@ pub struct Submitted {
 }
 
 /// Publishes `job` through JetStream (its id as `Nats-Msg-Id`, so a second
-/// publish within the duplicate window is dropped by the server) and, unless
-/// it was a duplicate, records it `queued` (unless it already has a record:
-/// a fast consumer may have marked it running; that record wins).
+/// publish within the duplicate window is dropped by the server) and records
+/// it `queued` unless it already has a record (a fast consumer may have
+/// marked it running, or an earlier try queued it: that record wins). A
+/// duplicate is recorded too: the try whose publish was stored may have lost
+/// its ack and never written the record.
 ///
 /// A job with a `deadline` also carries it as a per-message TTL
 /// (`Nats-TTL`, whole seconds rounded up): the stream removes the job at its
@@ -462,12 +464,14 @@ pub async fn publish(
         }
         other => other?,
     };
-    if !ack.duplicate {
-        statuses
-            .queue(&job.id, ack.sequence, job.deadline)
-            .await
-            .with_context(|| format!("cannot record job {} as queued", job.id))?;
-    }
+    // Also on a duplicate: the first publish may have been stored with its
+    // ack lost (a leader change), so this retry is the first to hear of it
+    // and nothing has recorded it yet. `queue` only creates, so a record a
+    // consumer or an earlier try wrote stays as it is.
+    statuses
+        .queue(&job.id, ack.sequence, job.deadline)
+        .await
+        .with_context(|| format!("cannot record job {} as queued", job.id))?;
     Ok(ack)
 }
 

@@ -468,6 +468,21 @@ async fn ensure_consumer(
     }
 }
 
+/// Who answers a bucket's reads.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reads {
+    /// Any replica (direct gets): the cheapest, but a replica that has not
+    /// caught up (one just restarted) answers with what it has, even
+    /// "not there" for a record written a moment ago.
+    AnyReplica,
+    /// The stream's leader only (direct gets off): a read sees every write
+    /// acknowledged before it. For records whose writer or another process
+    /// acts on the read at once: job status, the gateway's files and
+    /// batches (the fault soak saw a just-uploaded file answer 404, and a
+    /// batch record read as missing, from a replica that had restarted).
+    Leader,
+}
+
 /// A key-value bucket, on file: see [`ensure_kv_bucket_on`].
 async fn ensure_kv_bucket(
     js: &jetstream::Context,
@@ -475,13 +490,14 @@ async fn ensure_kv_bucket(
     description: &str,
     max_age: Duration,
     replicas: usize,
+    reads: Reads,
 ) -> Result<Change> {
     let storage = stream::StorageType::File;
-    ensure_kv_bucket_on(js, bucket, description, max_age, replicas, storage).await
+    ensure_kv_bucket_on(js, bucket, description, max_age, replicas, storage, reads).await
 }
 
-/// A key-value bucket: created, or its age and replicas changed in place
-/// (a bucket is a stream named `KV_<bucket>`). `max_age` zero keeps
+/// A key-value bucket: created, or its age, replicas and reads changed in
+/// place (a bucket is a stream named `KV_<bucket>`). `max_age` zero keeps
 /// entries until deleted.
 async fn ensure_kv_bucket_on(
     js: &jetstream::Context,
@@ -490,19 +506,28 @@ async fn ensure_kv_bucket_on(
     max_age: Duration,
     replicas: usize,
     storage: stream::StorageType,
+    reads: Reads,
 ) -> Result<Change> {
     let what = format!("key-value bucket {bucket}");
+    let allow_direct = reads == Reads::AnyReplica;
     if js.get_key_value(bucket).await.is_ok() {
         let mut backing = js.get_stream(format!("KV_{bucket}")).await?;
         let mut config = backing.info().await?.config.clone();
         let mut changed = Vec::new();
         diff(&mut changed, "max_age", &config.max_age, &max_age);
         diff(&mut changed, "replicas", &config.num_replicas, &replicas);
+        diff(
+            &mut changed,
+            "allow_direct",
+            &config.allow_direct,
+            &allow_direct,
+        );
         if changed.is_empty() {
             return Ok(Change::Unchanged(what));
         }
         config.max_age = max_age;
         config.num_replicas = replicas;
+        config.allow_direct = allow_direct;
         js.update_stream(&config)
             .await
             .with_context(|| format!("cannot update {what}"))?;
@@ -519,6 +544,15 @@ async fn ensure_kv_bucket_on(
     })
     .await
     .with_context(|| format!("cannot create {what}"))?;
+    if !allow_direct {
+        // async-nats makes every bucket with direct gets on.
+        let mut backing = js.get_stream(format!("KV_{bucket}")).await?;
+        let mut config = backing.info().await?.config.clone();
+        config.allow_direct = false;
+        js.update_stream(&config)
+            .await
+            .with_context(|| format!("cannot make {what} read from its leader"))?;
+    }
     Ok(Change::Created(what))
 }
 
@@ -536,6 +570,7 @@ async fn ensure_models(js: &jetstream::Context, t: &Topology, s: &Settings) -> R
             "sluice deployed models, one record per task and model",
             Duration::ZERO,
             s.replicas,
+            Reads::AnyReplica,
         )
         .await?,
     ];
@@ -678,6 +713,7 @@ pub async fn ensure(
             "sluice job status, one record per job id",
             s.status_max_age,
             s.replicas,
+            Reads::Leader,
         )
         .await?,
     );
@@ -689,6 +725,7 @@ pub async fn ensure(
             "sluice gateway: OpenAI-compatible files and batches",
             Duration::ZERO,
             s.replicas,
+            Reads::Leader,
         )
         .await?,
     );
@@ -702,6 +739,7 @@ pub async fn ensure(
             sluice_schemas::consumers::HEARTBEAT_TTL,
             s.replicas,
             stream::StorageType::Memory,
+            Reads::AnyReplica,
         )
         .await?,
     );

@@ -7,7 +7,8 @@
 //! | transition | from | to | when the record is final |
 //! | --- | --- | --- | --- |
 //! | [`StatusStore::queue`] | nothing | `queued` | left (create-if-absent: a fast consumer's `running` wins) |
-//! | [`StatusStore::start`] | nothing, `queued`, `running` | `running` | left; the caller answers from it |
+//! | [`StatusStore::start`] | nothing, `queued`, `running` | `running` (the stored deadline kept) | left; the caller answers from it |
+//! | [`StatusStore::requeue`] | `running` (this message) | `queued`: waiting for its redelivery | left |
 //! | [`StatusStore::finish`] | nothing, `queued`, `running` | `done`, `failed`, `cancelled` | left: the first final status wins |
 //! | [`StatusStore::cancel`] | nothing, `queued`, `running` | `cancelled` | left |
 //! | [`StatusStore::replay`] | nothing, `failed`, `cancelled`, `expired` | `queued`, replays + 1 | `done` is refused: it succeeded |
@@ -17,7 +18,9 @@
 //! whose deadline has passed *reads* as `expired`
 //! ([`StatusRecord::as_of`]), in [`StatusStore::view`] and in the decisions of
 //! `cancel`; a consumer that pulls a job after its deadline writes `expired`
-//! through `finish`.
+//! through `finish`. A job given back for a retry is `queued` again
+//! ([`StatusStore::requeue`]), so one whose deadline passes while it waits
+//! reads `expired` too: the stream drops it then, and it never runs again.
 
 use std::time::Duration;
 
@@ -153,6 +156,7 @@ impl StatusStore {
                 Some(r) if r.state.is_final() => None,
                 Some(r) => Some(StatusRecord {
                     replays: r.replays,
+                    deadline: record.deadline.or(r.deadline),
                     ..record.clone()
                 }),
                 None => Some(record.clone()),
@@ -164,6 +168,36 @@ impl StatusStore {
             // swap only declines to write over a final record.
             (None, None) => Start::Running(record.clone()),
         })
+    }
+
+    /// `queued` again, the deadline, attempts and sequence kept, when the
+    /// record is `running` for delivery `attempt` of the message
+    /// `stream_sequence`: the consumer gave the job back for a retry (a
+    /// later delivery that already started is left running). Returns
+    /// whether it was written.
+    pub async fn requeue(
+        &self,
+        job_id: &str,
+        stream_sequence: u64,
+        attempt: u32,
+    ) -> Result<bool, StatusError> {
+        let (written, _) = self
+            .swap(job_id, |current| match current {
+                Some(r)
+                    if r.state == JobState::Running
+                        && r.stream_sequence == Some(stream_sequence)
+                        && r.attempts == attempt =>
+                {
+                    Some(StatusRecord {
+                        state: JobState::Queued,
+                        updated_at: OffsetDateTime::now_utc(),
+                        ..r.clone()
+                    })
+                }
+                _ => None,
+            })
+            .await?;
+        Ok(written.is_some())
     }
 
     /// A final status (`record.state` is `done`, `failed` or `cancelled`)

@@ -76,9 +76,9 @@ pub struct Original<'a> {
 }
 
 /// Everything a final failure does before the message leaves the stream:
-/// the dead letter (awaited; an error here means the message must stay), then
-/// the error result and the failed status (best effort: the dead letter holds
-/// the job). A cancelled job is answered but not dead-lettered
+/// the dead letter, then the failed status (both awaited: an error in either
+/// means the message must stay, to be given up on again), then the error
+/// result (best effort: core NATS; the status record holds the outcome). A cancelled job is answered but not dead-lettered
 /// (`dead_letter` false).
 pub async fn give_up(
     shared: &Shared,
@@ -152,9 +152,15 @@ pub async fn give_up(
             // answers. A different message under the same id is answered.
             Ok(false) if answered_by_this_message(shared, job_id, d).await => return Ok(()),
             Ok(false) => {}
+            // The message must stay: its redelivery finds no final record,
+            // gives up again, and its dead letter is dropped as a duplicate
+            // (same message id), so the failure is recorded once, and with
+            // its status record (a job that is dead-lettered but reads
+            // `running` forever would be lost to whoever asks).
             Err(e) => {
                 let e = JobError::from(e);
-                tracing::warn!(job = %job_id, error = %e, "cannot record the failure (it is in the dead-letter stream)")
+                tracing::warn!(job = %job_id, error = %e, "cannot record the failure (its dead letter is stored); the job will be redelivered");
+                return Err(e);
             }
         }
     }

@@ -32,9 +32,9 @@ pub enum Disposition {
     /// Give the message back for redelivery after this delay (a retryable
     /// failure with deliveries left).
     Nak(Duration),
-    /// A final failure: publish the dead letter (awaited: the message stays
-    /// until it is durable), write the failed status, publish the error
-    /// result, then Term.
+    /// A final failure: publish the dead letter and write the failed status
+    /// (both awaited: the message stays until both are durable), publish
+    /// the error result, then Term.
     DeadLetterThenTerm,
     /// Cancelled: publish the error result but no dead letter (nothing to
     /// replay), then Term.

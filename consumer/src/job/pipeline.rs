@@ -9,7 +9,7 @@ use std::time::Instant;
 use async_nats::jetstream;
 use opentelemetry::KeyValue;
 use sluice_schemas::names::headers;
-use sluice_schemas::{ErrorCode, Item, JobState, Output, Timings, Usage, ValidJob};
+use sluice_schemas::{ErrorCode, Item, JobState, Output, StatusRecord, Timings, Usage, ValidJob};
 use sluice_status::Start;
 use time::OffsetDateTime;
 use tokio::sync::{mpsc, watch};
@@ -189,7 +189,10 @@ async fn process(
     };
     // Mark it running unless it is already final: a compare-and-swap, so a
     // stale redelivery can never turn a finished job back into a running one.
-    let running = status(&job.id, JobState::Running, delivery);
+    let running = StatusRecord {
+        deadline: job.deadline,
+        ..status(&job.id, JobState::Running, delivery)
+    };
     match shared.status.start(&running).await {
         Ok(Start::Final(record)) if record.state == JobState::Cancelled => {
             return Err(JobError::new(

@@ -164,6 +164,17 @@ pub async fn settle(
                 "job failed; will retry"
             );
             shared.stats.record_job_retried(error.code);
+            // Waiting for its redelivery, it is queued again: if its deadline
+            // passes first, the stream drops it and it reads `expired`
+            // (a `running` record would say so forever).
+            if let Some(job_id) = &d.job_id
+                && let Err(e) = shared
+                    .status
+                    .requeue(job_id, d.stream_sequence, d.attempt)
+                    .await
+            {
+                tracing::warn!(job = %job_id, error = %e, "cannot record the job as queued again; it reads running until its redelivery");
+            }
             nak(&msg, delay).await;
         }
         (
@@ -211,7 +222,7 @@ async fn fail(
     )
     .await
     {
-        tracing::warn!(error = %e, seq = d.stream_sequence, "cannot dead-letter; the job will be redelivered");
+        tracing::warn!(error = %e, seq = d.stream_sequence, "cannot dead-letter the job or record its failure; it will be redelivered");
         nak(&msg, retry_delay(shared, &d)).await;
         return;
     }

@@ -54,12 +54,14 @@ pub struct DeadLetters {
 
 impl DeadLetters {
     /// Publishes a dead letter and waits for the stream to store it. The
-    /// message id makes a retry of this step idempotent.
+    /// message id (the job message's stream sequence: one message is given
+    /// up on once) makes a retry idempotent, a redelivery's included, within
+    /// the dead-letter stream's duplicate window.
     pub async fn publish(&self, subject: String, letter: &DeadLetter) -> Result<(), JobError> {
         let mut h = HeaderMap::new();
         h.insert(
             headers::MSG_ID,
-            format!("dlq-{}-{}", letter.stream_sequence, letter.attempts).as_str(),
+            format!("dlq-{}", letter.stream_sequence).as_str(),
         );
         if let Some(id) = &letter.job_id {
             h.insert(headers::JOB_ID, id.as_str());

@@ -38,6 +38,10 @@ use anyhow::Result;
 use crate::batch_record::{BatchRecord, BatchStatus};
 use crate::state::AppState;
 
+/// How long an `active.<id>` marker without its batch record is taken for a
+/// read that missed the record, before the marker is removed as an orphan.
+const ORPHAN_AFTER: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// Runs the driver until the process ends.
 pub fn spawn(state: AppState) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
@@ -86,7 +90,22 @@ async fn advance(state: &AppState, id: &str) -> Result<()> {
         .get::<BatchRecord>(&BatchRecord::key(id))
         .await?
     else {
-        return state.records.delete(&BatchRecord::active_key(id)).await;
+        // The record is written just after its marker, but a read may miss
+        // it: the bucket's reads are served by any replica, and one that
+        // has just restarted may not have caught up (the fault soak found a
+        // batch left `validating` forever this way). Only a marker alone
+        // for ORPHAN_AFTER is an orphan (its creator died between the two
+        // writes).
+        let marker = BatchRecord::active_key(id);
+        if state
+            .records
+            .age(&marker)
+            .await?
+            .is_some_and(|age| age < ORPHAN_AFTER)
+        {
+            return Ok(());
+        }
+        return state.records.delete(&marker).await;
     };
     match batch.status {
         s if s.is_final() => state.records.delete(&BatchRecord::active_key(id)).await,

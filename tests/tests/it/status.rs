@@ -136,6 +136,36 @@ async fn each_transition_follows_its_rule() {
     assert_eq!(s.replay("e").await.unwrap(), Replay::Queued { replays: 1 });
     let e = s.get("e").await.unwrap().unwrap();
     assert_eq!((e.state, e.deadline), (JobState::Queued, None));
+    // requeue: a running delivery given back for a retry is queued again,
+    // its deadline kept, so it reads expired if the stream drops it at its
+    // deadline before the redelivery; only that delivery's running record.
+    let soon = OffsetDateTime::now_utc() + time::Duration::milliseconds(300);
+    assert!(s.queue("g", 7, Some(soon)).await.unwrap());
+    let Start::Running(g) = s.start(&record("g", JobState::Running, 1)).await.unwrap() else {
+        panic!("start over queued must write running");
+    };
+    assert_eq!(g.deadline, Some(soon), "start keeps the stored deadline");
+    assert!(
+        !s.requeue("g", 8, g.attempts).await.unwrap(),
+        "another message's running record stays"
+    );
+    assert!(
+        !s.requeue("g", 7, g.attempts + 1).await.unwrap(),
+        "another delivery's running record stays"
+    );
+    assert!(s.requeue("g", 7, g.attempts).await.unwrap());
+    let g = s.get("g").await.unwrap().unwrap();
+    assert_eq!(
+        (g.state, g.deadline, g.stream_sequence),
+        (JobState::Queued, Some(soon), Some(7))
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    assert_eq!(s.view("g").await.unwrap().unwrap().state, JobState::Expired);
+    assert!(s.finish(&record("h", JobState::Done, 1)).await.unwrap());
+    assert!(
+        !s.requeue("h", 7, 1).await.unwrap(),
+        "a final record is left"
+    );
     // A consumer that pulled it late writes expired itself; it stays final.
     let mut late = record("f", JobState::Expired, 1);
     late.error = Some(ErrorInfo::new(
