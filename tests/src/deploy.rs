@@ -58,17 +58,22 @@ impl Deployment {
         auth: NatsAuth,
         settings: Settings,
     ) -> Result<Deployment> {
-        Deployment::start_clustered(servers, Vec::new(), auth, settings).await
+        Deployment::start_named(servers, Vec::new(), auth, settings, &unique_name("t")).await
     }
 
-    /// On a NATS cluster: `servers.nats` and the nodes in `cluster`.
+    /// On the NATS cluster of `nodes` (the first is `servers.nats`) and a
+    /// fresh S3 server.
     pub async fn start_clustered(
-        servers: Servers,
-        cluster: Vec<crate::NatsServer>,
-        auth: NatsAuth,
+        mut nodes: Vec<crate::NatsServer>,
         settings: Settings,
     ) -> Result<Deployment> {
-        Deployment::start_named(servers, cluster, auth, settings, &unique_name("t")).await
+        anyhow::ensure!(!nodes.is_empty(), "a cluster needs a node");
+        let servers = Servers {
+            nats: nodes.remove(0),
+            s3: crate::S3Server::start().await?,
+        };
+        let namespace = unique_name("t");
+        Deployment::start_named(servers, nodes, NatsAuth::default(), settings, &namespace).await
     }
 
     /// With the given namespace ("" for the standard names).
@@ -135,13 +140,15 @@ impl Deployment {
 
     /// Messages left in the job stream (a work queue: acked jobs are removed).
     pub async fn jobs_in_stream(&self) -> u64 {
-        let mut stream = self
-            .producer
-            .js
-            .get_stream(&self.topology.job_stream)
-            .await
-            .expect("job stream");
-        stream.info().await.expect("job stream info").state.messages
+        self.try_jobs_in_stream().await.expect("job stream info")
+    }
+
+    /// [`Deployment::jobs_in_stream`], or `None` while the stream cannot
+    /// answer (its cluster electing a leader).
+    pub async fn try_jobs_in_stream(&self) -> Option<u64> {
+        let js = &self.producer.js;
+        let mut stream = js.get_stream(&self.topology.job_stream).await.ok()?;
+        Some(stream.info().await.ok()?.state.messages)
     }
 
     /// Messages in the dead-letter stream.
@@ -174,8 +181,13 @@ impl Deployment {
     /// The flags naming this deployment's servers and namespace, as the
     /// consumer and the gateway both take them.
     fn server_args(&self) -> Vec<String> {
+        self.server_args_at(&self.nats_urls)
+    }
+
+    /// [`Deployment::server_args`] reaching NATS at `nats_urls`.
+    fn server_args_at(&self, nats_urls: &str) -> Vec<String> {
         vec![
-            format!("--nats-url={}", self.nats_urls),
+            format!("--nats-url={nats_urls}"),
             format!("--namespace={}", self.namespace),
             format!("--s3-endpoint={}", self.servers.s3.endpoint()),
             format!("--s3-access-key-id={}", self.servers.s3.access_key),
@@ -186,13 +198,19 @@ impl Deployment {
     /// The flags that point a consumer at this deployment, then `extra`
     /// (which may override the test defaults for the budget and intervals).
     pub fn consumer_args(&self, extra: &[&str]) -> Vec<String> {
+        self.consumer_args_via(&self.nats_urls, extra)
+    }
+
+    /// [`Deployment::consumer_args`] reaching NATS at `nats_urls` (proxies
+    /// in front of the nodes, say) instead of the nodes themselves.
+    pub fn consumer_args_via(&self, nats_urls: &str, extra: &[&str]) -> Vec<String> {
         let generate = extra.contains(&"--task=generate");
         let model = models_dir().join(if generate {
             "smollm2"
         } else {
             "all-minilm-l6-v2"
         });
-        let mut args = self.server_args();
+        let mut args = self.server_args_at(nats_urls);
         args.extend([
             format!("--output-bucket={}", self.bucket),
             format!("--model-dir={}", model.display()),
@@ -331,13 +349,23 @@ impl Deployment {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Result<ConsumerProcess> {
+        self.spawn_consumer_at(&self.nats_urls, extra, env).await
+    }
+
+    /// [`Deployment::spawn_consumer_with_env`] reaching NATS at `nats_urls`.
+    pub async fn spawn_consumer_at(
+        &self,
+        nats_urls: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<ConsumerProcess> {
         let bin = consumer_binary()?;
         let dir = tempfile::Builder::new()
             .prefix("sluice-consumer-")
             .tempdir()?;
         let log = dir.path().join("consumer.log");
         let mut cmd = Command::new(bin);
-        cmd.args(self.consumer_args(extra))
+        cmd.args(self.consumer_args_via(nats_urls, extra))
             .env("RUST_LOG", "info")
             .env_remove("NATS_URL")
             .envs(env.iter().copied())
@@ -489,6 +517,16 @@ impl GatewayProcess {
     pub fn log_tail(&self) -> String {
         self.process.log_tail()
     }
+
+    /// The whole log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.process.log).unwrap_or_default()
+    }
+
+    /// SIGKILL: no drain, no goodbye.
+    pub fn kill(&mut self) {
+        self.process.kill();
+    }
 }
 
 /// A consumer running as a child process; killed on drop.
@@ -558,6 +596,22 @@ impl ConsumerProcess {
     /// SIGTERM, then wait up to `grace`; returns whether it exited by itself.
     pub fn terminate(&mut self, grace: Duration) -> Option<std::process::ExitStatus> {
         self.process.terminate(grace)
+    }
+
+    /// SIGKILL: no drain, no goodbye.
+    pub fn kill(&mut self) {
+        self.process.kill();
+    }
+
+    /// SIGSTOP: it holds its connections and its jobs but does nothing
+    /// (a process stuck in a long GC pause or swapped out).
+    pub fn pause(&self) {
+        self.process.signal("STOP");
+    }
+
+    /// SIGCONT after [`ConsumerProcess::pause`].
+    pub fn resume(&self) {
+        self.process.signal("CONT");
     }
 
     /// Its exit status, once it has exited by itself.

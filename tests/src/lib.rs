@@ -18,6 +18,8 @@ use anyhow::{Context, Result, bail};
 use aws_sdk_s3::config::{Credentials, Region};
 use tempfile::TempDir;
 
+pub mod api;
+pub mod chaos;
 pub mod deploy;
 pub mod fixtures;
 pub mod otlp;
@@ -179,6 +181,16 @@ impl Owned {
         self.terminate(grace);
     }
 
+    /// Sends `signal` (`STOP`, `CONT`, ...) to the process, by its PID.
+    fn signal(&self, signal: &str) {
+        if let Some(pid) = self.pid() {
+            let _ = Command::new("kill")
+                .arg(format!("-{signal}"))
+                .arg(pid.to_string())
+                .status();
+        }
+    }
+
     fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
@@ -323,6 +335,17 @@ impl NatsServer {
 
     pub async fn connect(&self) -> Result<async_nats::Client> {
         Ok(async_nats::connect(self.url()).await?)
+    }
+
+    /// Whether the server fsyncs each JetStream write before acknowledging
+    /// it (`sync_interval: always`), as its `/jsz` reports.
+    pub async fn syncs_always(&self) -> Result<bool> {
+        let body = reqwest::get(format!("{}/jsz?config=true", self.monitor_url()))
+            .await?
+            .bytes()
+            .await?;
+        let jsz: serde_json::Value = serde_json::from_slice(&body)?;
+        Ok(jsz["config"]["sync_always"].as_bool().unwrap_or(false))
     }
 }
 
@@ -489,6 +512,18 @@ pub fn s3_client_for(endpoint: &str, access_key: &str, secret_key: &str) -> aws_
 /// A JetStream cluster of `n` nats-servers on loopback (routes between
 /// them, one store each), named `n0`, `n1`, ...
 pub async fn start_nats_cluster(n: usize) -> Result<Vec<NatsServer>> {
+    start_nats_cluster_with(n, "", "").await
+}
+
+/// [`start_nats_cluster`] with `node_config` added to each node's config
+/// file (a `jetstream { ... }` block, say) and `cluster_config` inside its
+/// `cluster` block (`no_advertise: true`, so clients keep to the URLs they
+/// were given: a proxy in front of a node stays in the path).
+pub async fn start_nats_cluster_with(
+    n: usize,
+    node_config: &str,
+    cluster_config: &str,
+) -> Result<Vec<NatsServer>> {
     let cluster_ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
     let routes: Vec<String> = cluster_ports
         .iter()
@@ -496,7 +531,7 @@ pub async fn start_nats_cluster(n: usize) -> Result<Vec<NatsServer>> {
         .collect();
     let starts = cluster_ports.iter().enumerate().map(|(i, port)| {
         let config = format!(
-            "server_name: n{i}\ncluster {{\n  name: sluice-test\n  listen: 127.0.0.1:{port}\n  routes: [{}]\n}}\n",
+            "server_name: n{i}\n{node_config}\ncluster {{\n  name: sluice-test\n  listen: 127.0.0.1:{port}\n  routes: [{}]\n  {cluster_config}\n}}\n",
             routes.join(", ")
         );
         async move { NatsServer::start_with_config(Some(&config)).await }

@@ -303,19 +303,12 @@ async fn sigterm_drains_and_a_second_consumer_finishes_the_rest() {
 
 #[tokio::test]
 async fn stream_leader_killed_mid_run_on_a_three_node_cluster_loses_nothing() {
-    let mut nodes = sluice_tests::start_nats_cluster(3).await.unwrap();
-    let s3 = sluice_tests::S3Server::start().await.unwrap();
-    let servers = sluice_tests::Servers {
-        nats: nodes.remove(0),
-        s3,
-    };
+    let nodes = sluice_tests::start_nats_cluster(3).await.unwrap();
     let settings = Settings {
         replicas: 3,
         ..fault_settings()
     };
-    let mut d = Deployment::start_clustered(servers, nodes, Default::default(), settings)
-        .await
-        .unwrap();
+    let mut d = Deployment::start_clustered(nodes, settings).await.unwrap();
     let mut stream = d
         .producer
         .js

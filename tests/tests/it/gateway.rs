@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use serde_json::{Value, json};
 use sluice_schemas::JobState;
+use sluice_tests::api::Api;
 use sluice_tests::deploy::Deployment;
 use sluice_tests::fixtures::{cosine, minilm_reference, ranking, reranker_family};
 use sluice_tests::repo_root;
@@ -345,118 +346,6 @@ async fn the_openai_sdk_runs_a_batch_of_embeddings_and_chats_on_sluice() {
     assert_eq!(dims["body"]["error"]["param"], "dimensions");
     assert_eq!(d.jobs_in_stream_settled(0).await, 0);
     gateway.stop();
-}
-
-/// A small HTTP client for the error cases (what the SDK sends, by hand).
-struct Api {
-    http: reqwest::Client,
-    base: String,
-}
-
-impl Api {
-    fn new(addr: std::net::SocketAddr) -> Api {
-        Api {
-            http: reqwest::Client::new(),
-            base: format!("http://{addr}/v1"),
-        }
-    }
-
-    async fn send(&self, req: reqwest::RequestBuilder, key: Option<&str>) -> (u16, Value) {
-        let req = match key {
-            Some(k) => req.bearer_auth(k),
-            None => req,
-        };
-        let resp = req.send().await.unwrap();
-        let status = resp.status().as_u16();
-        let body = resp.bytes().await.unwrap();
-        (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
-    }
-
-    async fn get(&self, path: &str, key: &str) -> (u16, Value) {
-        self.send(self.http.get(format!("{}{path}", self.base)), Some(key))
-            .await
-    }
-
-    async fn post(&self, path: &str, key: &str, body: Value) -> (u16, Value) {
-        let req = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .header("content-type", "application/json")
-            .body(serde_json::to_vec(&body).unwrap());
-        self.send(req, Some(key)).await
-    }
-
-    /// `POST /v1/files` as multipart, the way the SDKs send it.
-    async fn upload(&self, key: &str, bytes: &[u8]) -> (u16, Value) {
-        let boundary = "sluice-test-boundary-7f3a";
-        let mut body = format!(
-            "--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n\
-             --{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n\
-             Content-Type: application/jsonl\r\n\r\n"
-        )
-        .into_bytes();
-        body.extend_from_slice(bytes);
-        body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
-        let req = self
-            .http
-            .post(format!("{}/files", self.base))
-            .header(
-                "content-type",
-                format!("multipart/form-data; boundary={boundary}"),
-            )
-            .body(body);
-        self.send(req, Some(key)).await
-    }
-
-    /// Uploads `bytes` and creates a batch of them; the batch object.
-    async fn batch(&self, key: &str, bytes: &[u8], window: &str) -> Value {
-        self.batch_to(key, bytes, window, "/v1/embeddings").await
-    }
-
-    /// [`Api::batch`] naming `endpoint` as the batch's.
-    async fn batch_to(&self, key: &str, bytes: &[u8], window: &str, endpoint: &str) -> Value {
-        let (status, file) = self.upload(key, bytes).await;
-        assert_eq!(status, 200, "{file}");
-        let (status, batch) = self
-            .post("/batches", key, json!({"input_file_id": file["id"], "endpoint": endpoint, "completion_window": window}))
-            .await;
-        assert_eq!(status, 200, "{batch}");
-        batch
-    }
-
-    /// Polls the batch until its status is final.
-    async fn wait(&self, key: &str, id: &str, within: Duration) -> Value {
-        let until = Instant::now() + within;
-        loop {
-            let (_, b) = self.get(&format!("/batches/{id}"), key).await;
-            if ["completed", "failed", "expired", "cancelled"]
-                .contains(&b["status"].as_str().unwrap_or_default())
-            {
-                return b;
-            }
-            assert!(Instant::now() < until, "batch not final in {within:?}: {b}");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-
-    async fn content(&self, key: &str, file_id: &Value) -> Vec<Value> {
-        let resp = self
-            .http
-            .get(format!(
-                "{}/files/{}/content",
-                self.base,
-                file_id.as_str().unwrap()
-            ))
-            .bearer_auth(key)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), 200);
-        let text = resp.text().await.unwrap();
-        text.lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
-    }
 }
 
 /// Files that are not batch files fail validation with the line and code
