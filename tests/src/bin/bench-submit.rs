@@ -5,7 +5,14 @@
 //! `bench/submit` runs it. No consumer runs: this is the publisher alone, and
 //! every run checks that the stream holds exactly the jobs it reported.
 //!
-//! Usage: bench-submit [JOBS] [ROUNDS] [ONE_AT_A_TIME_JOBS]
+//! With `--cluster` first, the library's two ways run on a fresh 3-node
+//! loopback JetStream cluster (stream and status bucket with 3 replicas,
+//! as `deploy/nats/sluice-production.toml` has them), each with the nodes
+//! fsyncing every write before they ack it (`sync_interval: always`, as
+//! `deploy/nats/cluster.conf` ships) and with the server's default (an
+//! fsync every two minutes), interleaved: the cost of durability.
+//!
+//! Usage: bench-submit [--cluster] [JOBS] [ROUNDS] [ONE_AT_A_TIME_JOBS]
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a harness: a panic is its report
 
 use std::collections::HashMap;
@@ -19,8 +26,18 @@ use sluice_tests::deploy::Deployment;
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 enum Way {
-    Cli { window: usize },
-    Library { window: usize },
+    Cli {
+        window: usize,
+    },
+    Library {
+        window: usize,
+    },
+    /// The library on a 3-node cluster, its nodes fsyncing before each ack
+    /// (`sync_always`) or on the default interval.
+    Cluster {
+        window: usize,
+        sync_always: bool,
+    },
 }
 
 impl Way {
@@ -29,17 +46,59 @@ impl Way {
             Way::Cli { window } => format!("`sluice submit --each-line --window {window}`"),
             Way::Library { window: 1 } => "library, `Producer::submit` in a loop".into(),
             Way::Library { window } => format!("library, `submit_pipelined` window {window}"),
+            Way::Cluster {
+                window,
+                sync_always,
+            } => format!(
+                "{}, 3 nodes, {}",
+                Way::Library { window }.label(),
+                if sync_always {
+                    "`sync_interval: always`"
+                } else {
+                    "default sync (2 min)"
+                }
+            ),
+        }
+    }
+
+    /// The way this one's ratio is taken against.
+    fn baseline(self) -> Way {
+        match self {
+            Way::Cli { .. } => Way::Cli { window: 1 },
+            Way::Library { .. } => Way::Library { window: 1 },
+            Way::Cluster { window, .. } => Way::Cluster {
+                window,
+                sync_always: false,
+            },
         }
     }
 }
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().collect();
+    let mut args: Vec<String> = std::env::args().collect();
+    let cluster = args.get(1).is_some_and(|a| a == "--cluster");
+    if cluster {
+        args.remove(1);
+    }
     let jobs: usize = args.get(1).map_or(Ok(20_000), |s| s.parse())?;
     let rounds: usize = args.get(2).map_or(Ok(2), |s| s.parse())?;
     let slow_jobs: usize = args.get(3).map_or(Ok(1_000), |s| s.parse())?;
-    let ways = [
+    let cluster_ways = [(DEFAULT_SUBMIT_WINDOW, jobs), (1, slow_jobs)]
+        .into_iter()
+        .flat_map(|(window, n)| {
+            [true, false].map(|sync_always| {
+                (
+                    Way::Cluster {
+                        window,
+                        sync_always,
+                    },
+                    n,
+                )
+            })
+        })
+        .collect::<Vec<_>>();
+    let single_ways = vec![
         (
             Way::Cli {
                 window: DEFAULT_SUBMIT_WINDOW,
@@ -55,9 +114,10 @@ async fn main() -> Result<()> {
         ),
         (Way::Library { window: 1 }, slow_jobs),
     ];
+    let ways = if cluster { cluster_ways } else { single_ways };
     let mut runs: HashMap<Way, Vec<f64>> = HashMap::new();
     for round in 1..=rounds {
-        for (way, n) in ways {
+        for &(way, n) in &ways {
             let secs = one_run(way, n).await?;
             eprintln!(
                 "round {round}: {} {n} jobs in {secs:.2} s ({:.0} jobs/s)",
@@ -70,7 +130,12 @@ async fn main() -> Result<()> {
     println!(
         "small inline embed jobs (one text each), no consumer; median of {rounds} interleaved round(s)"
     );
-    println!("| publisher | jobs | seconds | jobs/s | vs one at a time |");
+    let versus = if cluster {
+        "vs default sync"
+    } else {
+        "vs one at a time"
+    };
+    println!("| publisher | jobs | seconds | jobs/s | {versus} |");
     println!("| --- | ---: | ---: | ---: | ---: |");
     let rate = |way: Way, n: usize| {
         let mut v = runs.get(&way).cloned().unwrap_or_default();
@@ -78,12 +143,14 @@ async fn main() -> Result<()> {
         let secs = v.get(v.len() / 2).copied().unwrap_or(f64::NAN);
         (secs, n as f64 / secs)
     };
-    for (way, n) in ways {
+    for &(way, n) in &ways {
         let (secs, r) = rate(way, n);
-        let base = match way {
-            Way::Cli { .. } => rate(Way::Cli { window: 1 }, slow_jobs).1,
-            Way::Library { .. } => rate(Way::Library { window: 1 }, slow_jobs).1,
-        };
+        let base_way = way.baseline();
+        let base_n = ways
+            .iter()
+            .find(|(w, _)| *w == base_way)
+            .map_or(n, |(_, n)| *n);
+        let base = rate(base_way, base_n).1;
         println!(
             "| {} | {n} | {secs:.2} | {r:.0} | {:.2}x |",
             way.label(),
@@ -96,7 +163,28 @@ async fn main() -> Result<()> {
 /// Fresh servers, then `n` jobs one way; timed from the first publish (or the
 /// CLI's start) to the last ack.
 async fn one_run(way: Way, n: usize) -> Result<f64> {
-    let d = Deployment::start().await?;
+    let d = match way {
+        Way::Cluster { sync_always, .. } => {
+            let jetstream = if sync_always {
+                "jetstream { sync_interval: always }"
+            } else {
+                ""
+            };
+            let nodes = sluice_tests::start_nats_cluster_with(3, jetstream, "").await?;
+            for node in &nodes {
+                ensure!(
+                    node.syncs_always().await? == sync_always,
+                    "sync_always not as asked"
+                );
+            }
+            let settings = sluice_producer::provision::Settings {
+                replicas: 3,
+                ..Default::default()
+            };
+            Deployment::start_clustered(nodes, settings).await?
+        }
+        _ => Deployment::start().await?,
+    };
     let texts: Vec<String> = (0..n)
         .map(|i| format!("job {i}: a short text to embed, submitted on its own"))
         .collect();
@@ -131,7 +219,7 @@ async fn one_run(way: Way, n: usize) -> Result<f64> {
             ensure!(reported == n, "{reported} of {n} jobs reported submitted");
             secs
         }
-        Way::Library { window } => {
+        Way::Library { window } | Way::Cluster { window, .. } => {
             let jobs: Vec<_> = texts
                 .iter()
                 .enumerate()

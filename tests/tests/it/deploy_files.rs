@@ -195,3 +195,75 @@ fn every_deployed_model_scales_on_its_own_durables() {
         );
     }
 }
+
+/// deploy/nats/cluster.conf as shipped, moved to loopback (ports, routes,
+/// names; its permissions left out): three nodes form one JetStream
+/// cluster, and every node fsyncs before it acknowledges a write
+/// (`sync_interval: always`, issue #39), as its `/jsz` reports.
+#[tokio::test]
+async fn the_production_cluster_file_forms_a_cluster_that_syncs_before_it_acks() {
+    let shipped = std::fs::read_to_string(repo_root().join("deploy/nats/cluster.conf")).unwrap();
+    assert!(
+        shipped.contains("\n  sync_interval: always\n"),
+        "cluster.conf must fsync before it acks"
+    );
+    let ports: Vec<u16> = (0..3).map(|_| sluice_tests::free_port()).collect();
+    let mut starts = Vec::new();
+    for i in 0..3 {
+        let mut text = shipped
+            .replace("server_name: nats-0", &format!("server_name: nats-{i}"))
+            .replace("listen: 0.0.0.0:4222", "listen: 127.0.0.1:-1")
+            .replace("http: 0.0.0.0:8222", "http: 127.0.0.1:-1")
+            .replace(
+                "listen: 0.0.0.0:6222",
+                &format!("listen: 127.0.0.1:{}", ports[i]),
+            )
+            .replace("include ./permissions.conf", "")
+            // The harness gives each node its own store (-sd).
+            .replace("store_dir: /data/jetstream", "");
+        for (j, port) in ports.iter().enumerate() {
+            text = text.replace(
+                &format!("nats-route://nats-{j}:6222"),
+                &format!("nats-route://127.0.0.1:{port}"),
+            );
+        }
+        assert!(!text.contains("0.0.0.0"), "not all on loopback:\n{text}");
+        starts.push(async move { sluice_tests::NatsServer::start_with_config(Some(&text)).await });
+    }
+    let nodes = futures::future::try_join_all(starts).await.unwrap();
+    for node in &nodes {
+        assert!(
+            node.syncs_always().await.unwrap(),
+            "node {} does not sync always",
+            node.port
+        );
+    }
+    // One cluster: a stream with three replicas can be made on it.
+    let client = nodes[0].connect().await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let made = js
+            .create_stream(async_nats::jetstream::stream::Config {
+                name: "R3".into(),
+                subjects: vec!["r3.>".into()],
+                num_replicas: 3,
+                ..Default::default()
+            })
+            .await;
+        match made {
+            Ok(_) => break,
+            Err(e) => {
+                assert!(std::time::Instant::now() < until, "no R3 stream: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            }
+        }
+    }
+    let ack = js
+        .publish("r3.x", "job".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    assert_eq!(ack.sequence, 1);
+}
