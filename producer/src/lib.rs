@@ -32,8 +32,8 @@ use aws_sdk_s3::primitives::ByteStream;
 use futures::StreamExt;
 use sluice_schemas::names::headers;
 use sluice_schemas::{
-    Input, InputFormat, Job, JobResult, ObjectRef, Priority, Route, StatusRecord, StreamChunk,
-    Task, Topology, VERSION,
+    Input, InputFormat, Job, JobResult, JobState, ObjectRef, Priority, Route, StatusRecord,
+    StreamChunk, Task, Topology, VERSION,
 };
 
 /// Where the producer connects and what it names things.
@@ -310,13 +310,52 @@ impl Producer {
     /// [`StatusRecord::as_of`]).
     pub async fn status(&self, job_id: &str) -> Result<Option<StatusRecord>> {
         let store = self.status_store().await?;
-        match store.get(job_id).await? {
-            Some(bytes) => Ok(Some(
-                serde_json::from_slice::<StatusRecord>(&bytes)
-                    .with_context(|| format!("the status record of {job_id} is not valid"))?
-                    .as_of(time::OffsetDateTime::now_utc()),
-            )),
-            None => Ok(None),
+        let Some(bytes) = store.get(job_id).await? else {
+            return Ok(None);
+        };
+        let now = time::OffsetDateTime::now_utc();
+        let record = serde_json::from_slice::<StatusRecord>(&bytes)
+            .with_context(|| format!("the status record of {job_id} is not valid"))?
+            .as_of(now);
+        // A job left `running` past its deadline may be an orphan: its
+        // consumer stopped, and the stream dropped the message at the
+        // deadline before a redelivery. Then nothing will finish it: record
+        // it `expired` (see StatusStore::expire_orphan).
+        if record.state == JobState::Running
+            && record.deadline.is_some_and(|d| d <= now)
+            && let Some(sequence) = record.stream_sequence
+            && self.job_message_gone(sequence).await?
+            && let Some(expired) = self
+                .statuses()
+                .await?
+                .expire_orphan(job_id, sequence)
+                .await?
+        {
+            return Ok(Some(expired));
+        }
+        Ok(Some(record))
+    }
+
+    /// Whether the job stream no longer holds message `sequence` (acked,
+    /// dropped at its deadline, or removed).
+    async fn job_message_gone(&self, sequence: u64) -> Result<bool> {
+        let stream = self
+            .js
+            .get_stream(&self.topology.job_stream)
+            .await
+            .with_context(|| format!("cannot look up the stream {}", self.topology.job_stream))?;
+        match stream.get_raw_message(sequence).await {
+            Ok(_) => Ok(false),
+            Err(e)
+                if e.kind()
+                    == async_nats::jetstream::stream::RawMessageErrorKind::NoMessageFound =>
+            {
+                Ok(true)
+            }
+            Err(e) => Err(anyhow::Error::new(e).context(format!(
+                "cannot read message {sequence} of {}",
+                self.topology.job_stream
+            ))),
         }
     }
 }

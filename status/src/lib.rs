@@ -11,6 +11,7 @@
 //! | [`StatusStore::requeue`] | `running` (this message) | `queued`: waiting for its redelivery | left |
 //! | [`StatusStore::finish`] | nothing, `queued`, `running` | `done`, `failed`, `cancelled` | left: the first final status wins |
 //! | [`StatusStore::cancel`] | nothing, `queued`, `running` | `cancelled` | left |
+//! | [`StatusStore::expire_orphan`] | `running` (this message) past its deadline, the message gone from the stream | `expired` | left |
 //! | [`StatusStore::replay`] | nothing, `failed`, `cancelled`, `expired` | `queued`, replays + 1 | `done` is refused: it succeeded |
 //!
 //! `replays` is carried through every transition. `expired` has no writer of
@@ -198,6 +199,46 @@ impl StatusStore {
             })
             .await?;
         Ok(written.is_some())
+    }
+
+    /// `expired`, when the record is `running` for the message
+    /// `stream_sequence`, its deadline has passed, and the caller has seen
+    /// that the job stream no longer holds that message: a consumer started
+    /// the job and stopped (killed, its machine lost) before finishing it,
+    /// and the stream dropped the message at its deadline (`Nats-TTL`)
+    /// before it could be redelivered, so nothing will ever finish it.
+    /// (A consumer writes the final status before it acks, so a finished
+    /// job's record is final by the time its message is gone.) Returns the
+    /// record written, if it was.
+    pub async fn expire_orphan(
+        &self,
+        job_id: &str,
+        stream_sequence: u64,
+    ) -> Result<Option<StatusRecord>, StatusError> {
+        let now = OffsetDateTime::now_utc();
+        let (written, _) = self
+            .swap(job_id, |current| match current {
+                Some(r)
+                    if r.state == JobState::Running
+                        && r.stream_sequence == Some(stream_sequence)
+                        && r.deadline.is_some_and(|d| d <= now) =>
+                {
+                    Some(StatusRecord {
+                        state: JobState::Expired,
+                        updated_at: now,
+                        error: Some(sluice_schemas::ErrorInfo::new(
+                            sluice_schemas::ErrorCode::DeadlineExceeded,
+                            "a consumer started the job and stopped before finishing it; \
+                             its deadline passed before it could run again"
+                                .to_string(),
+                        )),
+                        ..r.clone()
+                    })
+                }
+                _ => None,
+            })
+            .await?;
+        Ok(written)
     }
 
     /// A final status (`record.state` is `done`, `failed` or `cancelled`)

@@ -269,3 +269,83 @@ async fn an_older_stream_is_upgraded_in_place_and_a_late_job_is_expired_not_run(
     assert!(run.stderr.contains("would only expire again"), "{run:?}");
     assert_eq!(d.jobs_in_stream_settled(0).await, 0, "nothing was replayed");
 }
+
+/// A consumer that starts a job with a deadline and dies before finishing
+/// it (found by the fault soak, issue #39): the stream drops the message at
+/// the deadline, before an ack wait could redeliver it, so no consumer ever
+/// sees the job again and its record would read `running` for good. A
+/// reader that finds a `running` record past its deadline whose message is
+/// gone records it `expired` (`StatusStore::expire_orphan`); one still
+/// before its deadline, or whose message is still there, stays `running`.
+#[tokio::test]
+async fn a_job_its_consumer_abandoned_expires_once_the_stream_drops_it() {
+    use sluice_schemas::{Input, StatusRecord, VERSION};
+    let d = Deployment::start().await.unwrap();
+    let statuses = d.producer.statuses().await.unwrap();
+    let mut running = Vec::new();
+    for (id, secs) in [("abandoned", 2), ("still-in-time", 60)] {
+        let mut job = d.producer.job(
+            Task::Embed,
+            id,
+            vec![Input::Inline {
+                items: vec![serde_json::json!("a text")],
+            }],
+        );
+        let deadline = time::OffsetDateTime::now_utc() + time::Duration::seconds(secs);
+        job.deadline = Some(deadline);
+        let ack = d.producer.submit(&job).await.unwrap();
+        // What a consumer's start writes (no consumer runs: it "died").
+        let record = StatusRecord {
+            version: VERSION,
+            job_id: id.into(),
+            state: JobState::Running,
+            updated_at: time::OffsetDateTime::now_utc(),
+            attempts: 1,
+            stream_sequence: Some(ack.sequence),
+            output: None,
+            error: None,
+            replays: 0,
+            usage: None,
+            deadline: Some(deadline),
+        };
+        statuses.start(&record).await.unwrap();
+        running.push(record);
+    }
+    assert_eq!(
+        d.producer.status("abandoned").await.unwrap().unwrap().state,
+        JobState::Running,
+        "before its deadline a running job reads running"
+    );
+    // The stream drops the first job at its deadline.
+    let left = read_until(Duration::from_secs(10), || d.jobs_in_stream(), |&n| n == 1).await;
+    assert_eq!(left, 1, "the 2 s job is dropped, the 60 s one kept");
+    let r = d.producer.status("abandoned").await.unwrap().unwrap();
+    assert_eq!(r.state, JobState::Expired);
+    let error = r.error.unwrap();
+    assert_eq!(error.code, ErrorCode::DeadlineExceeded);
+    assert!(
+        error.message.contains("stopped before finishing"),
+        "{error:?}"
+    );
+    // Recorded, not only read so: every reader sees it, and it is final.
+    let stored = statuses.get("abandoned").await.unwrap().unwrap();
+    assert_eq!(stored.state, JobState::Expired);
+    let status = d.cli(&["status", "abandoned"], None, T).await;
+    assert!(status.stdout.contains("expired"), "{status:?}");
+    // Before its deadline, message in the stream: left running.
+    let r = d.producer.status("still-in-time").await.unwrap().unwrap();
+    assert_eq!(r.state, JobState::Running);
+    // Not before the deadline, whatever the stream holds.
+    assert_eq!(
+        statuses
+            .expire_orphan("still-in-time", running[1].stream_sequence.unwrap())
+            .await
+            .unwrap(),
+        None
+    );
+    // Not for another message's record.
+    assert_eq!(
+        statuses.expire_orphan("abandoned", 999).await.unwrap(),
+        None
+    );
+}
