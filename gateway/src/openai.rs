@@ -10,7 +10,8 @@
 use base64::Engine;
 use serde_json::{Map, Value, json};
 use sluice_schemas::{
-    ErrorCode, FinishReason, GenerateParameters, Generation, Item, MAX_PROMPT_NAME, Task,
+    ErrorCode, FinishReason, GenerateParameters, Generation, Item, MAX_PROMPT_NAME, ResponseFormat,
+    Task,
 };
 
 /// The endpoints a batch line may call.
@@ -453,12 +454,26 @@ fn generate_parameters(
             ));
         }
     };
+    let response_format = match body.get("response_format") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(
+            serde_json::from_value::<ResponseFormat>(v.clone()).map_err(|e| {
+                RequestError::invalid(
+                    format!(
+                        "`response_format` must be {{\"type\": \"text\"}}, {{\"type\": \"json_object\"}} or {{\"type\": \"json_schema\", \"json_schema\": {{\"name\", \"schema\", \"strict\"}}}}: {e}"
+                    ),
+                    Some("response_format"),
+                )
+            })?,
+        ),
+    };
     let parameters = GenerateParameters {
         max_new_tokens,
         temperature: number("temperature")?,
         top_p: number("top_p")?,
         seed: whole("seed")?,
         stop,
+        response_format,
     };
     parameters
         .check()
@@ -478,6 +493,12 @@ fn generate_parameters(
     }
     if let Some(stop) = parameters.stop {
         item.insert("stop".into(), stop.into());
+    }
+    if let Some(format) = parameters.response_format {
+        let format = serde_json::to_value(format).map_err(|e| {
+            RequestError::invalid(format!("`response_format`: {e}"), Some("response_format"))
+        })?;
+        item.insert("response_format".into(), format);
     }
     Ok(item)
 }

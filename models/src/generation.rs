@@ -16,6 +16,7 @@ use candle_transformers::generation::{LogitsProcessor, Sampling};
 use super::ModelError;
 use super::decoder::{Decoder, KvCache, Segment};
 use super::gguf_tokenizer::GgufTokenizer;
+use super::structured::Constraint;
 
 /// What the generator needs of a model.
 pub trait StepModel {
@@ -91,6 +92,9 @@ pub struct GenerationParams {
     pub stop: Vec<String>,
     /// Go on past the end-of-turn token (benchmarks: fixed lengths).
     pub ignore_eos: bool,
+    /// What the text must be (JSON; see [`crate::structured`]): each token
+    /// sampled from those the constraint allows.
+    pub constraint: Option<Constraint>,
 }
 
 impl GenerationParams {
@@ -124,6 +128,7 @@ impl Default for GenerationParams {
             seed: 0,
             stop: Vec::new(),
             ignore_eos: false,
+            constraint: None,
         }
     }
 }
@@ -460,9 +465,32 @@ impl<'m, K: Clone, M: StepModel, T: TokenText> Generator<'m, K, M, T> {
                     continue; // more of the prompt to read first
                 }
             }
-            let token = r.sampler.sample(&logits.get(row)?)?;
+            let row_logits = logits.get(row)?;
+            let token = match r.params.constraint.as_mut() {
+                None => r.sampler.sample(&row_logits)?,
+                Some(constraint) => {
+                    let mut masked = row_logits.to_vec1::<f32>()?;
+                    constraint.mask(&mut masked).map_err(constraint_failed)?;
+                    let n = masked.len();
+                    let masked = Tensor::from_vec(masked, n, row_logits.device())?;
+                    r.sampler.sample(&masked)?
+                }
+            };
+            if let Some(constraint) = r.params.constraint.as_mut()
+                && !self.eos.contains(&token)
+            {
+                constraint.accept(token).map_err(constraint_failed)?;
+            }
             if let Some(reason) = record(&self.eos, self.tokenizer, r, token) {
                 finished.push((i, reason));
+            } else if r
+                .params
+                .constraint
+                .as_ref()
+                .is_some_and(Constraint::is_finished)
+            {
+                // The JSON is complete and nothing may follow it.
+                finished.push((i, FinishReason::Eos));
             } else if let Some(shown) = r.shown.as_mut() {
                 let text = self.tokenizer.decode(&r.generated);
                 let show = shown_len(&text, &r.params.stop);
@@ -494,6 +522,15 @@ impl<'m, K: Clone, M: StepModel, T: TokenText> Generator<'m, K, M, T> {
         Ok(done)
     }
 
+    /// Steps until every sequence has finished; each as it finished.
+    pub fn run_to_end(&mut self) -> Result<Vec<(K, Generated)>, ModelError> {
+        let mut done = Vec::new();
+        while !self.is_empty() {
+            done.extend(self.step()?);
+        }
+        Ok(done)
+    }
+
     fn result(&self, r: &Running<K, M::Cache>, reason: FinishReason) -> Generated {
         let mut text = self.tokenizer.decode(&r.generated);
         if reason == FinishReason::Stop
@@ -514,6 +551,11 @@ impl<'m, K: Clone, M: StepModel, T: TokenText> Generator<'m, K, M, T> {
             tokens: r.generated.clone(),
         }
     }
+}
+
+/// A constraint that fails mid-sequence: a bug (its mask allowed the token).
+fn constraint_failed(e: String) -> ModelError {
+    ModelError::Failed(format!("the output constraint failed: {e}"))
 }
 
 /// How much of a streamed sequence's `text` can be shown now: all but an

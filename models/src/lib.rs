@@ -16,6 +16,7 @@ pub mod gguf_tokenizer;
 mod minilm;
 pub mod pooling;
 pub mod sentence_transformers;
+pub mod structured;
 mod tokenizer;
 
 /// The CPU kernels (the `sluice-kernels` crate), under the names the models

@@ -93,10 +93,8 @@ fn generate_with(
         generator.add(i, p.clone(), params.clone()).unwrap();
     }
     let mut out = vec![None; prompts.len()];
-    while !generator.is_empty() {
-        for (i, g) in generator.step().unwrap() {
-            out[i] = Some(g);
-        }
+    for (i, g) in generator.run_to_end().unwrap() {
+        out[i] = Some(g);
     }
     out.into_iter().map(Option::unwrap).collect()
 }

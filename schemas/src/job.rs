@@ -164,6 +164,11 @@ pub struct Parameters {
     /// [`GenerateParameters::MAX_STOP`], none empty).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop: Option<Vec<String>>,
+    /// generate: the text must be JSON (any object, or valid against a JSON
+    /// schema), decoded under that constraint token by token; OpenAI's
+    /// `response_format`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_format: Option<ResponseFormat>,
 }
 
 impl Parameters {
@@ -184,6 +189,7 @@ impl Parameters {
             top_p: self.top_p,
             seed: self.seed,
             stop: self.stop.clone(),
+            response_format: self.response_format.clone(),
         }
     }
     /// Each parameter given, with the tasks it applies to.
@@ -200,6 +206,7 @@ impl Parameters {
             ("top_p", self.top_p.is_some(), GENERATE),
             ("seed", self.seed.is_some(), GENERATE),
             ("stop", self.stop.is_some(), GENERATE),
+            ("response_format", self.response_format.is_some(), GENERATE),
         ]
         .into_iter()
         .filter(|(_, set, _)| *set)
@@ -227,6 +234,75 @@ pub struct GenerateParameters {
     pub seed: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_format: Option<ResponseFormat>,
+}
+
+/// What a generated text must be: OpenAI's `response_format`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ResponseFormat {
+    /// Free text (no constraint).
+    Text,
+    /// A JSON object, any.
+    JsonObject,
+    /// JSON valid against a schema.
+    JsonSchema { json_schema: JsonSchemaFormat },
+}
+
+/// A `json_schema` response format, as OpenAI's API takes it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JsonSchemaFormat {
+    /// The schema's name (letters, digits, `_` and `-`; at most 64).
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// The JSON schema (an object).
+    pub schema: Value,
+    /// OpenAI's strict mode. Every schema is enforced here, strict or not:
+    /// the text always validates (unless `max_new_tokens` cuts it short).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strict: Option<bool>,
+}
+
+impl ResponseFormat {
+    /// Longest schema, serialized, in bytes.
+    pub const MAX_SCHEMA_BYTES: usize = 64 * 1024;
+
+    /// Refuses a name or schema that is not one; the schema's meaning is
+    /// checked where it is compiled (the consumer).
+    pub fn check(&self) -> Result<(), String> {
+        let ResponseFormat::JsonSchema { json_schema } = self else {
+            return Ok(());
+        };
+        let name = &json_schema.name;
+        if name.is_empty()
+            || name.len() > 64
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
+            return Err(format!(
+                "response_format.json_schema.name must be 1 to 64 letters, digits, '_' or '-', not {:?}",
+                truncate_for_message(name)
+            ));
+        }
+        if !json_schema.schema.is_object() {
+            return Err(format!(
+                "response_format.json_schema.schema must be a JSON object, found {}",
+                kind_of(&json_schema.schema)
+            ));
+        }
+        let bytes = json_schema.schema.to_string().len();
+        if bytes > Self::MAX_SCHEMA_BYTES {
+            return Err(format!(
+                "response_format.json_schema.schema is {bytes} bytes; at most {} are accepted",
+                Self::MAX_SCHEMA_BYTES
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl GenerateParameters {
@@ -243,6 +319,9 @@ impl GenerateParameters {
             top_p: self.top_p.or(fallback.top_p),
             seed: self.seed.or(fallback.seed),
             stop: self.stop.or_else(|| fallback.stop.clone()),
+            response_format: self
+                .response_format
+                .or_else(|| fallback.response_format.clone()),
         }
     }
 
@@ -281,6 +360,9 @@ impl GenerateParameters {
                     Self::MAX_STOP_BYTES
                 ));
             }
+        }
+        if let Some(format) = &self.response_format {
+            format.check()?;
         }
         Ok(())
     }
@@ -407,6 +489,8 @@ struct PromptObject {
     seed: Option<u64>,
     #[serde(default)]
     stop: Option<Vec<String>>,
+    #[serde(default)]
+    response_format: Option<ResponseFormat>,
 }
 
 impl Item {
@@ -473,6 +557,7 @@ impl Item {
                         top_p: o.top_p,
                         seed: o.seed,
                         stop: o.stop,
+                        response_format: o.response_format,
                     },
                 }))
             }

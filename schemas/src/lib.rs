@@ -20,9 +20,9 @@ mod stream;
 
 pub use error_code::{ErrorCode, ErrorInfo};
 pub use job::{
-    ChatMessage, GenerateParameters, Input, InputFormat, Item, Job, JsonlError, MAX_PROMPT_NAME,
-    ObjectRef, OutputOptions, Pair, Parameters, Prompt, PromptInput, Task, VERSION, ValidJob,
-    parse_jsonl, truncate_for_message,
+    ChatMessage, GenerateParameters, Input, InputFormat, Item, Job, JsonSchemaFormat, JsonlError,
+    MAX_PROMPT_NAME, ObjectRef, OutputOptions, Pair, Parameters, Prompt, PromptInput,
+    ResponseFormat, Task, VERSION, ValidJob, parse_jsonl, truncate_for_message,
 };
 pub use result::{
     DeadLetter, FinishReason, Generation, JobResult, JobState, Outcome, Output, S3Output, ServedBy,

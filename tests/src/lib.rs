@@ -24,6 +24,7 @@ pub mod deploy;
 pub mod fixtures;
 pub mod otlp;
 pub mod results;
+pub mod sdk;
 
 /// The repository root (the workspace holding this crate).
 pub fn repo_root() -> PathBuf {

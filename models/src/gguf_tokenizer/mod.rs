@@ -486,6 +486,30 @@ impl GgufTokenizer {
         Ok(ids)
     }
 
+    /// The bytes token `id` stands for in a text, as a sequence's later
+    /// tokens add them (a SentencePiece token's marker as a space, kept
+    /// even first); `None` for a token that is no text (control, unknown,
+    /// unused) or out of the vocabulary.
+    pub fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
+        let text = self.vocab.texts.get(id as usize)?;
+        let mut bytes = Vec::new();
+        match self.vocab.kind(id) {
+            TokenKind::Control | TokenKind::Unknown | TokenKind::Unused => return None,
+            TokenKind::UserDefined => bytes.extend_from_slice(text.as_bytes()),
+            TokenKind::Byte => bytes.extend(self.vocab.byte_of(id)),
+            TokenKind::Normal => match self.model {
+                Model::Bpe(_) => bpe::token_bytes(text, &mut bytes),
+                Model::Spm => bytes.extend_from_slice(text.replace('\u{2581}', " ").as_bytes()),
+            },
+        }
+        Some(bytes)
+    }
+
+    /// The text of token `id` as the vocabulary spells it.
+    pub fn token_text(&self, id: u32) -> Option<&str> {
+        self.vocab.texts.get(id as usize).map(String::as_str)
+    }
+
     /// Text of `ids`, control tokens left out (llama.cpp's `token_to_piece`
     /// of each; SentencePiece's first space removed, as its detokenizer
     /// does). Bytes that do not make whole characters show as U+FFFD.

@@ -25,4 +25,5 @@ mod rerank;
 mod soak;
 mod status;
 mod streaming;
+mod structured;
 mod tenants;

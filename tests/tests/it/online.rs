@@ -9,7 +9,6 @@ use serde_json::{Value, json};
 use sluice_schemas::JobState;
 use sluice_tests::deploy::Deployment;
 use sluice_tests::fixtures::{cosine, encoder_family, minilm_reference};
-use sluice_tests::repo_root;
 
 const KEY: &str = "sk-team-a-0123456789";
 const KEYS: &str = "team-a:sk-team-a-0123456789";
@@ -67,24 +66,8 @@ print(json.dumps({
 /// Runs `script` with the official Python SDK against the gateway at
 /// `base` (`texts` as its JSON argument); what it printed, parsed.
 async fn run_sdk(script: &str, texts: &[impl serde::Serialize], base: &str) -> Value {
-    let run = tokio::process::Command::new(repo_root().join(".sluice/pyenv/bin/python"))
-        .arg("-c")
-        .arg(script)
-        .arg(serde_json::to_string(texts).unwrap())
-        .env("OPENAI_BASE_URL", base)
-        .env("OPENAI_API_KEY", KEY)
-        .kill_on_drop(true)
-        .output();
-    let run = tokio::time::timeout(Duration::from_secs(300), run)
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
-    serde_json::from_slice(&run.stdout).unwrap()
+    let texts = serde_json::to_string(texts).unwrap();
+    sluice_tests::sdk::run_python(script, &[texts], base, KEY, Duration::from_secs(300)).await
 }
 
 #[tokio::test]

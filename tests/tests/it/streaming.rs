@@ -13,7 +13,7 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 use sluice_schemas::{Generation, Input, JobResult, JobState, Outcome, Output, StreamChunk, Task};
 use sluice_tests::deploy::Deployment;
-use sluice_tests::{repo_root, resident_bytes_of};
+use sluice_tests::resident_bytes_of;
 
 const MODEL: &str = "smollm2-135m-instruct";
 const KEY: &str = "sk-team-a-0123456789";
@@ -28,24 +28,10 @@ fn inline_generations(result: &JobResult) -> Vec<Generation> {
     }
 }
 
-/// Runs `script` with the repository's Python (the `openai` SDK installed by
-/// `scripts/setup`), pointed at the gateway; returns its stdout as JSON.
+/// Runs `script` with the official Python SDK, pointed at the gateway;
+/// returns its stdout as JSON.
 async fn python(script: &str, base: &str, timeout: Duration) -> Value {
-    let run = tokio::process::Command::new(repo_root().join(".sluice/pyenv/bin/python"))
-        .arg("-c")
-        .arg(script)
-        .env("OPENAI_BASE_URL", base)
-        .env("OPENAI_API_KEY", KEY)
-        .kill_on_drop(true)
-        .output();
-    let run = tokio::time::timeout(timeout, run).await.unwrap().unwrap();
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
-    serde_json::from_slice(&run.stdout)
-        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&run.stdout)))
+    sluice_tests::sdk::run_python(script, &[], base, KEY, timeout).await
 }
 
 /// A generate consumer whose job budget holds `jobs` jobs at their worst

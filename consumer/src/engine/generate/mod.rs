@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use candle_core::Device;
-use sluice_schemas::{ErrorCode, Generation, Item, Parameters, PromptInput, Task};
+use sluice_schemas::{ErrorCode, Generation, Item, Parameters, PromptInput, ResponseFormat, Task};
 use tokio::sync::{mpsc, oneshot};
 
 use self::executor::{Sequence, StreamEvent, StreamTo};
@@ -29,6 +29,7 @@ use crate::telemetry::Stats;
 use sluice_models::decoder::{Decoder, WeightFormat};
 use sluice_models::generation::GenerationParams;
 use sluice_models::gguf_tokenizer::{ChatMessage, GgufTokenizer};
+use sluice_models::structured::{Constraint, ConstraintCompiler, OutputFormat};
 
 /// The limits a generate job is checked against.
 #[derive(Debug, Clone)]
@@ -43,6 +44,8 @@ pub struct GenerateEngine {
     /// Which step runs (`Decoder::forward_name`).
     pub forward: &'static str,
     pub tokenizer: Arc<GgufTokenizer>,
+    /// Compiles a prompt's `response_format` against the model's vocabulary.
+    pub constraints: Arc<ConstraintCompiler>,
     pub sequences: mpsc::Sender<Sequence>,
     pub limits: GenerateLimits,
 }
@@ -198,6 +201,13 @@ pub fn start(config: &Config, stats: &Arc<Stats>) -> anyhow::Result<Started<Gene
     let forward = llama.forward_name();
     let budget = Budget::new(job_budget);
     let tokenizer = Arc::new(tokenizer);
+    let vocabulary = Instant::now();
+    let constraints = ConstraintCompiler::new(Arc::clone(&tokenizer))
+        .map_err(|e| anyhow::anyhow!("cannot read the vocabulary for structured outputs: {e}"))?;
+    tracing::debug!(
+        ms = vocabulary.elapsed().as_millis() as u64,
+        "structured outputs' token trie built"
+    );
     let (tx, rx) = mpsc::channel(1024);
     let executor = executor::spawn(
         llama,
@@ -213,6 +223,7 @@ pub fn start(config: &Config, stats: &Arc<Stats>) -> anyhow::Result<Started<Gene
     let engine = GenerateEngine {
         forward,
         tokenizer,
+        constraints: Arc::new(constraints),
         sequences: tx,
         limits: GenerateLimits {
             max_prompt_tokens: g.max_prompt_tokens,
@@ -234,6 +245,9 @@ pub fn start(config: &Config, stats: &Arc<Stats>) -> anyhow::Result<Started<Gene
 struct Planned {
     input: PromptInput,
     params: GenerationParams,
+    /// What its text must be (compiled into `params.constraint` off the
+    /// runtime).
+    format: Option<OutputFormat>,
 }
 
 impl GenerateEngine {
@@ -267,8 +281,16 @@ impl GenerateEngine {
                         ),
                     ));
                 }
+                let format = match p.response_format {
+                    None | Some(ResponseFormat::Text) => None,
+                    Some(ResponseFormat::JsonObject) => Some(OutputFormat::JsonObject),
+                    Some(ResponseFormat::JsonSchema { json_schema }) => {
+                        Some(OutputFormat::JsonSchema(json_schema.schema))
+                    }
+                };
                 Ok(Planned {
                     input: prompt.input,
+                    format,
                     params: GenerationParams {
                         max_new_tokens: max_new,
                         temperature: p.temperature.unwrap_or(0.0),
@@ -276,6 +298,7 @@ impl GenerateEngine {
                         seed: p.seed.unwrap_or(0),
                         stop: p.stop.unwrap_or_default(),
                         ignore_eos: false,
+                        constraint: None,
                     },
                 })
             })
@@ -291,12 +314,31 @@ impl GenerateEngine {
     ) -> Result<Vec<(Vec<u32>, GenerationParams)>, JobError> {
         let planned = self.plan(items, job)?;
         let tokenizer = Arc::clone(&self.tokenizer);
+        let constraints = Arc::clone(&self.constraints);
         let max_prompt = self.limits.max_prompt_tokens;
         tokio::task::spawn_blocking(move || {
+            // A job's prompts mostly share one format: each compiled once.
+            let mut compiled: Vec<(OutputFormat, Constraint)> = Vec::new();
             planned
                 .into_iter()
                 .enumerate()
-                .map(|(i, p)| {
+                .map(|(i, mut p)| {
+                    if let Some(format) = p.format.take() {
+                        let constraint = match compiled.iter().find(|(f, _)| *f == format) {
+                            Some((_, c)) => c.clone(),
+                            None => {
+                                let c = constraints.compile(&format).map_err(|e| {
+                                    JobError::new(
+                                        ErrorCode::InvalidParameters,
+                                        format!("item {i}: response_format: {e}"),
+                                    )
+                                })?;
+                                compiled.push((format, c.clone()));
+                                c
+                            }
+                        };
+                        p.params.constraint = Some(constraint);
+                    }
                     // A raw prompt is the publisher's own template, special
                     // tokens included (BOS added as the model says); chat
                     // messages go through the model's template, their
