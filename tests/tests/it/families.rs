@@ -29,6 +29,23 @@ fn job(d: &Deployment, id: &str, model: &str, item: serde_json::Value, max_new: 
     job
 }
 
+/// A generate consumer of the GGUF at `path`, serving it as `model`.
+async fn generate_consumer(
+    d: &Deployment,
+    path: &std::path::Path,
+    model: &str,
+    extra: &[&str],
+) -> sluice_consumer::Consumer {
+    let mut args = vec![
+        "--task=generate".to_string(),
+        "--max-items-per-job=4".to_string(),
+        format!("--model-name={model}"),
+    ];
+    args.extend(extra.iter().map(|a| a.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    d.start_consumer_of(path, &args).await.unwrap()
+}
+
 fn generation(outcome: &Outcome) -> &Generation {
     match outcome {
         Outcome::Ok {
@@ -49,17 +66,7 @@ async fn qwen25_answers_a_chat_through_its_own_template_and_stops_at_its_turn_en
         "qwen2.5-coder-0.5b",
         "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
     );
-    let consumer = d
-        .start_consumer_of(
-            &path,
-            &[
-                "--task=generate",
-                "--max-items-per-job=4",
-                &format!("--model-name={model}"),
-            ],
-        )
-        .await
-        .unwrap();
+    let consumer = generate_consumer(&d, &path, model, &[]).await;
     let mut results = d.producer.subscribe_results().await.unwrap();
     let chat = json!({"messages": [{"role": "user", "content": "Write a Python function that adds two numbers. Only the code, no explanation."}]});
     d.producer
@@ -87,17 +94,7 @@ async fn a_base_model_takes_raw_prompts_and_refuses_chats_until_given_a_template
     let d = Deployment::start().await.unwrap();
     let model = "gemma-3-270m";
     let path = gguf("gemma3-270m", "gemma-3-270m-Q4_K_M.gguf");
-    let base = d
-        .start_consumer_of(
-            &path,
-            &[
-                "--task=generate",
-                "--max-items-per-job=4",
-                &format!("--model-name={model}"),
-            ],
-        )
-        .await
-        .unwrap();
+    let base = generate_consumer(&d, &path, model, &[]).await;
     let mut results = d.producer.subscribe_results().await.unwrap();
     let p = &d.producer;
     p.submit(&job(
@@ -147,18 +144,8 @@ async fn a_base_model_takes_raw_prompts_and_refuses_chats_until_given_a_template
 
     let template =
         sluice_tests::models_dir().join("llama.cpp/templates/google-gemma-2-2b-it.jinja");
-    let with_template = d
-        .start_consumer_of(
-            &path,
-            &[
-                "--task=generate",
-                "--max-items-per-job=4",
-                &format!("--model-name={model}"),
-                &format!("--chat-template={}", template.display()),
-            ],
-        )
-        .await
-        .unwrap();
+    let template = format!("--chat-template={}", template.display());
+    let with_template = generate_consumer(&d, &path, model, &[&template]).await;
     p.submit(&job(&d, "gemma-chat-2", model, chat, 12))
         .await
         .unwrap();
