@@ -20,7 +20,7 @@ fn gguf() -> PathBuf {
     common::models_dir().join("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
 }
 
-/// The model as the consumer runs it by default (weights requantized to Q8_0).
+/// The model with its weights requantized to Q8_0 (`--weights q8_0`).
 fn model() -> &'static (Decoder, GgufTokenizer) {
     static MODEL: OnceLock<(Decoder, GgufTokenizer)> = OnceLock::new();
     MODEL.get_or_init(|| Decoder::load(&gguf(), WeightFormat::Q8_0, &Device::Cpu).unwrap())
