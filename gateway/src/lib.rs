@@ -22,6 +22,7 @@ pub mod online;
 pub mod openai;
 pub mod outputs;
 pub mod records;
+pub mod responses;
 pub mod state;
 pub mod traces;
 
@@ -52,6 +53,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/chat/completions", post(online::answer))
         .route("/v1/completions", post(online::answer))
         .route("/v1/rerank", post(online::answer))
+        .route("/v1/responses", post(online::answer))
         .route("/v1/models", get(online::models))
         .route("/v1/batches", post(batches::create).get(batches::list))
         .route("/v1/batches/{id}", get(batches::retrieve))

@@ -1,5 +1,5 @@
 //! The online endpoints: `POST /v1/embeddings`, `/v1/chat/completions`,
-//! `/v1/completions`, `/v1/rerank` and `GET /v1/models`. Each request becomes one job on
+//! `/v1/completions`, `/v1/responses`, `/v1/rerank` and `GET /v1/models`. Each request becomes one job on
 //! the stream, published as the API key's tenant with a deadline, and is
 //! answered from the job's result: a burst waits in the queue, inside the
 //! consumers' memory budget, instead of in this process's memory.
@@ -190,7 +190,7 @@ impl FromRequest<AppState> for OnlineRequest {
 }
 
 /// One online request: `/v1/embeddings`, `/v1/chat/completions`,
-/// `/v1/completions` or `/v1/rerank`, by its route.
+/// `/v1/completions`, `/v1/responses` or `/v1/rerank`, by its route.
 pub async fn answer(
     State(state): State<AppState>,
     Tenant(tenant): Tenant,
@@ -281,16 +281,7 @@ pub async fn answer(
     let model = request.model.clone();
     if let Some(streaming) = streaming {
         let relay = Relay::new(
-            &state,
-            endpoint,
-            &job_id,
-            &model,
-            request.items.len(),
-            streaming,
-            start_by,
-            asked,
-            messages,
-            guard,
+            &state, &request, &job_id, streaming, start_by, asked, messages, guard,
         );
         return relay.respond(first).await;
     }
@@ -318,7 +309,7 @@ pub async fn answer(
                     openai::rerank_body(&job_id, &model, &request, &values, result.usage.tokens)
                 }
                 Outputs::Generations(generations) => {
-                    openai::generation_body(endpoint, &job_id, now(), &model, &generations)
+                    openai::generation_body(&request, &job_id, now(), &model, &generations)
                 }
             })
             .into_response())
@@ -424,7 +415,8 @@ struct Choice {
     completion_tokens: u64,
 }
 
-/// Turns a job's stream messages into OpenAI's SSE chunks.
+/// Turns a job's stream messages into OpenAI's SSE chunks (chat and
+/// completions) or events (responses).
 struct Relay {
     state: AppState,
     endpoint: Endpoint,
@@ -432,6 +424,8 @@ struct Relay {
     model: String,
     created: i64,
     include_usage: bool,
+    /// responses: the events made so far, numbered.
+    events: Option<crate::responses::Events>,
     start_by: StartBy,
     choices: Vec<Choice>,
     asked: tokio::time::Instant,
@@ -446,25 +440,35 @@ impl Relay {
     #[allow(clippy::too_many_arguments)]
     fn new(
         state: &AppState,
-        endpoint: Endpoint,
+        request: &openai::Request,
         job_id: &str,
-        model: &str,
-        items: usize,
         streaming: Streaming,
         start_by: StartBy,
         asked: tokio::time::Instant,
         messages: Messages,
         guard: CancelOnDrop,
     ) -> Relay {
+        let created = now();
+        let events = (request.endpoint == Endpoint::Responses).then(|| {
+            crate::responses::Events::new(
+                job_id,
+                created,
+                &request.model,
+                request.echo.clone().unwrap_or_default(),
+            )
+        });
         Relay {
             state: state.clone(),
-            endpoint,
+            endpoint: request.endpoint,
             job_id: job_id.to_string(),
-            model: model.to_string(),
-            created: now(),
+            model: request.model.clone(),
+            created,
             include_usage: streaming.include_usage,
+            events,
             start_by,
-            choices: (0..items.max(1)).map(|_| Choice::default()).collect(),
+            choices: (0..request.items.len().max(1))
+                .map(|_| Choice::default())
+                .collect(),
             asked,
             first_text: false,
             messages,
@@ -483,6 +487,10 @@ impl Relay {
                 self.guard.disarm();
                 return Err(job_error(&self.job_id, &self.start_by, error));
             }
+        }
+        if let Some(events) = &mut self.events {
+            self.pending
+                .extend(events.started().iter().map(named_event));
         }
         self.take(first).await;
         let events = futures::stream::unfold(self, |mut relay| async move {
@@ -569,8 +577,7 @@ impl Relay {
         match result.outcome {
             Outcome::Error { error } => {
                 let error = job_error(&self.job_id, &self.start_by, &error);
-                self.pending.push_back(event(&error.body()));
-                self.done = true;
+                self.error(&error);
             }
             Outcome::Ok { output } => {
                 let generations = match read_output(&self.state, output).await {
@@ -603,11 +610,16 @@ impl Relay {
     }
 
     fn text(&mut self, index: u32, text: &str) {
-        let open =
-            self.endpoint == Endpoint::ChatCompletions && !self.choices[index as usize].opened;
+        let open = matches!(
+            self.endpoint,
+            Endpoint::ChatCompletions | Endpoint::Responses
+        ) && !self.choices[index as usize].opened;
         if open {
             self.choices[index as usize].opened = true;
-            self.push(index, Delta::Role);
+            match &mut self.events {
+                Some(events) => self.pending.extend(events.opened().iter().map(named_event)),
+                None => self.push(index, Delta::Role),
+            }
         }
         if text.is_empty() {
             return;
@@ -619,7 +631,13 @@ impl Relay {
                 .first_token(self.endpoint.as_str(), self.asked.elapsed());
         }
         self.choices[index as usize].sent += text.len();
-        self.push(index, Delta::Text(text));
+        match &mut self.events {
+            Some(events) => {
+                let delta = events.delta(text);
+                self.pending.push_back(named_event(&delta));
+            }
+            None => self.push(index, Delta::Text(text)),
+        }
     }
 
     fn finish(&mut self, index: u32, reason: FinishReason, prompt: u64, completion: u64) {
@@ -627,18 +645,30 @@ impl Relay {
         choice.finished = true;
         choice.prompt_tokens = prompt;
         choice.completion_tokens = completion;
-        self.push(index, Delta::Finish(reason));
+        match &mut self.events {
+            Some(events) => {
+                let done = events.finished(reason, prompt, completion);
+                self.pending.extend(done.iter().map(named_event));
+            }
+            None => self.push(index, Delta::Finish(reason)),
+        }
         if self.choices.iter().all(|c| c.finished) {
             self.end();
         }
     }
 
-    /// Every choice ended: the usage chunk if asked, then `[DONE]`.
+    /// Every choice ended: the usage chunk if asked, then `[DONE]`
+    /// (responses: `response.completed` carried the usage, and the stream
+    /// just ends).
     fn end(&mut self) {
         if self.done {
             return;
         }
         self.guard.disarm();
+        self.done = true;
+        if self.events.is_some() {
+            return;
+        }
         if self.include_usage {
             let prompt = self.choices.iter().map(|c| c.prompt_tokens).sum();
             let completion = self.choices.iter().map(|c| c.completion_tokens).sum();
@@ -653,13 +683,27 @@ impl Relay {
             self.pending.push_back(event(&chunk));
         }
         self.pending.push_back(Event::default().data("[DONE]"));
-        self.done = true;
     }
 
     /// Ends the stream with an error event (the guard cancels the job).
     fn fail(&mut self, message: &str) {
-        let error = ApiError::new(StatusCode::BAD_GATEWAY, "server_error", message);
-        self.pending.push_back(event(&error.body()));
+        self.error(&ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "server_error",
+            message,
+        ));
+    }
+
+    /// Ends the stream with `error`: OpenAI's error body (chat and
+    /// completions), or `response.failed` (responses).
+    fn error(&mut self, error: &ApiError) {
+        let event = match &mut self.events {
+            Some(events) => {
+                named_event(&events.failed(error.code.unwrap_or(error.kind), &error.message))
+            }
+            None => event(&error.body()),
+        };
+        self.pending.push_back(event);
         self.done = true;
     }
 
@@ -679,6 +723,12 @@ impl Relay {
 
 fn event(body: &Value) -> Event {
     Event::default().data(body.to_string())
+}
+
+/// A Responses event: named by its `type`, as OpenAI's are.
+fn named_event(body: &Value) -> Event {
+    let name = body["type"].as_str().unwrap_or("message");
+    Event::default().event(name).data(body.to_string())
 }
 
 fn deadline_passed(job_id: &str, secs: f64, stopped: bool) -> ApiError {
@@ -712,7 +762,7 @@ fn take_streaming(
     }
     if matches!(endpoint, Endpoint::Embeddings | Endpoint::Rerank) {
         return Err(ApiError::invalid(format!(
-            "`stream` applies to /v1/chat/completions and /v1/completions, not to {}",
+            "`stream` applies to /v1/chat/completions, /v1/completions and /v1/responses, not to {}",
             endpoint.as_str()
         ))
         .param("stream"));

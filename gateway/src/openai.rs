@@ -23,14 +23,17 @@ pub enum Endpoint {
     /// The rerank API vLLM, llama-server, Jina and Cohere share (not
     /// OpenAI's): a query, documents, the documents ranked.
     Rerank,
+    /// OpenAI's Responses API, for text (see [`crate::responses`]).
+    Responses,
 }
 
 impl Endpoint {
-    pub const ALL: [Endpoint; 4] = [
+    pub const ALL: [Endpoint; 5] = [
         Endpoint::Embeddings,
         Endpoint::ChatCompletions,
         Endpoint::Completions,
         Endpoint::Rerank,
+        Endpoint::Responses,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -39,6 +42,7 @@ impl Endpoint {
             Endpoint::ChatCompletions => "/v1/chat/completions",
             Endpoint::Completions => "/v1/completions",
             Endpoint::Rerank => "/v1/rerank",
+            Endpoint::Responses => "/v1/responses",
         }
     }
 
@@ -49,7 +53,9 @@ impl Endpoint {
     pub fn task(self) -> Task {
         match self {
             Endpoint::Embeddings => Task::Embed,
-            Endpoint::ChatCompletions | Endpoint::Completions => Task::Generate,
+            Endpoint::ChatCompletions | Endpoint::Completions | Endpoint::Responses => {
+                Task::Generate
+            }
             Endpoint::Rerank => Task::Rerank,
         }
     }
@@ -112,6 +118,8 @@ pub struct Request {
     pub prompt_name: Option<String>,
     /// rerank: what the answer lists.
     pub ranking: Ranking,
+    /// responses: the request's fields its answer repeats.
+    pub echo: Option<crate::responses::Echo>,
 }
 
 /// What a rerank answer lists: the `top_n` best documents (none: all),
@@ -228,6 +236,7 @@ pub fn parse_request(
         });
     }
     let mut ranking = Ranking::default();
+    let mut echo = None;
     let (items, base64, prompt_name) = match endpoint {
         Endpoint::Embeddings => {
             let (items, base64) = embedding_items(&mut body)?;
@@ -240,6 +249,23 @@ pub fn parse_request(
             ranking = asked;
             (items, false, None)
         }
+        Endpoint::Responses => {
+            let (mut chat, asked) =
+                crate::responses::chat_body(&mut body).map_err(|r| RequestError {
+                    status: 400,
+                    code: r.code,
+                    message: r.message,
+                    param: Some(r.param),
+                })?;
+            echo = Some(asked);
+            let item = chat_item(&mut chat).map_err(|mut e| {
+                if e.param == Some("messages") {
+                    e.param = Some("input");
+                }
+                e
+            })?;
+            (vec![item], false, None)
+        }
     };
     Ok(Request {
         endpoint,
@@ -248,6 +274,7 @@ pub fn parse_request(
         base64,
         prompt_name,
         ranking,
+        echo,
     })
 }
 
@@ -636,14 +663,22 @@ pub fn rerank_body(id: &str, model: &str, request: &Request, scores: &[f32], tok
     })
 }
 
-/// The response body of a chat completion or completions request.
+/// The response body of a chat completion, completions or responses
+/// request.
 pub fn generation_body(
-    endpoint: Endpoint,
+    request: &Request,
     id: &str,
     created: i64,
     model: &str,
     generations: &[Generation],
 ) -> Value {
+    let endpoint = request.endpoint;
+    if endpoint == Endpoint::Responses
+        && let Some(generation) = generations.first()
+    {
+        let echo = request.echo.clone().unwrap_or_default();
+        return crate::responses::body(id, created, model, &echo, generation);
+    }
     let prompt: u64 = generations.iter().map(|g| g.prompt_tokens).sum();
     let completion: u64 = generations.iter().map(|g| g.completion_tokens).sum();
     let choices: Vec<Value> = generations
@@ -978,6 +1013,7 @@ mod tests {
                 top_n,
                 return_documents,
             },
+            echo: None,
         };
         let scores = [0.25f32, 0.75, 0.25, -1.0];
         let body = rerank_body("x", "m", &request(None, false), &scores, 12);
@@ -1073,10 +1109,37 @@ mod tests {
             prompt_tokens: 10,
             completion_tokens: 2,
         };
-        let body = generation_body(Endpoint::ChatCompletions, "x", 1, "m", &[g]);
+        let request = |url: &str, body: &str| match read(&format!(
+            r#"{{"custom_id":"c","method":"POST","url":"{url}","body":{body}}}"#
+        ))
+        .unwrap()
+        {
+            Line::Run { request, .. } => request,
+            other => panic!("{other:?}"),
+        };
+        let chat = request(
+            "/v1/chat/completions",
+            r#"{"model":"smollm2-135m-instruct","messages":[{"role":"user","content":"x"}]}"#,
+        );
+        let body = generation_body(&chat, "x", 1, "m", std::slice::from_ref(&g));
         assert_eq!(body["object"], "chat.completion");
         assert_eq!(body["choices"][0]["message"]["content"], "Paris");
         assert_eq!(body["choices"][0]["finish_reason"], "stop");
+        assert_eq!(body["usage"]["total_tokens"], 12);
+        let responses = request(
+            "/v1/responses",
+            r#"{"model":"smollm2-135m-instruct","input":"x","instructions":"Be brief."}"#,
+        );
+        assert_eq!(
+            responses.items,
+            vec![
+                json!({"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"x"}]})
+            ]
+        );
+        let body = generation_body(&responses, "x", 1, "m", &[g]);
+        assert_eq!(body["object"], "response");
+        assert_eq!(body["instructions"], "Be brief.");
+        assert_eq!(body["output"][0]["content"][0]["text"], "Paris");
         assert_eq!(body["usage"]["total_tokens"], 12);
     }
 }

@@ -167,6 +167,7 @@ mod tests {
             base64: false,
             prompt_name: None,
             ranking: Default::default(),
+            echo: None,
         }
     }
 

@@ -310,13 +310,7 @@ impl Answers {
                 let gens = all
                     .get(first..first + n)
                     .context("fewer generations than prompts")?;
-                Ok(openai::generation_body(
-                    request.endpoint,
-                    id,
-                    created,
-                    model,
-                    gens,
-                ))
+                Ok(openai::generation_body(request, id, created, model, gens))
             }
         }
     }

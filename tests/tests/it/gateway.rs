@@ -438,7 +438,7 @@ async fn bad_batch_files_fail_validation_with_their_line_numbers() {
     // A batch on an endpoint the gateway does not serve is refused at once.
     let (_, file) = api.upload(KEY_A, &line(good(0))).await;
     let (status, body) = api
-        .post("/batches", KEY_A, json!({"input_file_id": file["id"], "endpoint": "/v1/responses", "completion_window": "24h"}))
+        .post("/batches", KEY_A, json!({"input_file_id": file["id"], "endpoint": "/v1/moderations", "completion_window": "24h"}))
         .await;
     assert_eq!(
         (status, body["error"]["param"].clone()),

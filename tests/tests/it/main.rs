@@ -22,6 +22,7 @@ mod priorities;
 mod publishers;
 mod recycle;
 mod rerank;
+mod responses;
 mod soak;
 mod status;
 mod streaming;
