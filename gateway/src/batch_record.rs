@@ -106,6 +106,10 @@ pub struct BatchRecord {
     pub input_file_id: String,
     pub completion_window: String,
     pub metadata: Option<Map<String, Value>>,
+    /// `output_expires_after`: seconds from their creation until the output
+    /// and error files expire (None: `--retention-days`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_expires_after: Option<i64>,
     pub status: BatchStatus,
     pub created_at: i64,
     pub expires_at: i64,

@@ -14,7 +14,8 @@ use crate::api_error::ApiError;
 use crate::auth::Tenant;
 use crate::batch_record::{BatchRecord, BatchStatus, Counts, window_secs};
 use crate::extract::{BodyName, OpenAiJson};
-use crate::files::{self, FileRecord};
+use crate::file_record::{FileRecord, new_file_id};
+use crate::files;
 use crate::objects::{self, ObjectWriter};
 use crate::openai::Endpoint;
 use crate::records;
@@ -44,7 +45,16 @@ pub async fn create(
     Extension(trace): Extension<RequestTrace>,
     OpenAiJson(request): OpenAiJson<CreateBatch>,
 ) -> Result<Json<Value>, ApiError> {
-    let _ = request.output_expires_after;
+    let output_expires_after = match &request.output_expires_after {
+        None | Some(Value::Null) => None,
+        Some(policy) => Some(
+            crate::lifecycle::expires_after(
+                policy.get("anchor").and_then(Value::as_str),
+                policy.get("seconds"),
+            )
+            .map_err(|e| ApiError::invalid(format!("output_{e}")).param("output_expires_after"))?,
+        ),
+    };
     if Endpoint::parse(&request.endpoint).is_none() {
         return Err(ApiError::invalid(format!(
             "endpoint {:?} is not supported; use one of: {}",
@@ -60,6 +70,17 @@ pub async fn create(
         ))
         .param("completion_window"));
     };
+    if window > state.max_window_secs {
+        return Err(ApiError::invalid(format!(
+            "completion_window {:?} is longer than this deployment can finish: its job status \
+             records are kept {} s (status_max_age_secs in `sluice init`'s settings), and a batch \
+             needs them a day past its window; use at most {} s, or raise status_max_age_secs",
+            request.completion_window,
+            state.max_window_secs + crate::lifecycle::FINALIZE_MARGIN_SECS,
+            state.max_window_secs
+        ))
+        .param("completion_window"));
+    }
     if let Some(metadata) = &request.metadata
         && (metadata.len() > 16 || metadata.values().any(|v| !v.is_string()))
     {
@@ -89,6 +110,7 @@ pub async fn create(
         input_file_id: file.id,
         completion_window: request.completion_window,
         metadata: request.metadata,
+        output_expires_after,
         status: BatchStatus::Validating,
         created_at,
         expires_at: created_at + window,
@@ -178,7 +200,7 @@ async fn failed_lines_file(
             failed.insert(id.to_string());
         }
     }
-    let id = files::new_file_id();
+    let id = new_file_id();
     let mut writer = ObjectWriter::new(&state.s3, state.bucket(), &state.file_key(&id));
     let mut reader = objects::open(&state.s3, state.bucket(), &state.file_key(&input.id)).await?;
     while let Some(line) = objects::next_line(&mut reader, state.config.max_line_bytes).await? {
@@ -198,6 +220,7 @@ async fn failed_lines_file(
         purpose: "batch".into(),
         bytes,
         created_at: now(),
+        expires_at: crate::lifecycle::expires_at(now(), None, state.config.retention_days),
     };
     state.records.put(&FileRecord::key(&file.id), &file).await?;
     Ok(file)

@@ -75,6 +75,19 @@ pub struct Config {
     /// without renewal before another gateway may take the batch over.
     #[arg(long, env = "SLUICE_LEASE_SECS", default_value_t = 30)]
     pub lease_secs: u64,
+    /// Days an uploaded batch file, or a batch's output or error file,
+    /// lives when it does not say (`expires_after`, `output_expires_after`),
+    /// and days a batch's record is kept after the batch ended. 0: kept
+    /// until deleted.
+    #[arg(long, env = "SLUICE_RETENTION_DAYS", default_value_t = 30)]
+    pub retention_days: u64,
+    /// How often the sweeper removes expired files and old batch records.
+    #[arg(long, env = "SLUICE_SWEEP_INTERVAL_SECS", default_value_t = 60)]
+    pub sweep_interval_secs: u64,
+    /// How long after its expiry a file's bytes are removed (it answers 404
+    /// from its expiry): covers a batch created from it just before.
+    #[arg(long, env = "SLUICE_EXPIRY_GRACE_SECS", default_value_t = 300)]
+    pub expiry_grace_secs: u64,
     /// Lifetime of the presigned URLs of chunk inputs.
     #[arg(long, env = "SLUICE_PRESIGN_SECS", default_value_t = 7 * 24 * 3600)]
     pub presign_secs: u64,
@@ -123,6 +136,9 @@ impl Config {
         self.deployment.validate()?;
         if self.chunk_lines == 0 || self.chunk_texts == 0 || self.chunk_prompts == 0 {
             bail!("--chunk-lines, --chunk-texts and --chunk-prompts must be at least 1");
+        }
+        if self.sweep_interval_secs == 0 {
+            bail!("--sweep-interval-secs must be at least 1");
         }
         if self.online_deadline_secs == 0 {
             bail!("--online-deadline-secs must be at least 1");

@@ -1,18 +1,24 @@
 //! The Files API: `POST /v1/files` (multipart, streamed to S3), `GET
 //! /v1/files`, `GET /v1/files/{id}`, `GET /v1/files/{id}/content`, `DELETE
 //! /v1/files/{id}`. A file's bytes live in S3, its record in the gateway
-//! bucket; a tenant sees only its own files.
+//! bucket; a tenant sees only its own files. A file expires (`expires_after`,
+//! else `--retention-days`): from then on it answers 404, and the sweeper
+//! removes it (`lifecycle`). Deleting the input of a batch that has not
+//! ended is refused (409 `file_in_use`).
 
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{Multipart, Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::api_error::ApiError;
 use crate::auth::Tenant;
+use crate::driver::sweep;
+use crate::file_record::{FileRecord, new_file_id};
+use crate::lifecycle;
 use crate::objects::{self, ObjectWriter};
 use crate::records;
 use crate::state::{AppState, now};
@@ -20,54 +26,12 @@ use crate::state::{AppState, now};
 /// Purposes a client may upload with (the batch API's input).
 const UPLOAD_PURPOSES: [&str; 1] = ["batch"];
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct FileRecord {
-    pub id: String,
-    pub tenant: String,
-    pub filename: String,
-    /// `batch` (uploaded), `batch_output` (a batch's output or error file).
-    pub purpose: String,
-    pub bytes: u64,
-    pub created_at: i64,
-}
-
-impl FileRecord {
-    pub fn key(id: &str) -> String {
-        format!("file.{id}")
-    }
-
-    /// The File object as OpenAI returns it.
-    pub fn to_api(&self) -> Value {
-        json!({
-            "id": self.id,
-            "object": "file",
-            "bytes": self.bytes,
-            "created_at": self.created_at,
-            "filename": self.filename,
-            "purpose": self.purpose,
-            "status": "processed",
-            "status_details": null,
-        })
-    }
-}
-
-pub fn new_file_id() -> String {
-    format!("file-{}", uuid::Uuid::now_v7().simple())
-}
-
-impl records::Owned for FileRecord {
-    fn key(id: &str) -> String {
-        FileRecord::key(id)
-    }
-    fn tenant(&self) -> &str {
-        &self.tenant
-    }
-}
-
-/// The tenant's file `id`, or 404 (also for another tenant's file).
+/// The tenant's file `id`, or 404 (also for another tenant's file, and for
+/// one that has expired).
 pub async fn find(state: &AppState, tenant: &str, id: &str) -> Result<FileRecord, ApiError> {
-    let file = state.records.owned(tenant, id).await?;
-    file.ok_or_else(|| ApiError::not_found("file", id))
+    let file = state.records.owned::<FileRecord>(tenant, id).await?;
+    file.filter(|f| !f.expired(now()))
+        .ok_or_else(|| ApiError::not_found("file", id))
 }
 
 pub async fn upload(
@@ -76,6 +40,8 @@ pub async fn upload(
     mut form: Multipart,
 ) -> Result<Json<Value>, ApiError> {
     let mut purpose: Option<String> = None;
+    let mut anchor: Option<String> = None;
+    let mut seconds: Option<String> = None;
     let mut stored: Option<FileRecord> = None;
     let bad_form = |e: axum::extract::multipart::MultipartError| {
         ApiError::invalid(format!("the multipart body could not be read: {e}"))
@@ -83,6 +49,12 @@ pub async fn upload(
     while let Some(mut field) = form.next_field().await.map_err(bad_form)? {
         match field.name() {
             Some("purpose") => purpose = Some(field.text().await.map_err(bad_form)?),
+            Some("expires_after[anchor]") => {
+                anchor = Some(field.text().await.map_err(bad_form)?);
+            }
+            Some("expires_after[seconds]") => {
+                seconds = Some(field.text().await.map_err(bad_form)?);
+            }
             Some("file") => {
                 if stored.is_some() {
                     return Err(ApiError::invalid("give one `file`").param("file"));
@@ -120,22 +92,39 @@ pub async fn upload(
                     purpose: String::new(),
                     bytes,
                     created_at: now(),
+                    expires_at: None,
                 });
             }
-            _ => {} // other fields (e.g. expires_after) are ignored
+            _ => {} // other fields are ignored
         }
     }
     let Some(mut file) = stored else {
         return Err(ApiError::invalid("the form has no `file` field").param("file"));
     };
     let purpose = purpose.unwrap_or_default();
-    if !UPLOAD_PURPOSES.contains(&purpose.as_str()) {
+    let refused = if !UPLOAD_PURPOSES.contains(&purpose.as_str()) {
+        Some(
+            ApiError::invalid(format!(
+                "'{purpose}' is not a supported purpose; use one of: {}",
+                UPLOAD_PURPOSES.join(", ")
+            ))
+            .param("purpose"),
+        )
+    } else if anchor.is_some() || seconds.is_some() {
+        match lifecycle::expires_after(anchor.as_deref(), seconds.map(Value::String).as_ref()) {
+            Ok(secs) => {
+                file.expires_at = Some(file.created_at + secs);
+                None
+            }
+            Err(e) => Some(ApiError::invalid(e).param("expires_after")),
+        }
+    } else {
+        file.expires_at = lifecycle::expires_at(file.created_at, None, state.config.retention_days);
+        None
+    };
+    if let Some(refused) = refused {
         let _ = objects::delete(&state.s3, state.bucket(), &state.file_key(&file.id)).await;
-        return Err(ApiError::invalid(format!(
-            "'{purpose}' is not a supported purpose; use one of: {}",
-            UPLOAD_PURPOSES.join(", ")
-        ))
-        .param("purpose"));
+        return Err(refused);
     }
     file.purpose = purpose;
     state.records.put(&FileRecord::key(&file.id), &file).await?;
@@ -173,7 +162,11 @@ pub async fn list(
         q.after.as_deref(),
         limit,
         ascending,
-        |f: &FileRecord| f.tenant == tenant && q.purpose.as_ref().is_none_or(|p| *p == f.purpose),
+        |f: &FileRecord| {
+            f.tenant == tenant
+                && !f.expired(now())
+                && q.purpose.as_ref().is_none_or(|p| *p == f.purpose)
+        },
         FileRecord::to_api,
     )
     .await?;
@@ -213,6 +206,18 @@ pub async fn delete(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let file = find(&state, &tenant, &id).await?;
+    if let Some(batch) = sweep::in_use_by(&state, &file.id).await? {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "invalid_request_error",
+            format!(
+                "the file {} is the input of batch {batch}, which has not ended; \
+                 cancel the batch or wait for it to end, then delete the file",
+                file.id
+            ),
+        )
+        .code("file_in_use"));
+    }
     objects::delete(&state.s3, state.bucket(), &state.file_key(&file.id)).await?;
     state.records.delete(&FileRecord::key(&file.id)).await?;
     Ok(Json(

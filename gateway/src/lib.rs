@@ -15,7 +15,9 @@ pub mod batches;
 pub mod config;
 pub mod driver;
 pub mod extract;
+pub mod file_record;
 pub mod files;
+pub mod lifecycle;
 pub mod metrics;
 pub mod objects;
 pub mod online;
@@ -105,6 +107,7 @@ pub struct Gateway {
     pub addr: SocketAddr,
     server: tokio::task::JoinHandle<()>,
     driver: tokio::task::JoinHandle<()>,
+    sweeper: tokio::task::JoinHandle<()>,
     traces: traces::Traces,
     otlp_metrics: Option<Arc<metrics::OtlpMetrics>>,
 }
@@ -115,6 +118,7 @@ impl Gateway {
     pub fn stop(self) {
         self.server.abort();
         self.driver.abort();
+        self.sweeper.abort();
     }
 
     /// `stop`, then exports the spans still buffered and the metrics once more.
@@ -162,6 +166,13 @@ pub async fn start(config: Config) -> Result<Gateway> {
     let js = async_nats::jetstream::new(nats);
     let gateway_kv = open_bucket(&js, &topology.gateway_bucket).await?;
     let status_kv = open_bucket(&js, &topology.status_bucket).await?;
+    // A batch's window must end a margin before its chunks' status records
+    // can age out of this bucket (see `lifecycle`).
+    let status_max_age = status_kv
+        .status()
+        .await
+        .with_context(|| format!("cannot read the bucket {}", topology.status_bucket))?
+        .max_age();
     let s3 = config.deployment.s3.client().await;
     let metrics = Arc::new(metrics::Metrics::default());
     let (traces, otlp_metrics) = match config.otlp.endpoint.clone() {
@@ -206,8 +217,10 @@ pub async fn start(config: Config) -> Result<Gateway> {
         metrics,
         traces: traces.clone(),
         models,
+        max_window_secs: lifecycle::max_window_secs(status_max_age),
     });
     let driver = driver::spawn(state.clone());
+    let sweeper = driver::sweep::spawn(state.clone());
     let app = router(state);
     // No Nagle: a streamed answer is many small writes, each of which
     // should leave at once rather than wait for the previous one's ACK.
@@ -226,6 +239,7 @@ pub async fn start(config: Config) -> Result<Gateway> {
         addr,
         server,
         driver,
+        sweeper,
         traces,
         otlp_metrics,
     })

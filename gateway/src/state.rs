@@ -50,6 +50,9 @@ pub struct Shared {
     /// The deployed models (`sluice init`'s `[[models]]`), which route jobs
     /// and say which models are served.
     pub models: Arc<sluice_producer::models::ModelCatalog>,
+    /// The longest completion window a batch may ask for: a margin inside
+    /// the status bucket's maximum age (`lifecycle::max_window_secs`).
+    pub max_window_secs: i64,
 }
 
 impl Shared {

@@ -72,7 +72,7 @@ impl Default for Settings {
             max_ack_pending: 10_000,
             replicas: 1,
             dlq_max_age: Duration::from_secs(14 * 24 * 3600),
-            status_max_age: Duration::from_secs(7 * 24 * 3600),
+            status_max_age: Duration::from_secs(8 * 24 * 3600),
             tenant_weights: Default::default(),
             models: Vec::new(),
         }

@@ -320,6 +320,30 @@ impl Deployment {
         Ok(object.body.collect().await?.into_bytes().to_vec())
     }
 
+    /// The keys under `prefix` in this deployment's bucket.
+    pub async fn keys_under(&self, prefix: &str) -> Result<Vec<String>> {
+        let mut keys = Vec::new();
+        let mut pages = self
+            .servers
+            .s3
+            .client()
+            .list_objects_v2()
+            .bucket(&self.bucket)
+            .prefix(prefix)
+            .into_paginator()
+            .send();
+        while let Some(page) = pages.next().await {
+            keys.extend(
+                page?
+                    .contents()
+                    .iter()
+                    .filter_map(|o| o.key().map(str::to_string)),
+            );
+        }
+        keys.sort();
+        Ok(keys)
+    }
+
     /// Starts a consumer in this process.
     pub async fn start_consumer(&self, extra: &[&str]) -> Result<sluice_consumer::Consumer> {
         sluice_consumer::start(self.consumer_config(extra)).await

@@ -14,7 +14,7 @@ use super::input::{InputLines, read_request};
 use super::lease::{Renewal, lease};
 use super::trace;
 use crate::batch_record::{BatchRecord, BatchStatus, ChunkState, Counts};
-use crate::files::FileRecord;
+use crate::file_record::FileRecord;
 use crate::objects::{Line as RawLine, ObjectWriter};
 use crate::openai::{self, Line, Request, RequestError};
 use crate::outputs::{Outputs, read_output};
@@ -76,6 +76,15 @@ pub async fn finalize(state: &AppState, batch: BatchRecord) -> Result<()> {
             .records
             .delete(&BatchRecord::active_key(&batch.id))
             .await?;
+        // The chunks' inputs and outputs are copies of the input and output
+        // files: nobody reads them once the batch has ended.
+        if let Err(e) = super::sweep::remove_chunk_objects(state, &finished).await {
+            tracing::warn!(
+                batch = batch.id,
+                error = format!("{e:#}"),
+                "cannot remove the chunks' objects; the retention sweep will"
+            );
+        }
     }
     Ok(())
 }
@@ -341,6 +350,11 @@ async fn store_files(
             purpose: "batch_output".into(),
             bytes,
             created_at: now(),
+            expires_at: crate::lifecycle::expires_at(
+                now(),
+                batch.output_expires_after,
+                state.config.retention_days,
+            ),
         };
         state.records.put(&FileRecord::key(&id), &file).await?;
         *slot = Some(id);

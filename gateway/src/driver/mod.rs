@@ -30,8 +30,11 @@ mod input;
 mod lease;
 mod progress;
 mod publish;
+pub mod sweep;
 mod trace;
 mod validate;
+
+pub use chunks::line_job;
 
 use anyhow::Result;
 

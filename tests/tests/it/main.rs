@@ -15,6 +15,7 @@ mod flood;
 mod gateway;
 mod generate_jobs;
 mod harness;
+mod lifecycle;
 mod models;
 mod observability;
 mod online;
