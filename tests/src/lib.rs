@@ -8,6 +8,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test reports by panicking
 
 use std::fs::File;
+use std::hash::{BuildHasher, Hasher};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -60,12 +61,50 @@ fn find_binary(name: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
-/// A port that was free a moment ago on 127.0.0.1.
+/// A port that was free a moment ago on 127.0.0.1, from outside the
+/// kernel's ephemeral range where one exists.
+///
+/// A server that is killed and restarted must get its port back (a cluster
+/// node's peers know it by it). A port from the ephemeral range can be
+/// taken meanwhile by any outgoing connection's source port (a fault test
+/// once failed so: "bind: address already in use" on restart); ports below
+/// the range are only taken by servers that bind them. Picked at random
+/// (the suite's test processes pick at once) and checked by binding.
 pub fn free_port() -> u16 {
+    static PICKS: AtomicU32 = AtomicU32::new(0);
+    let (low, high) = outside_ephemeral_ports();
+    if low < high {
+        for _ in 0..64 {
+            let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+            hasher.write_u32(std::process::id());
+            hasher.write_u32(PICKS.fetch_add(1, Ordering::Relaxed));
+            let port = low + (hasher.finish() % u64::from(high - low)) as u16;
+            if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return port;
+            }
+        }
+    }
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("bind an ephemeral loopback port")
+}
+
+/// The ports below the kernel's ephemeral range, down to 10000 (Linux's
+/// `ip_local_port_range`; elsewhere, or when the range leaves too few
+/// below it, none: the picker falls back to an ephemeral port).
+fn outside_ephemeral_ports() -> (u16, u16) {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|text| {
+            text.split_whitespace()
+                .next()
+                .and_then(|low| low.parse::<u16>().ok())
+        });
+    match range {
+        Some(first_ephemeral) if first_ephemeral >= 12_000 => (10_000, first_ephemeral),
+        _ => (0, 0),
+    }
 }
 
 /// The chat prompts of the generation benchmarks (`bench/generate`,
