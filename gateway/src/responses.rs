@@ -447,19 +447,20 @@ impl Events {
     /// The text, part and message are done; the response completes (or is
     /// incomplete) with its usage.
     pub fn finished(&mut self, reason: FinishReason, input: u64, output: u64) -> Vec<Value> {
-        let (status, details) = ending(reason);
-        let text = self.text.clone();
+        let generation = Generation {
+            text: self.text.clone(),
+            finish_reason: reason,
+            prompt_tokens: input,
+            completion_tokens: output,
+        };
+        let response = body(&self.id, self.created, &self.model, &self.echo, &generation);
+        let item = response["output"][0].clone();
         let mut done = self.part();
-        done["text"] = text.clone().into();
+        done["text"] = generation.text.as_str().into();
         done["logprobs"] = json!([]);
         let mut part = self.part();
-        part["part"] = output_text(&text);
-        let item = message(&self.id, Some(&text), status);
-        let mut response = response(&self.id, self.created, &self.model, &self.echo, status);
-        response["incomplete_details"] = details;
-        response["output"] = json!([item]);
-        response["usage"] = usage(input, output);
-        let last = if status == "completed" {
+        part["part"] = output_text(&generation.text);
+        let last = if response["status"] == "completed" {
             "response.completed"
         } else {
             "response.incomplete"
