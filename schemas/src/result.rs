@@ -285,9 +285,32 @@ pub struct StatusRecord {
         with = "time::serde::rfc3339::option"
     )]
     pub deadline: Option<OffsetDateTime>,
+    /// The deliveries that answered this record after another writer made
+    /// it final (a cancel, an expiry): each claimed its answer here, by a
+    /// compare-and-swap, before publishing it, so a job message whose
+    /// record is already final is answered by one delivery only. At most
+    /// one per job message; the newest [`StatusRecord::MAX_ANSWERED`] kept.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub answered: Vec<AnswerClaim>,
+}
+
+/// One delivery's claim to answer a job whose record was already final
+/// (see [`StatusRecord::answered`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AnswerClaim {
+    /// The job message's sequence in the job stream.
+    pub stream_sequence: u64,
+    /// Its delivery that answered (from 1).
+    pub attempt: u32,
 }
 
 impl StatusRecord {
+    /// How many answer claims a record keeps (one per job message; more
+    /// than one message under one id is rare: a re-submit after the
+    /// duplicate window).
+    pub const MAX_ANSWERED: usize = 8;
+
     /// The record as a reader should take it at `now`: a job still `queued`
     /// after its deadline is `expired` (with `deadline_exceeded` as its
     /// error), because the stream dropped it at the deadline (its

@@ -297,6 +297,7 @@ fn every_rust_value_validates_and_round_trips() {
             item_tokens: vec![20, 15],
         }),
         deadline: None,
+        answered: vec![],
     };
     round_trip(&status, &record);
     let queued = StatusRecord {

@@ -13,6 +13,13 @@
 //! | [`StatusStore::cancel`] | nothing, `queued`, `running` | `cancelled` | left |
 //! | [`StatusStore::expire_orphan`] | `running` (this message) past its deadline, the message gone from the stream | `expired` | left |
 //! | [`StatusStore::replay`] | nothing, `failed`, `cancelled`, `expired` | `queued`, replays + 1 | `done` is refused: it succeeded |
+//! | [`StatusStore::claim_answer`] | not final: left | - | this delivery's claim added to `answered`, unless this message has one or a delivery of it finished the job |
+//!
+//! A delivery answers a job only from a transition it won: `finish` for
+//! the outcome it wrote, `claim_answer` for a record someone else made
+//! final (a cancelled job, one whose final status another message wrote).
+//! So however many deliveries of one message race (an ack lost, a slow
+//! link past the ack wait), the job is answered at most once.
 //!
 //! `replays` is carried through every transition. `expired` has no writer of
 //! its own when the stream drops a job at its deadline: a `queued` record
@@ -26,7 +33,7 @@
 use std::time::Duration;
 
 use async_nats::jetstream::kv;
-use sluice_schemas::{JobState, StatusRecord, VERSION};
+use sluice_schemas::{AnswerClaim, JobState, StatusRecord, VERSION};
 use time::OffsetDateTime;
 
 /// Why a status read or write failed. Each names the job and keeps the
@@ -133,6 +140,7 @@ impl StatusStore {
             replays: 0,
             usage: None,
             deadline,
+            answered: Vec::new(),
         };
         // One round trip (submit's hot path): create, or find one there.
         let payload = serde_json::to_vec(&record).map_err(|e| StatusError::Write {
@@ -284,6 +292,76 @@ impl StatusStore {
         }
     }
 
+    /// Claims the answer to a job whose record another writer made final
+    /// (a cancel, an expiry) for delivery `attempt` of the job message
+    /// `stream_sequence`: the claim is added to the record's `answered`
+    /// unless a delivery of that message claimed it first. Of any number of
+    /// deliveries of one message racing to answer, exactly one gets true;
+    /// the others must not publish. True as well when this delivery's own
+    /// claim is there already (its reply was lost and it asks again) and
+    /// when there is no record at all (it aged out of the bucket: nothing
+    /// to decide against). False when the record is not final (a replay
+    /// queued the job again: its new message answers) or was finished by a
+    /// delivery of this message (that delivery answered).
+    ///
+    /// A write whose reply was lost is read back, as in
+    /// [`StatusStore::finish`]: the claim counts if it is there.
+    pub async fn claim_answer(
+        &self,
+        job_id: &str,
+        stream_sequence: u64,
+        attempt: u32,
+    ) -> Result<bool, StatusError> {
+        let mine = AnswerClaim {
+            stream_sequence,
+            attempt,
+        };
+        let attempt_claim = self
+            .swap(job_id, |current| {
+                let r = current?;
+                // Final states other than `cancelled` that name this
+                // message were written by a delivery of it (`finish`),
+                // which answered.
+                let finished_by_this_message =
+                    r.state != JobState::Cancelled && r.stream_sequence == Some(stream_sequence);
+                let claimed = r
+                    .answered
+                    .iter()
+                    .any(|c| c.stream_sequence == stream_sequence);
+                if !r.state.is_final() || finished_by_this_message || claimed {
+                    return None;
+                }
+                let mut answered = r.answered.clone();
+                answered.push(mine);
+                let excess = answered.len().saturating_sub(StatusRecord::MAX_ANSWERED);
+                answered.drain(..excess);
+                Some(StatusRecord {
+                    answered,
+                    ..r.clone()
+                })
+            })
+            .await;
+        let decided = |record: Option<&StatusRecord>| match record {
+            None => true,
+            Some(r) => r.answered.contains(&mine),
+        };
+        match attempt_claim {
+            Ok((Some(_), _)) => Ok(true),
+            Ok((None, seen)) => Ok(decided(seen.as_ref())),
+            Err(error) => {
+                for _ in 0..5 {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    match self.get(job_id).await {
+                        Ok(Some(current)) if current.answered.contains(&mine) => return Ok(true),
+                        Ok(_) => return Err(error),
+                        Err(_) => continue,
+                    }
+                }
+                Err(error)
+            }
+        }
+    }
+
     /// `cancelled`, unless the job has finished. Returns whether it was
     /// cancelled (false: it had already finished).
     pub async fn cancel(&self, job_id: &str) -> Result<bool, StatusError> {
@@ -318,6 +396,7 @@ impl StatusStore {
                     replays: current.map_or(0, |r| r.replays),
                     usage: None,
                     deadline: current.and_then(|r| r.deadline),
+                    answered: Vec::new(),
                 }),
             })
             .await?;
@@ -343,6 +422,7 @@ impl StatusStore {
                     replays: current.map_or(0, |r| r.replays) + 1,
                     usage: None,
                     deadline: None,
+                    answered: Vec::new(),
                 }),
             })
             .await?;

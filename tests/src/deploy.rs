@@ -349,6 +349,18 @@ impl Deployment {
         sluice_consumer::start(self.consumer_config(extra)).await
     }
 
+    /// [`Deployment::start_consumer`] reaching NATS at `nats_urls` (a chaos
+    /// proxy, say).
+    pub async fn start_consumer_via(
+        &self,
+        nats_urls: &str,
+        extra: &[&str],
+    ) -> Result<sluice_consumer::Consumer> {
+        let mut args = vec!["sluice-consumer".to_string()];
+        args.extend(self.consumer_args_via(nats_urls, extra));
+        sluice_consumer::start(ConfigArgs::parse_from(args).config).await
+    }
+
     /// An in-process consumer of the model in `dir` (not the default
     /// MiniLM), with `extra` flags.
     pub async fn start_consumer_of(

@@ -79,7 +79,7 @@ pub struct Original<'a> {
 /// the dead letter, then the failed status (both awaited: an error in either
 /// means the message must stay, to be given up on again), then the error
 /// result (best effort: core NATS; the status record holds the outcome). A cancelled job is answered but not dead-lettered
-/// (`dead_letter` false).
+/// (`dead_letter` false), by the one delivery whose answer claim wins.
 pub async fn give_up(
     shared: &Shared,
     d: &Delivery,
@@ -102,6 +102,10 @@ pub async fn give_up(
         // e.g. an unreadable one whose Nats-Msg-Id reuses the id, is still
         // dead-lettered and answered below; its status stays as it is.)
         tracing::info!(job = %id, state = ?record.state, "job already answered; dropping a stale failure");
+        shared
+            .stats
+            .jobs_already_final
+            .fetch_add(1, Ordering::Relaxed);
         return Ok(());
     }
     if dead_letter {
@@ -148,10 +152,15 @@ pub async fn give_up(
         record.error = Some(error.info());
         match shared.status.finish(&record).await {
             Ok(true) => {}
-            // Another delivery of this message finished it first: that one
-            // answers. A different message under the same id is answered.
-            Ok(false) if answered_by_this_message(shared, job_id, d).await => return Ok(()),
-            Ok(false) => {}
+            // Final already: a delivery of this message that finished it
+            // answered; otherwise (a cancel, another message under the same
+            // id) this message is answered once, by the delivery whose claim
+            // wins.
+            Ok(false) => {
+                if !claim_answer(shared, job_id, d).await? {
+                    return Ok(());
+                }
+            }
             // The message must stay: its redelivery finds no final record,
             // gives up again, and its dead letter is dropped as a duplicate
             // (same message id), so the failure is recorded once, and with
@@ -163,6 +172,14 @@ pub async fn give_up(
                 return Err(e);
             }
         }
+    }
+    // A cancelled job's record is final already (the cancel wrote it):
+    // of the deliveries that find it so, the one whose claim wins answers.
+    if let Some(job_id) = &job_id
+        && !dead_letter
+        && !claim_answer(shared, job_id, d).await?
+    {
+        return Ok(());
     }
     // Counted before the error result goes out, as ok jobs are.
     shared.stats.record_job_failed(error.code);
@@ -212,13 +229,30 @@ pub async fn give_up(
     Ok(())
 }
 
-/// Whether the job's final status was written by a delivery of this same
-/// stream message (so that delivery answered it). Unknown counts as yes:
-/// a second answer is worse than a status read that failed.
-async fn answered_by_this_message(shared: &Shared, job_id: &str, d: &Delivery) -> bool {
-    match shared.status.get(job_id).await {
-        Ok(Some(record)) => record.stream_sequence == Some(d.stream_sequence),
-        Ok(None) | Err(_) => true,
+/// Whether this delivery answers a job whose record is already final
+/// ([`sluice_status::StatusStore::claim_answer`]): false when another
+/// delivery of the message answered or claimed it (counted as an answer
+/// already given). An error leaves the message for redelivery.
+async fn claim_answer(shared: &Shared, job_id: &str, d: &Delivery) -> Result<bool, JobError> {
+    match shared
+        .status
+        .claim_answer(job_id, d.stream_sequence, d.attempt)
+        .await
+    {
+        Ok(true) => Ok(true),
+        Ok(false) => {
+            tracing::info!(job = %job_id, trace_id = %d.trace_id, attempt = d.attempt, seq = d.stream_sequence, "another delivery answered the job; not answering twice");
+            shared
+                .stats
+                .jobs_already_final
+                .fetch_add(1, Ordering::Relaxed);
+            Ok(false)
+        }
+        Err(e) => {
+            let e = JobError::from(e);
+            tracing::warn!(job = %job_id, error = %e, "cannot claim the answer to a final job; it will be redelivered");
+            Err(e)
+        }
     }
 }
 

@@ -63,6 +63,7 @@ pub fn status(job_id: &str, state: JobState, d: &Delivery) -> StatusRecord {
         replays: d.replays,
         usage: None,
         deadline: None,
+        answered: Vec::new(),
     }
 }
 

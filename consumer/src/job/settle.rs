@@ -109,11 +109,43 @@ pub async fn settle(
                     .stats
                     .record_job_ok(done.usage.items, done.usage.tokens),
                 Ok(false) => {
-                    tracing::info!(job = %job_id, trace_id = %d.trace_id, attempt = d.attempt, "another delivery finished the job first; not answering twice");
+                    // A cancel that landed while the job ran: the job is
+                    // answered as cancelled (by one delivery: give_up claims
+                    // the answer); its output is not delivered. Otherwise
+                    // another delivery finished it and answered.
+                    match shared.status.get(&job_id).await {
+                        Ok(Some(r)) if r.state == JobState::Cancelled => {
+                            let error = JobError::new(
+                                ErrorCode::Cancelled,
+                                "the job was cancelled while it ran; its output was discarded",
+                            );
+                            let original = Original {
+                                headers: msg.headers.as_ref(),
+                                payload: &msg.payload,
+                            };
+                            if let Err(e) =
+                                give_up(shared, &d, original, &error, false, timings, finished_at)
+                                    .await
+                            {
+                                tracing::warn!(job = %job_id, error = %e, "cannot answer a job cancelled while it ran; it will be redelivered");
+                                nak(&msg, retry_delay(shared, &d)).await;
+                                trace.end("retry", Some(e.code.as_str()));
+                                return;
+                            }
+                            trace.end("cancelled", Some(ErrorCode::Cancelled.as_str()));
+                        }
+                        _ => {
+                            tracing::info!(job = %job_id, trace_id = %d.trace_id, attempt = d.attempt, "another delivery finished the job first; not answering twice");
+                            shared
+                                .stats
+                                .jobs_already_final
+                                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            trace.end("already_answered", None);
+                        }
+                    }
                     if let Err(e) = msg.double_ack().await {
                         tracing::warn!(error = %e, "double ack failed");
                     }
-                    trace.end("already_answered", None);
                     return;
                 }
                 Err(e) => {

@@ -307,6 +307,7 @@ async fn a_job_its_consumer_abandoned_expires_once_the_stream_drops_it() {
             replays: 0,
             usage: None,
             deadline: Some(deadline),
+            answered: vec![],
         };
         statuses.start(&record).await.unwrap();
         running.push(record);

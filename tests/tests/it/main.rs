@@ -1,6 +1,7 @@
 //! All integration tests in one binary (one link, one build).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test reports by panicking
 
+mod answer_once;
 mod architecture;
 mod auth;
 mod cli;

@@ -35,6 +35,7 @@ fn record(job_id: &str, state: JobState, attempt: u32) -> StatusRecord {
         replays: 0,
         usage: None,
         deadline: None,
+        answered: vec![],
     }
 }
 
