@@ -47,8 +47,10 @@ pub struct ModelConfig {
     /// for generate, one `.gguf` file (default weights/smollm2).
     #[arg(long, env = "SLUICE_MODEL_DIR")]
     pub model_dir: Option<PathBuf>,
-    /// The model name jobs must ask for (default all-minilm-l6-v2 for embed,
-    /// smollm2-135m-instruct for generate, reranker for rerank).
+    /// The model name jobs must ask for. Default: the model's own, from its
+    /// file or directory name (`SmolLM2-135M-Instruct.Q4_1.gguf` answers as
+    /// smollm2-135m-instruct, `weights/all-minilm-l6-v2` as
+    /// all-minilm-l6-v2), lower case, `.` as `_`.
     #[arg(long, env = "SLUICE_MODEL_NAME")]
     pub model_name: Option<String>,
     #[arg(long, env = "SLUICE_DEVICE", value_enum, default_value = "cpu")]
@@ -79,6 +81,50 @@ pub struct ModelConfig {
     /// `bf16` still asks for the bf16 layers.
     #[arg(long, env = "SLUICE_EMBED_WEIGHTS", default_value = "auto")]
     pub embed_weights: sluice_models::EmbedWeights,
+    /// Embed: whether vectors are L2-normalized when a job does not say
+    /// (`parameters.normalize`). `model` (the default) does as
+    /// sentence-transformers does with the model: normalized where its
+    /// `modules.json` lists a `Normalize` module, raw elsewhere (a directory
+    /// without `modules.json` too); `always` (or `true`) and `never` (or
+    /// `false`) decide for every model.
+    #[arg(long, env = "SLUICE_NORMALIZE", default_value = "model")]
+    pub normalize: NormalizeRule,
+}
+
+/// Whether embed vectors are normalized when a job does not say.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum NormalizeRule {
+    /// As the model's sentence-transformers modules say.
+    #[default]
+    Model,
+    Always,
+    Never,
+}
+
+impl std::str::FromStr for NormalizeRule {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "model" => Ok(NormalizeRule::Model),
+            "always" | "true" => Ok(NormalizeRule::Always),
+            "never" | "false" => Ok(NormalizeRule::Never),
+            other => Err(format!(
+                "unknown normalize rule {other:?} (model, always, never)"
+            )),
+        }
+    }
+}
+
+impl NormalizeRule {
+    /// The default for a model whose modules do (`model_normalizes`) or do
+    /// not normalize.
+    pub fn default_for(self, model_normalizes: bool) -> bool {
+        match self {
+            NormalizeRule::Model => model_normalizes,
+            NormalizeRule::Always => true,
+            NormalizeRule::Never => false,
+        }
+    }
 }
 
 /// The generate task's knobs (ignored by embed consumers).
@@ -261,10 +307,13 @@ impl ModelConfig {
         })
     }
 
-    /// The model name jobs ask for, or the task's default.
+    /// The model name jobs ask for: `--model-name`, else the model's own
+    /// ([`crate::model_name::derive`]: a GGUF's file name, an encoder
+    /// directory's name), else the task's default.
     pub fn name(&self, task: Task) -> String {
         self.model_name
             .clone()
+            .or_else(|| crate::model_name::derive(&self.dir(task)))
             .unwrap_or_else(|| task.default_model().to_string())
     }
 

@@ -26,6 +26,7 @@ pub mod http;
 pub mod in_flight;
 pub mod job;
 pub mod memory;
+pub mod model_name;
 pub mod offline;
 pub mod output;
 pub mod recycle;

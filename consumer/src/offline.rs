@@ -23,9 +23,6 @@ pub struct EmbedArgs {
     /// Where to write the float32 `.npy` matrix, shape [items, dim].
     #[arg(long)]
     pub output: PathBuf,
-    /// L2-normalize the vectors (like sentence-transformers' default models).
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-    pub normalize: bool,
     /// The prompt of the model's config_sentence_transformers.json to put
     /// before every text (default: the model's default prompt, if any).
     #[arg(long)]
@@ -64,7 +61,7 @@ pub fn embed_file(args: &EmbedArgs) -> anyhow::Result<EmbedReport> {
     args.model.validate()?;
     crate::alloc::tune();
     let loaded = load_encoder(&args.model, Task::Embed)?;
-    let EncoderInputs::Texts(prompts) = &loaded.inputs else {
+    let EncoderInputs::Texts { prompts, normalize } = &loaded.inputs else {
         anyhow::bail!("bug: an embedding model loaded as a reranker");
     };
     let body = std::fs::read(&args.input)
@@ -81,7 +78,7 @@ pub fn embed_file(args: &EmbedArgs) -> anyhow::Result<EmbedReport> {
         .collect();
     let texts = prompts.apply(args.prompt_name.as_deref(), texts)?;
     let (vectors, report) = embed_texts(&loaded, texts, args.model.max_batch_tokens)?;
-    let vectors = if args.normalize {
+    let vectors = if *normalize {
         vectors.into_iter().map(l2_normalize).collect()
     } else {
         vectors

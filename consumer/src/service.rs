@@ -100,6 +100,9 @@ pub async fn start(config: Config) -> anyhow::Result<Consumer> {
     .await?;
     let js = jetstream::new(nats.clone());
     let model_name = config.model.name(task);
+    if config.model.model_name.is_none() {
+        tracing::info!(model = %model_name, dir = %config.model.dir(task).display(), "no --model-name: answering to the model's own name");
+    }
     let model_route = model_route(&js, &config.topology(), task, &model_name).await?;
     let stream_binding = bind_stream(&js, &config.topology(), task, &model_route).await?;
     let s3 = config.deployment.s3.client().await;
@@ -265,6 +268,16 @@ async fn model_route(
     let Some(models) = sluice_connect::models::deployed_models(js, topology).await? else {
         return Ok(ModelRoute::Unrouted);
     };
+    let ours = models.of_task(task.as_str()).any(|m| m.model == model);
+    if let Some(other) = models.all().iter().find(|m| m.model == model)
+        && !ours
+    {
+        anyhow::bail!(
+            "--model-name: model {model:?} is deployed for the {} task, not {task} (the `[[models]]` settings): start this consumer with --task {}, or give it another --model-name",
+            other.task,
+            other.task
+        );
+    }
     if models.of_task(task.as_str()).next().is_none() {
         return Ok(ModelRoute::Unrouted);
     }

@@ -227,6 +227,7 @@ pub async fn answer(
         }],
         parameters: sluice_schemas::Parameters {
             prompt_name: request.prompt_name.clone(),
+            normalize: crate::openai::unit_vectors(endpoint.task()),
             ..Default::default()
         },
         token_estimate: None,

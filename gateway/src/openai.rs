@@ -607,6 +607,15 @@ fn finish_reason(r: FinishReason) -> &'static str {
     }
 }
 
+/// `parameters.normalize` of the jobs an embeddings request becomes: OpenAI's
+/// embeddings are unit vectors ("normalized to length 1", its API says, and
+/// clients compute cosine as a dot product on that word), so the gateway
+/// asks for them whatever the model's own modules do; other tasks take no
+/// such parameter.
+pub fn unit_vectors(task: sluice_schemas::Task) -> Option<bool> {
+    (task == sluice_schemas::Task::Embed).then_some(true)
+}
+
 /// The response body of an embeddings request.
 pub fn embeddings_body(model: &str, vectors: &[&[f32]], tokens: u64, base64: bool) -> Value {
     let data: Vec<Value> = vectors

@@ -130,6 +130,25 @@ pub fn levels() -> Vec<KernelLevel> {
     .collect()
 }
 
+/// Whether the CPU is AMD's (CPUID leaf 0's vendor string `AuthenticAMD`):
+/// the bf16 rule of [`crate::encoder::bf16_by_rule`] differs by vendor,
+/// since their cores differ in how many 512-bit FMAs they issue.
+pub fn is_amd() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let leaf = std::arch::x86_64::__cpuid(0);
+        let mut vendor = [0u8; 12];
+        vendor[..4].copy_from_slice(&leaf.ebx.to_le_bytes());
+        vendor[4..8].copy_from_slice(&leaf.edx.to_le_bytes());
+        vendor[8..].copy_from_slice(&leaf.ecx.to_le_bytes());
+        &vendor == b"AuthenticAMD"
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// The host CPU as a figure should name it: its model, family and model
 /// numbers, and the SIMD flags the kernels care about (from `/proc/cpuinfo`;
 /// empty fields where it cannot be read).

@@ -38,7 +38,12 @@ pub trait StepModel {
 pub trait TokenText {
     /// Tokens that end a sequence (end of text, end of turn).
     fn stop_ids(&self) -> Vec<u32>;
-    fn decode(&self, ids: &[u32]) -> String;
+    /// The bytes of `ids`' text (a token may hold part of a character).
+    fn decode_bytes(&self, ids: &[u32]) -> Vec<u8>;
+    /// `ids`' text; bytes that make no whole character show as U+FFFD.
+    fn decode(&self, ids: &[u32]) -> String {
+        String::from_utf8_lossy(&self.decode_bytes(ids)).into_owned()
+    }
 }
 
 /// The consumer's model.
@@ -72,8 +77,8 @@ impl TokenText for GgufTokenizer {
         GgufTokenizer::stop_ids(self).to_vec()
     }
 
-    fn decode(&self, ids: &[u32]) -> String {
-        GgufTokenizer::decode(self, ids)
+    fn decode_bytes(&self, ids: &[u32]) -> Vec<u8> {
+        GgufTokenizer::decode_bytes(self, ids)
     }
 }
 
@@ -532,7 +537,7 @@ impl<'m, K: Clone, M: StepModel, T: TokenText> Generator<'m, K, M, T> {
     }
 
     fn result(&self, r: &Running<K, M::Cache>, reason: FinishReason) -> Generated {
-        let mut text = self.tokenizer.decode(&r.generated);
+        let mut text = whole_characters(&self.tokenizer.decode_bytes(&r.generated));
         if reason == FinishReason::Stop
             && let Some(at) = r
                 .params
@@ -551,6 +556,33 @@ impl<'m, K: Clone, M: StepModel, T: TokenText> Generator<'m, K, M, T> {
             tokens: r.generated.clone(),
         }
     }
+}
+
+/// A sequence's final text: its bytes without a character it ended inside
+/// (`max_tokens` can stop a sequence between a character's bytes: those
+/// bytes stay in its token ids, the text leaves them out rather than end in
+/// U+FFFD); invalid bytes elsewhere read as U+FFFD, as in [`TokenText::decode`].
+pub fn whole_characters(bytes: &[u8]) -> String {
+    let n = bytes.len();
+    let mut end = n;
+    // The last character's lead byte is among the last four.
+    for back in 1..=n.min(4) {
+        let b = bytes[n - back];
+        if b & 0xC0 == 0x80 {
+            continue; // a continuation byte
+        }
+        let needs = match b {
+            0xF0..=0xF7 => 4,
+            0xE0..=0xEF => 3,
+            0xC0..=0xDF => 2,
+            _ => 1,
+        };
+        if needs > back {
+            end = n - back;
+        }
+        break;
+    }
+    String::from_utf8_lossy(&bytes[..end]).into_owned()
 }
 
 /// A constraint that fails mid-sequence: a bug (its mask allowed the token).
@@ -663,8 +695,8 @@ mod tests {
         fn stop_ids(&self) -> Vec<u32> {
             vec![EOS]
         }
-        fn decode(&self, ids: &[u32]) -> String {
-            ids.iter().map(|t| (b'a' + *t as u8) as char).collect()
+        fn decode_bytes(&self, ids: &[u32]) -> Vec<u8> {
+            ids.iter().map(|t| b'a' + *t as u8).collect()
         }
     }
 
@@ -824,16 +856,14 @@ mod tests {
         fn stop_ids(&self) -> Vec<u32> {
             vec![EOS]
         }
-        fn decode(&self, ids: &[u32]) -> String {
-            let bytes: Vec<u8> = ids
-                .iter()
+        fn decode_bytes(&self, ids: &[u32]) -> Vec<u8> {
+            ids.iter()
                 .flat_map(|&t| match t {
                     2 => vec![0xC3],
                     3 => vec![0xA9],
                     t => vec![b'a' + t as u8 - 3],
                 })
-                .collect();
-            String::from_utf8_lossy(&bytes).into_owned()
+                .collect()
         }
     }
 
@@ -876,6 +906,44 @@ mod tests {
         assert_eq!(pieces[0], ["é", "b", ""]);
         assert_eq!(pieces[1], ["é", "b", "c", "d", "e", ""]);
         assert!(pieces[2].is_empty());
+    }
+
+    /// `max_tokens` ends a sequence between the two bytes of "é": the text
+    /// leaves the half character out (its byte stays in the token ids), in
+    /// the plain answer and in the stream, never U+FFFD.
+    #[test]
+    fn a_sequence_cut_inside_a_character_ends_before_it() {
+        let m = model();
+        let mut g = Generator::new(&m, &HalfChars, 64);
+        // 1 -> 2 (half of "é") and stop there: 1 new token.
+        g.add_streamed(0, vec![1], params(1)).unwrap();
+        g.add(1, vec![1], params(1)).unwrap();
+        let mut pieces = Vec::new();
+        let mut done = Vec::new();
+        while !g.is_empty() {
+            done.extend(g.step().unwrap());
+            pieces.extend(g.take_text().into_iter().map(|(_, t)| t));
+        }
+        for (_, generated) in &done {
+            assert_eq!(generated.text, "");
+            assert_eq!(generated.tokens, [2]);
+            assert_eq!(generated.finish_reason, FinishReason::Length);
+        }
+        assert_eq!(pieces.concat(), "");
+        let table: [(&[u8], &str); 8] = [
+            (b"", ""),
+            (b"ab", "ab"),
+            ("é".as_bytes(), "é"),
+            (&[b'a', 0xC3], "a"),
+            (&[b'a', 0xE6, 0x97], "a"),
+            (&[0xF0, 0x9F, 0x8C], ""),
+            ("🌈".as_bytes(), "🌈"),
+            // Invalid, not cut: still shown as U+FFFD.
+            (&[b'a', 0xFF], "a\u{FFFD}"),
+        ];
+        for (bytes, want) in table {
+            assert_eq!(whole_characters(bytes), want, "{bytes:?}");
+        }
     }
 
     #[test]

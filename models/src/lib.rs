@@ -28,9 +28,9 @@ pub use bert::EncoderInputError;
 /// The precision of the packed BERT forward's linear layers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum EmbedWeights {
-    /// bf16 where the CPU has AVX512_BF16 and a measurement at start-up
-    /// ([`sluice_kernels::encoder::bf16_speedup`]) finds the bf16 layers at
-    /// least [`BF16_MIN_SPEEDUP`] times as fast as f32's; f32 elsewhere.
+    /// bf16 where [`sluice_kernels::encoder::bf16_by_rule`] says the CPU
+    /// runs it faster (AMX tiles; AVX512_BF16 on an AMD core), f32
+    /// elsewhere: a rule, so every start on one CPU answers alike.
     #[default]
     Auto,
     /// f32 weights and sums.
@@ -39,9 +39,6 @@ pub enum EmbedWeights {
     /// has AVX512_BF16; f32 elsewhere.
     Bf16,
 }
-
-/// The speed-up over f32 `auto` asks of bf16 before it rounds the weights.
-pub const BF16_MIN_SPEEDUP: f64 = 1.1;
 
 impl std::str::FromStr for EmbedWeights {
     type Err = String;
@@ -56,28 +53,34 @@ impl std::str::FromStr for EmbedWeights {
 }
 
 impl EmbedWeights {
-    /// `Auto` decided (measuring once per process, logged); the others as
-    /// they are.
+    /// `Auto` decided by [`sluice_kernels::encoder::bf16_by_rule`] (what
+    /// the CPU is, never a timing: the same vectors at every start on one
+    /// CPU; logged once per process); the others as they are.
     pub fn resolve(self) -> EmbedWeights {
         if self != EmbedWeights::Auto {
             return self;
         }
-        match sluice_kernels::encoder::bf16_speedup() {
-            Some(speedup) if speedup >= BF16_MIN_SPEEDUP => {
-                tracing::info!(
-                    speedup = format!("{speedup:.2}"),
-                    "--embed-weights auto: bf16 (the bf16 linear layers measured faster than f32 here)"
-                );
-                EmbedWeights::Bf16
-            }
-            Some(speedup) => {
-                tracing::info!(
-                    speedup = format!("{speedup:.2}"),
-                    "--embed-weights auto: f32 (bf16 measured no faster than f32 on this CPU)"
-                );
-                EmbedWeights::F32
-            }
-            None => EmbedWeights::F32,
+        static LOGGED: std::sync::Once = std::sync::Once::new();
+        let (weights, why) = match sluice_kernels::encoder::bf16_by_rule() {
+            Some((true, why)) => (EmbedWeights::Bf16, why),
+            Some((false, why)) => (EmbedWeights::F32, why),
+            None => (EmbedWeights::F32, "this process runs no bf16 layers"),
+        };
+        LOGGED.call_once(|| {
+            tracing::info!(
+                weights = weights.name(),
+                why,
+                "--embed-weights auto (a rule on the CPU, the same at every start)"
+            );
+        });
+        weights
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            EmbedWeights::Auto => "auto",
+            EmbedWeights::F32 => "f32",
+            EmbedWeights::Bf16 => "bf16",
         }
     }
 }
@@ -183,12 +186,12 @@ pub fn worst_batch_shape(max_batch_tokens: usize, max_tokens_per_item: usize) ->
 mod tests {
     use super::*;
 
-    /// `auto` becomes bf16 exactly where the measured speed-up clears the
-    /// bar; an explicit choice stays as asked.
+    /// `auto` becomes bf16 exactly where the rule says so; an explicit
+    /// choice stays as asked.
     #[test]
-    fn auto_weights_follow_the_measured_speedup() {
-        let expected = match sluice_kernels::encoder::bf16_speedup() {
-            Some(speedup) if speedup >= BF16_MIN_SPEEDUP => EmbedWeights::Bf16,
+    fn auto_weights_follow_the_rule() {
+        let expected = match sluice_kernels::encoder::bf16_by_rule() {
+            Some((true, _)) => EmbedWeights::Bf16,
             _ => EmbedWeights::F32,
         };
         assert_eq!(EmbedWeights::Auto.resolve(), expected);

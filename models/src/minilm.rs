@@ -31,6 +31,9 @@ pub struct MiniLm {
     max_tokens_per_item: usize,
     pooling: Pooling,
     prompts: Prompts,
+    /// Whether the model's sentence-transformers modules end in
+    /// `Normalize` (its vectors are unit vectors there).
+    normalize: bool,
     /// The id padded batches are filled with (the candle forwards).
     pad_id: u32,
 }
@@ -248,6 +251,7 @@ impl MiniLm {
             heads: config.num_attention_heads,
             max_tokens_per_item,
             pooling: files.pooling,
+            normalize: files.normalize,
             prompts: files.prompts,
             pad_id: config.pad_token_id as u32,
         };
@@ -257,6 +261,13 @@ impl MiniLm {
     /// How the vectors are pooled (from the model's files).
     pub fn pooling(&self) -> Pooling {
         self.pooling
+    }
+
+    /// Whether sentence-transformers normalizes this model's vectors: its
+    /// `modules.json` lists a `Normalize` module (a directory without
+    /// `modules.json` has none, as sentence-transformers reads it).
+    pub fn normalizes(&self) -> bool {
+        self.normalize
     }
 
     /// The prompts a job may name (from the model's files).

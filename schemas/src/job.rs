@@ -137,7 +137,10 @@ pub struct Parameters {
     /// `item_too_long`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub truncate: Option<bool>,
-    /// embed: L2-normalize the vectors (default true).
+    /// embed: L2-normalize the vectors. Default: as sentence-transformers
+    /// does with the model (unit vectors where its `modules.json` lists a
+    /// `Normalize` module, raw elsewhere), unless the consumer's operator
+    /// set `--normalize`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub normalize: Option<bool>,
     /// embed: the prompt of the model's `config_sentence_transformers.json`
@@ -177,9 +180,6 @@ impl Parameters {
     }
     pub fn truncate(&self) -> bool {
         self.truncate.unwrap_or(true)
-    }
-    pub fn normalize(&self) -> bool {
-        self.normalize.unwrap_or(true)
     }
     /// The generate parameters, for a prompt's own to fall back on.
     pub fn generate(&self) -> GenerateParameters {

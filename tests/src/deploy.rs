@@ -362,7 +362,8 @@ impl Deployment {
     }
 
     /// An in-process consumer of the model in `dir` (not the default
-    /// MiniLM), with `extra` flags.
+    /// MiniLM), with `extra` flags, answering to the task's default model
+    /// name unless `extra` gives `--model-name`.
     pub async fn start_consumer_of(
         &self,
         dir: &Path,
@@ -370,6 +371,12 @@ impl Deployment {
     ) -> Result<sluice_consumer::Consumer> {
         let mut config = self.consumer_config(extra);
         config.model.model_dir = Some(dir.to_path_buf());
+        // Served under the task's default name unless `extra` names one
+        // (otherwise it would answer to its directory's): the producer's
+        // job helpers name that model.
+        if config.model.model_name.is_none() {
+            config.model.model_name = Some(config.task().default_model().to_string());
+        }
         sluice_consumer::start(config).await
     }
 

@@ -314,8 +314,8 @@ async fn run_encoder(
     let vectors = engine.run(tokenized, timings, trace, served).await?;
     let started = Instant::now();
     let output = match engine.inputs {
-        EncoderInputs::Texts(_) => {
-            let vectors = if job.parameters.normalize() {
+        EncoderInputs::Texts { normalize, .. } => {
+            let vectors = if job.parameters.normalize.unwrap_or(normalize) {
                 vectors.into_iter().map(l2_normalize).collect()
             } else {
                 vectors

@@ -102,6 +102,7 @@ pub async fn publish(
         }],
         parameters: Parameters {
             prompt_name: chunk.prompt_name.clone(),
+            normalize: crate::openai::unit_vectors(task),
             ..Parameters::default()
         },
         token_estimate: None,

@@ -514,6 +514,11 @@ impl GgufTokenizer {
     /// of each; SentencePiece's first space removed, as its detokenizer
     /// does). Bytes that do not make whole characters show as U+FFFD.
     pub fn decode(&self, ids: &[u32]) -> String {
+        String::from_utf8_lossy(&self.decode_bytes(ids)).into_owned()
+    }
+
+    /// The bytes [`GgufTokenizer::decode`] reads as text.
+    pub fn decode_bytes(&self, ids: &[u32]) -> Vec<u8> {
         let mut bytes = Vec::new();
         for (i, &id) in ids.iter().enumerate() {
             let Some(text) = self.vocab.texts.get(id as usize) else {
@@ -537,7 +542,7 @@ impl GgufTokenizer {
                 },
             }
         }
-        String::from_utf8_lossy(&bytes).into_owned()
+        bytes
     }
 
     fn template_tokens(&self) -> TemplateTokens {

@@ -29,7 +29,6 @@ async fn main() -> Result<()> {
     let model_args = EmbedArgs {
         input: subset.clone(),
         output: std::env::temp_dir().join(format!("sluice-e2e-{}.npy", std::process::id())),
-        normalize: true,
         prompt_name: None,
         model: sluice_consumer::ModelConfig {
             model_dir: Some(models_dir().join("all-minilm-l6-v2")),
@@ -39,6 +38,7 @@ async fn main() -> Result<()> {
             max_tokens_per_item: None,
             max_batch_tokens,
             embed_weights: Default::default(),
+            normalize: sluice_consumer::config::NormalizeRule::Always,
         },
     };
 

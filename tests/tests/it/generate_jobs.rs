@@ -457,3 +457,43 @@ async fn the_schemas_chat_example_is_what_the_model_answers() {
     assert_eq!(got["status"], "ok");
     generator.terminate(Duration::from_secs(10));
 }
+
+/// Started on a GGUF without `--model-name`, a consumer answers to the
+/// model's own name (its file name without the quantization:
+/// `gemma-3-270m-Q4_K_M.gguf` is `gemma-3-270m`), and `served_by` says so;
+/// a job naming the default SmolLM2 is refused as another model's.
+#[tokio::test]
+async fn a_gguf_consumer_answers_to_its_own_name() {
+    let d = Deployment::start().await.unwrap();
+    let mut config = d.consumer_config(&["--task=generate", "--max-items-per-job=4"]);
+    config.model.model_dir = Some(sluice_tests::models_dir().join("gemma3-270m"));
+    let consumer = sluice_consumer::start(config).await.unwrap();
+    let mut results = d.producer.subscribe_results().await.unwrap();
+    let mut own = generate_job(&d, "own-name", vec![json!("Say hi.")]);
+    own.model = "gemma-3-270m".into();
+    own.parameters.max_new_tokens = Some(2);
+    d.producer.submit(&own).await.unwrap();
+    let mut other = generate_job(&d, "other-name", vec![json!("Say hi.")]);
+    other.parameters.max_new_tokens = Some(2);
+    d.producer.submit(&other).await.unwrap();
+    let got = wait_results(&mut results, 2, Duration::from_secs(120)).await;
+    let by_id: HashMap<_, _> = got
+        .into_iter()
+        .map(|r| (r.job_id.clone().unwrap_or_default(), r))
+        .collect();
+    let own = &by_id["own-name"];
+    generations(&own.outcome);
+    assert_eq!(
+        own.served_by.as_ref().map(|s| s.model.as_str()),
+        Some("gemma-3-270m")
+    );
+    let Outcome::Error { error } = &by_id["other-name"].outcome else {
+        panic!("{:?}", by_id["other-name"].outcome);
+    };
+    assert!(
+        error.message.contains("gemma-3-270m"),
+        "the refusal names the model served: {}",
+        error.message
+    );
+    consumer.shutdown(Duration::from_secs(10)).await.unwrap();
+}

@@ -8,6 +8,7 @@ mod cli;
 mod deploy_files;
 mod device_check;
 mod embed;
+mod embed_answers;
 mod expiry;
 mod failures;
 mod families;

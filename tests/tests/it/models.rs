@@ -367,6 +367,20 @@ async fn init_adds_models_in_place_and_an_undeployed_or_misrouted_model_is_refus
         e.contains("--model-name: model \"e5-large\" is not deployed"),
         "{e}"
     );
+    // Nor an embed consumer under the name of a model deployed for
+    // generate: it would never see a job of that name.
+    let e = d
+        .start_consumer(&[&format!("--model-name={SMOLLM}")])
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains(&format!(
+            "--model-name: model \"{SMOLLM}\" is deployed for the generate task, not embed"
+        )),
+        "{e}"
+    );
 
     // A body that names another model than its subject is a schema
     // violation, dead-lettered, not run on the wrong model.

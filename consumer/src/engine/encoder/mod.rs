@@ -46,8 +46,10 @@ pub struct EncoderEngine {
 #[derive(Clone, Debug)]
 pub enum EncoderInputs {
     /// embed: texts, each after the prompt a job names in
-    /// `parameters.prompt_name` (or the model's default).
-    Texts(Prompts),
+    /// `parameters.prompt_name` (or the model's default); their vectors
+    /// L2-normalized where a job says so, else where `normalize` says (the
+    /// model's modules, or the operator's `--normalize`).
+    Texts { prompts: Prompts, normalize: bool },
     /// rerank: (query, document) pairs in the tokenizer's pair template,
     /// with their token types.
     Pairs,
@@ -56,7 +58,7 @@ pub enum EncoderInputs {
 impl EncoderInputs {
     pub fn task(&self) -> Task {
         match self {
-            EncoderInputs::Texts(_) => Task::Embed,
+            EncoderInputs::Texts { .. } => Task::Embed,
             EncoderInputs::Pairs => Task::Rerank,
         }
     }
@@ -118,7 +120,14 @@ pub fn load_encoder(config: &ModelConfig, task: Task) -> anyhow::Result<LoadedMo
                 config.embed_weights,
             )?;
             let prompts = model.prompts().clone();
-            (Box::new(model), EncoderInputs::Texts(prompts))
+            let normalize = config.normalize.default_for(model.normalizes());
+            tracing::info!(
+                model_normalizes = model.normalizes(),
+                rule = ?config.normalize,
+                normalize,
+                "vectors of jobs that do not set parameters.normalize"
+            );
+            (Box::new(model), EncoderInputs::Texts { prompts, normalize })
         }
     };
     let max_tokens = model.max_tokens_per_item();
@@ -153,7 +162,7 @@ pub fn start(
         max_input_bytes: config.max_input_bytes,
         max_items: config.max_items_per_job(),
         per_item: match loaded.inputs {
-            EncoderInputs::Texts(_) => ItemCost::Embed {
+            EncoderInputs::Texts { .. } => ItemCost::Embed {
                 dim: dim as u64,
                 max_tokens_per_item: model.max_tokens_per_item() as u64,
             },
@@ -256,7 +265,7 @@ impl EncoderEngine {
         };
         let tokenizer = Arc::clone(&self.tokenizer);
         let tokenized: Vec<(EncoderItem, bool)> = match &self.inputs {
-            EncoderInputs::Texts(prompts) => {
+            EncoderInputs::Texts { prompts, .. } => {
                 let texts = items
                     .into_iter()
                     .map(|item| match item {
