@@ -87,32 +87,20 @@ pub struct ModelConfig {
     /// `modules.json` lists a `Normalize` module, raw elsewhere (a directory
     /// without `modules.json` too); `always` (or `true`) and `never` (or
     /// `false`) decide for every model.
-    #[arg(long, env = "SLUICE_NORMALIZE", default_value = "model")]
+    #[arg(long, env = "SLUICE_NORMALIZE", value_enum, default_value = "model")]
     pub normalize: NormalizeRule,
 }
 
 /// Whether embed vectors are normalized when a job does not say.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum NormalizeRule {
     /// As the model's sentence-transformers modules say.
     #[default]
     Model,
+    #[value(alias = "true")]
     Always,
+    #[value(alias = "false")]
     Never,
-}
-
-impl std::str::FromStr for NormalizeRule {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "model" => Ok(NormalizeRule::Model),
-            "always" | "true" => Ok(NormalizeRule::Always),
-            "never" | "false" => Ok(NormalizeRule::Never),
-            other => Err(format!(
-                "unknown normalize rule {other:?} (model, always, never)"
-            )),
-        }
-    }
 }
 
 impl NormalizeRule {
@@ -550,6 +538,26 @@ pub(crate) mod tests {
             assert!(err.contains(expected), "{args:?}: {err}");
             assert!(err.starts_with("invalid config: "), "{err}");
         }
+    }
+
+    /// `--normalize`: the rules by name, `true` / `false` as the old flag's
+    /// values, `model` by default.
+    #[test]
+    fn normalize_rules_and_their_old_spellings() {
+        for (arg, want) in [
+            ("--normalize=model", NormalizeRule::Model),
+            ("--normalize=always", NormalizeRule::Always),
+            ("--normalize=true", NormalizeRule::Always),
+            ("--normalize=never", NormalizeRule::Never),
+            ("--normalize=false", NormalizeRule::Never),
+        ] {
+            assert_eq!(config(&[arg]).model.normalize, want, "{arg}");
+        }
+        assert_eq!(config(&[]).model.normalize, NormalizeRule::Model);
+        assert!(NormalizeRule::Model.default_for(true));
+        assert!(!NormalizeRule::Model.default_for(false));
+        assert!(NormalizeRule::Always.default_for(false));
+        assert!(!NormalizeRule::Never.default_for(true));
     }
 
     #[test]

@@ -274,20 +274,15 @@ impl StatusStore {
         match attempt {
             Ok((written, _)) => Ok(written.is_some()),
             Err(error) => {
-                for _ in 0..5 {
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    match self.get(&record.job_id).await {
-                        Ok(Some(current)) if current.state.is_final() => {
-                            return Ok(current.state == record.state
-                                && current.attempts == record.attempts
-                                && current.stream_sequence == record.stream_sequence
-                                && current.updated_at == record.updated_at);
-                        }
-                        Ok(_) => return Err(error),
-                        Err(_) => continue,
-                    }
-                }
-                Err(error)
+                self.read_back(&record.job_id, error, |current| {
+                    current.filter(|c| c.state.is_final()).map(|c| {
+                        c.state == record.state
+                            && c.attempts == record.attempts
+                            && c.stream_sequence == record.stream_sequence
+                            && c.updated_at == record.updated_at
+                    })
+                })
+                .await
             }
         }
     }
@@ -349,17 +344,32 @@ impl StatusStore {
             Ok((Some(_), _)) => Ok(true),
             Ok((None, seen)) => Ok(decided(seen.as_ref())),
             Err(error) => {
-                for _ in 0..5 {
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    match self.get(job_id).await {
-                        Ok(Some(current)) if current.answered.contains(&mine) => return Ok(true),
-                        Ok(_) => return Err(error),
-                        Err(_) => continue,
-                    }
-                }
-                Err(error)
+                self.read_back(job_id, error, |current| {
+                    current.filter(|c| c.answered.contains(&mine)).map(|_| true)
+                })
+                .await
             }
         }
+    }
+
+    /// After a write whose reply was lost (`error`): reads the record back,
+    /// up to 5 times a second apart, until `decide` can tell from it whether
+    /// the write was stored (`Some`); a record it cannot tell from (`None`)
+    /// or 5 failed reads give `error` back.
+    async fn read_back(
+        &self,
+        job_id: &str,
+        error: StatusError,
+        decide: impl Fn(Option<&StatusRecord>) -> Option<bool>,
+    ) -> Result<bool, StatusError> {
+        for _ in 0..5 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            match self.get(job_id).await {
+                Ok(current) => return decide(current.as_ref()).ok_or(error),
+                Err(_) => continue,
+            }
+        }
+        Err(error)
     }
 
     /// `cancelled`, unless the job has finished. Returns whether it was
