@@ -172,8 +172,9 @@ pub struct Config {
     /// Bucket that outputs are written to.
     #[arg(long, env = "SLUICE_OUTPUT_BUCKET", default_value = "sluice")]
     pub output_bucket: String,
-    /// Key prefix of outputs: an output's key is `<prefix><job id>.npy`
-    /// (embed) or `<prefix><job id>.jsonl` (generate).
+    /// Key prefix of outputs: an output's key is `<prefix><job id>.<stream
+    /// sequence>-<attempt>.npy` (embed, rerank) or `.jsonl` (generate), one
+    /// object per delivery, of which only the answered one stays.
     #[arg(long, env = "SLUICE_OUTPUT_PREFIX", default_value = "outputs/")]
     pub output_prefix: String,
     /// Outputs up to this many bytes (of float32 data) go inline in the result

@@ -233,8 +233,13 @@ impl Deployment {
 
     /// A consumer config for this deployment, with `extra` flags on top.
     pub fn consumer_config(&self, extra: &[&str]) -> Config {
+        self.consumer_config_via(&self.nats_urls, extra)
+    }
+
+    /// [`Deployment::consumer_config`] reaching NATS at `nats_urls`.
+    pub fn consumer_config_via(&self, nats_urls: &str, extra: &[&str]) -> Config {
         let mut args = vec!["sluice-consumer".to_string()];
-        args.extend(self.consumer_args(extra));
+        args.extend(self.consumer_args_via(nats_urls, extra));
         ConfigArgs::parse_from(args).config
     }
 

@@ -25,6 +25,7 @@ use crate::engine::encoder::{EncoderEngine, EncoderInputs, Prepared, l2_normaliz
 use crate::engine::generate::GenerateEngine;
 use crate::error::JobError;
 use crate::output::JobStream;
+use crate::output::store::OutputOf;
 use crate::shared::{ModelRoute, Shared};
 use crate::telemetry::JobTrace;
 
@@ -237,7 +238,7 @@ async fn process(
                 reservation,
                 timings,
                 trace,
-                &delivery.tenant,
+                delivery,
             )
             .await?
         }
@@ -250,7 +251,7 @@ async fn process(
                 reservation,
                 timings,
                 trace,
-                delivery.attempt,
+                delivery,
             );
             tokio::select! {
                 biased;
@@ -280,8 +281,9 @@ async fn run_encoder(
     reservation: &mut Reservation,
     timings: &mut Timings,
     trace: &JobTrace,
-    tenant: &str,
+    delivery: &Delivery,
 ) -> Result<(Output, Usage), JobError> {
+    let of = output_of(job, delivery);
     let started = Instant::now();
     let Prepared {
         items: tokenized,
@@ -310,7 +312,7 @@ async fn run_encoder(
     // The real cost is known now: give back the rest of the worst case.
     reservation.shrink_to(shared.cost.actual_bytes(usage.items, usage.tokens));
 
-    let served = |tokens| shared.stats.add_tenant_tokens(tenant, tokens);
+    let served = |tokens| shared.stats.add_tenant_tokens(&delivery.tenant, tokens);
     let vectors = engine.run(tokenized, timings, trace, served).await?;
     let started = Instant::now();
     let output = match engine.inputs {
@@ -322,7 +324,7 @@ async fn run_encoder(
             };
             shared
                 .outputs
-                .store_embeddings(&job.id, vectors, engine.dim, &job.output)
+                .store_embeddings(of, vectors, engine.dim, &job.output)
                 .await?
         }
         EncoderInputs::Pairs => {
@@ -331,10 +333,7 @@ async fn run_encoder(
                 .map(|v| v.first().copied())
                 .collect::<Option<Vec<f32>>>()
                 .ok_or_else(|| JobError::new(ErrorCode::Internal, "bug: a pair got no score"))?;
-            shared
-                .outputs
-                .store_scores(&job.id, scores, &job.output)
-                .await?
+            shared.outputs.store_scores(of, scores, &job.output).await?
         }
     };
     record_write(timings, trace, started, &output);
@@ -353,8 +352,9 @@ async fn run_generate(
     reservation: &mut Reservation,
     timings: &mut Timings,
     trace: &JobTrace,
-    attempt: u32,
+    delivery: &Delivery,
 ) -> Result<(Output, Usage), JobError> {
+    let of = output_of(job, delivery);
     let started = Instant::now();
     let prepared = engine.prepare(items, &job.parameters).await?;
     timings.tokenize = Some(started.elapsed().as_secs_f64() * 1e3);
@@ -383,7 +383,7 @@ async fn run_generate(
             nats: shared.js.client(),
             subject: shared.topology.stream_subject(&job.id),
             job_id: job.id.clone(),
-            attempt,
+            attempt: delivery.attempt,
             queue_ms: timings.queue,
             stats: Arc::clone(&shared.stats),
         };
@@ -417,10 +417,19 @@ async fn run_generate(
     let started = Instant::now();
     let output = shared
         .outputs
-        .store_generations(&job.id, generations, &job.output)
+        .store_generations(of, generations, &job.output)
         .await?;
     record_write(timings, trace, started, &output);
     Ok((output, usage))
+}
+
+/// The delivery this output belongs to (it names the object).
+fn output_of<'a>(job: &'a sluice_schemas::Job, delivery: &Delivery) -> OutputOf<'a> {
+    OutputOf {
+        job_id: &job.id,
+        stream_sequence: delivery.stream_sequence,
+        attempt: delivery.attempt,
+    }
 }
 
 fn record_write(timings: &mut Timings, trace: &JobTrace, started: Instant, output: &Output) {

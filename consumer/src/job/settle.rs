@@ -113,7 +113,20 @@ pub async fn settle(
                     // answered as cancelled (by one delivery: give_up claims
                     // the answer); its output is not delivered. Otherwise
                     // another delivery finished it and answered.
-                    match shared.status.get(&job_id).await {
+                    let now = shared.status.get(&job_id).await;
+                    // This delivery's object is not the answered one: it
+                    // goes (the record names another delivery's, or none).
+                    if let Output::S3(ours) = &done.output {
+                        let named = match &now {
+                            Ok(Some(r)) => r.output.as_ref().is_some_and(|o| o.key == ours.key),
+                            // Unknown: leave it rather than risk the answer's.
+                            _ => true,
+                        };
+                        if !named {
+                            shared.outputs.discard(&ours.key).await;
+                        }
+                    }
+                    match now {
                         Ok(Some(r)) if r.state == JobState::Cancelled => {
                             let error = JobError::new(
                                 ErrorCode::Cancelled,

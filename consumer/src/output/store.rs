@@ -1,6 +1,14 @@
-//! Job outputs: inline in the result when small, else an object in S3 at a
-//! key derived from the job id (so a redelivered job overwrites its output
-//! rather than duplicating it), described by its size, SHA-256 and shape.
+//! Job outputs: inline in the result when small, else an object in S3,
+//! described by its size, SHA-256 and shape.
+//!
+//! Each delivery writes its own object, `<prefix><job id>.<stream
+//! sequence>-<attempt>.<format>`: two deliveries of one job can both run
+//! (one that stalled past its ack wait, and its redelivery), and their
+//! outputs may differ in bytes (batches of different composition pad
+//! differently). Only the delivery whose `finish` wins is answered, and its
+//! object is the one the record and the result name; a losing delivery
+//! deletes its own object ([`OutputStore::discard`]) and can never replace
+//! the answered one.
 
 use std::time::Duration;
 
@@ -19,17 +27,50 @@ pub struct OutputStore {
     pub inline_max_bytes: u64,
 }
 
+/// Which delivery of which job an output belongs to: it names the object.
+#[derive(Debug, Clone, Copy)]
+pub struct OutputOf<'a> {
+    pub job_id: &'a str,
+    pub stream_sequence: u64,
+    pub attempt: u32,
+}
+
 impl OutputStore {
-    /// The S3 key of a job's output in `format` (`npy`, `jsonl`).
-    pub fn output_key(&self, job_id: &str, format: &str) -> String {
-        format!("{}{job_id}.{format}", self.prefix)
+    /// The S3 key of a delivery's output in `format` (`npy`, `jsonl`).
+    pub fn output_key(&self, of: OutputOf<'_>, format: &str) -> String {
+        format!(
+            "{}{}.{}-{}.{format}",
+            self.prefix, of.job_id, of.stream_sequence, of.attempt
+        )
+    }
+
+    /// Deletes the object a delivery wrote when that delivery is not the
+    /// one answered (another finished the job first, or it was cancelled
+    /// meanwhile). Best effort: an object left behind is never named by a
+    /// result or a record (a bucket lifecycle rule on the prefix clears it).
+    pub async fn discard(&self, key: &str) {
+        if let Err(e) = self
+            .s3
+            .delete_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .send()
+            .await
+        {
+            tracing::warn!(
+                bucket = %self.bucket,
+                key,
+                error = %aws_sdk_s3::error::DisplayErrorContext(&e),
+                "cannot delete the output of a delivery that was not answered; it is left behind"
+            );
+        }
     }
 
     /// Puts the vectors inline when small (unless the job asked for S3),
     /// else into S3 as `.npy`.
     pub async fn store_embeddings(
         &self,
-        job_id: &str,
+        of: OutputOf<'_>,
         vectors: Vec<Vec<f32>>,
         dim: usize,
         options: &OutputOptions,
@@ -42,7 +83,7 @@ impl OutputStore {
         let body = npy::encode_f32(&vectors, dim);
         drop(vectors);
         self.put(
-            job_id,
+            of,
             body,
             "npy",
             "application/octet-stream",
@@ -56,7 +97,7 @@ impl OutputStore {
     /// else into S3 as `.npy` of shape `[items]`.
     pub async fn store_scores(
         &self,
-        job_id: &str,
+        of: OutputOf<'_>,
         scores: Vec<f32>,
         options: &OutputOptions,
     ) -> Result<Output, JobError> {
@@ -67,7 +108,7 @@ impl OutputStore {
         let body = npy::encode_f32_vector(&scores);
         drop(scores);
         self.put(
-            job_id,
+            of,
             body,
             "npy",
             "application/octet-stream",
@@ -82,7 +123,7 @@ impl OutputStore {
     /// in item order).
     pub async fn store_generations(
         &self,
-        job_id: &str,
+        of: OutputOf<'_>,
         generations: Vec<Generation>,
         options: &OutputOptions,
     ) -> Result<Output, JobError> {
@@ -98,7 +139,7 @@ impl OutputStore {
         }
         drop(generations);
         self.put(
-            job_id,
+            of,
             body,
             "jsonl",
             "application/x-ndjson",
@@ -108,11 +149,10 @@ impl OutputStore {
         .await
     }
 
-    /// Writes a job's output object (keyed by the job id, so a redelivery
-    /// overwrites it) and describes it.
+    /// Writes this delivery's output object and describes it.
     async fn put(
         &self,
-        job_id: &str,
+        of: OutputOf<'_>,
         body: Vec<u8>,
         format: &str,
         content_type: &str,
@@ -120,7 +160,7 @@ impl OutputStore {
         presign_get_secs: Option<u32>,
     ) -> Result<Output, JobError> {
         let sha256 = hex::encode(Sha256::digest(&body));
-        let key = self.output_key(job_id, format);
+        let key = self.output_key(of, format);
         let bytes = body.len() as u64;
         self.s3
             .put_object()

@@ -37,6 +37,30 @@ enum Kind {
     Done,
 }
 
+/// Waits until the job's first delivery is held (unacked at the server):
+/// only X could pull it.
+async fn x_holds_the_job(d: &Deployment) {
+    let js = async_nats::jetstream::new(d.servers.nats.connect().await.unwrap());
+    let stream = js.get_stream(&d.topology.job_stream).await.unwrap();
+    let consumer = d.topology.consumer.clone();
+    let held = sluice_tests::read_until(
+        Duration::from_secs(20),
+        || {
+            let stream = stream.clone();
+            let consumer = consumer.clone();
+            async move {
+                stream
+                    .consumer_info(&consumer)
+                    .await
+                    .map_or(0, |i| i.num_ack_pending)
+            }
+        },
+        |&n| n >= 1,
+    )
+    .await;
+    assert_eq!(held, 1, "X never took the job");
+}
+
 /// Races two deliveries of one job of `kind`; returns every result published
 /// for it and how many deliveries the consumers refused to answer.
 async fn race(kind: Kind, id: &str) -> (Vec<JobResult>, u64, Option<JobState>) {
@@ -108,25 +132,7 @@ async fn race(kind: Kind, id: &str) -> (Vec<JobResult>, u64, Option<JobState>) {
         }
     }
     // X holds the first delivery (unacked at the server): Y may pull now.
-    let js = async_nats::jetstream::new(d.servers.nats.connect().await.unwrap());
-    let stream = js.get_stream(&d.topology.job_stream).await.unwrap();
-    let consumer = d.topology.consumer.clone();
-    let held = sluice_tests::read_until(
-        Duration::from_secs(20),
-        || {
-            let stream = stream.clone();
-            let consumer = consumer.clone();
-            async move {
-                stream
-                    .consumer_info(&consumer)
-                    .await
-                    .map_or(0, |i| i.num_ack_pending)
-            }
-        },
-        |&n| n >= 1,
-    )
-    .await;
-    assert_eq!(held, 1, "X never took the job");
+    x_holds_the_job(&d).await;
     y_link.set(Link::Up);
     // Each status read or write is a round trip of 1.6-3.2 s here, and a
     // delivery makes up to five.
@@ -209,4 +215,114 @@ async fn an_expired_job_delivered_twice_at_once_is_answered_once() {
 #[tokio::test]
 async fn a_done_job_delivered_twice_at_once_is_answered_once() {
     answered_once(Kind::Done, None, JobState::Done).await;
+}
+
+/// A delivery that lost the race must not touch the answered output. X
+/// takes the job and stalls writing its output (its S3 link holds every
+/// byte) while its NATS link stalls too, so the ack wait passes; Y runs the
+/// redelivery, writes, finishes and answers. Then X's links heal: its write
+/// lands and its finish is refused. X serves vectors unnormalized and Y
+/// normalized, so the two outputs differ in bytes, as the fault soak's did
+/// (there, batches of different composition): the object the answer and
+/// the record name must still hold the bytes whose SHA-256 they carry, and
+/// the loser's object must not be left behind.
+#[tokio::test]
+async fn a_stale_delivery_leaves_the_answered_output_alone() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("sluice_consumer=info")
+        .with_test_writer()
+        .try_init();
+    let d = Deployment::start_with(Settings {
+        ack_wait: Duration::from_secs(2),
+        max_deliver: 10,
+        ..Settings::default()
+    })
+    .await
+    .unwrap();
+    let nats: SocketAddr = format!("127.0.0.1:{}", d.servers.nats.port)
+        .parse()
+        .unwrap();
+    let s3: SocketAddr = format!("127.0.0.1:{}", d.servers.s3.port).parse().unwrap();
+    let (x_nats, x_s3, y_nats) = (
+        ChaosProxy::start(nats).await.unwrap(),
+        ChaosProxy::start(s3).await.unwrap(),
+        ChaosProxy::start(nats).await.unwrap(),
+    );
+    // X: its NATS and its S3 behind proxies, vectors unnormalized.
+    let mut x_config = d.consumer_config_via(
+        &x_nats.url(),
+        &["--progress-interval-secs=1", "--normalize=never"],
+    );
+    x_config.deployment.s3.s3_endpoint = Some(format!("http://{}", x_s3.addr));
+    let x = sluice_consumer::start(x_config).await.unwrap();
+    let y = d
+        .start_consumer_via(&y_nats.url(), &["--progress-interval-secs=1"])
+        .await
+        .unwrap();
+    let mut results = d.producer.subscribe_results().await.unwrap();
+    // Y cannot pull (its pending pulls expire), X cannot write.
+    y_nats.set(Link::Stalled);
+    x_s3.set(Link::Stalled);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let id = "race-stale-output";
+    let mut job = d.producer.embed_job(
+        id,
+        vec![Input::Inline {
+            items: vec!["one job, two outputs".into()],
+        }],
+    );
+    job.output.always_s3 = Some(true);
+    d.producer.submit(&job).await.unwrap();
+    x_holds_the_job(&d).await;
+    // X runs the model (one short text) and reaches its write.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    x_nats.set(Link::Stalled);
+    y_nats.set(Link::Up);
+    let answer = tokio::time::timeout(Duration::from_secs(30), results.next_result())
+        .await
+        .expect("Y never answered the redelivery")
+        .unwrap();
+    let left =
+        sluice_tests::read_until(Duration::from_secs(20), || d.jobs_in_stream(), |&n| n == 0).await;
+    assert_eq!(left, 0, "Y's delivery settled the job");
+    // X's write lands now, then its finish is refused.
+    x_s3.set(Link::Up);
+    x_nats.set(Link::Up);
+    let refused = sluice_tests::read_until(
+        Duration::from_secs(30),
+        || async { x.stats.jobs_already_final.load(Ordering::Relaxed) },
+        |&n| n >= 1,
+    )
+    .await;
+    assert_eq!(refused, 1, "X's delivery was not refused");
+    let Outcome::Ok {
+        output: sluice_schemas::Output::S3(answered),
+    } = &answer.outcome
+    else {
+        panic!("not an S3 output: {:?}", answer.outcome);
+    };
+    let record = d.producer.status(id).await.unwrap().unwrap();
+    assert_eq!(record.state, JobState::Done);
+    let recorded = record.output.expect("a done record names its output");
+    assert_eq!(recorded.key, answered.key);
+    assert_eq!(recorded.sha256, answered.sha256);
+    let bytes = d.read_object(&answered.key).await.unwrap();
+    assert_eq!(
+        hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes)),
+        answered.sha256,
+        "the object at {} is not the one answered: a stale delivery overwrote it",
+        answered.key
+    );
+    // No more results: X did not answer.
+    let extra = tokio::time::timeout(Duration::from_secs(3), results.next_result()).await;
+    assert!(extra.is_err(), "answered twice: {extra:?}");
+    let keys = d.keys_under(&format!("outputs/{id}")).await.unwrap();
+    assert_eq!(
+        keys,
+        vec![answered.key.clone()],
+        "the losing delivery's object is left behind"
+    );
+    for consumer in [x, y] {
+        consumer.shutdown(Duration::from_secs(10)).await.unwrap();
+    }
 }

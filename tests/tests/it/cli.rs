@@ -212,7 +212,7 @@ async fn submit_wait_download_status_dedup_and_watch() {
     assert_eq!(status.code, Some(0), "{status:?}");
     assert!(status.stdout.contains(": done"), "{status:?}");
     assert!(
-        status.stdout.contains(&format!("outputs/{many_id}.npy")),
+        status.stdout.contains(&format!("outputs/{many_id}.")) && status.stdout.contains("-1.npy"),
         "{status:?}"
     );
 

@@ -42,7 +42,8 @@ async fn embed_job_via_presigned_url_matches_reference_and_small_job_comes_inlin
         .map(|r| (r.job_id.clone().unwrap_or_default(), r))
         .collect();
 
-    // The big job: an .npy in S3 at a key derived from the job id.
+    // The big job: an .npy in S3 at a key of the job id and its delivery
+    // (the first: stream sequence N, attempt 1).
     let r = &by_id["ref-all"];
     let Outcome::Ok {
         output: Output::S3(o),
@@ -50,7 +51,12 @@ async fn embed_job_via_presigned_url_matches_reference_and_small_job_comes_inlin
     else {
         panic!("expected an S3 output, got {:?}", r.outcome);
     };
-    assert_eq!(o.key, "outputs/ref-all.npy");
+    let seq = o
+        .key
+        .strip_prefix("outputs/ref-all.")
+        .and_then(|k| k.strip_suffix("-1.npy"))
+        .unwrap_or_else(|| panic!("not the first delivery's key: {}", o.key));
+    assert!(seq.parse::<u64>().is_ok(), "{}", o.key);
     assert_eq!(o.shape, vec![texts.len() as u64, 384]);
     assert_eq!(r.usage.items, texts.len() as u64);
     let over_limit = reference
@@ -107,9 +113,15 @@ async fn embed_job_via_presigned_url_matches_reference_and_small_job_comes_inlin
     // The status records say done, with the output location.
     let status = d.producer.status("ref-all").await.unwrap().unwrap();
     assert_eq!(status.state, JobState::Done);
+    let Outcome::Ok {
+        output: Output::S3(answered),
+    } = &by_id["ref-all"].outcome
+    else {
+        unreachable!()
+    };
     assert_eq!(
         status.output.as_ref().map(|o| o.key.as_str()),
-        Some("outputs/ref-all.npy")
+        Some(answered.key.as_str())
     );
     assert_eq!(
         d.producer.status("ref-small").await.unwrap().unwrap().state,
