@@ -5,10 +5,12 @@
 //! OpenTelemetry collector over OTLP/HTTP (`otlp`). `DeploymentArgs` and
 //! `LogArgs` (`deployment.rs`) gather them into the flags all three take;
 //! `models.rs` reads the deployed models `sluice init` recorded,
-//! `consumers.rs` the consumers that serve them now.
+//! `consumers.rs` the consumers that serve them now; `lookup.rs` finds what
+//! `sluice init` made at start-up, waiting out a cluster's election.
 
 pub mod consumers;
 pub mod deployment;
+pub mod lookup;
 pub mod models;
 pub mod otlp;
 

@@ -2,6 +2,7 @@
 //! hand the pulling to [`crate::admission`]. Everything that can fail at
 //! start-up fails here, with a message naming the knob to change.
 
+use sluice_connect::lookup::{LookupError, look_up};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -294,23 +295,38 @@ async fn model_route(
 
 /// Binds the job stream, the durable consumer at each level of the task
 /// and model and the status bucket; a missing one names `sluice init`.
+/// What makes the streams, consumers and buckets a consumer binds to.
+const INIT: &str = "run `sluice init` first";
+
 async fn bind_stream(
     js: &jetstream::Context,
     topology: &Topology,
     task: Task,
     model: &ModelRoute,
 ) -> anyhow::Result<StreamBinding> {
-    let stream = js.get_stream(&topology.job_stream).await.with_context(|| {
-        format!(
-            "job stream {} not found: run `sluice init` first",
-            topology.job_stream
-        )
+    // Each lookup waits out a cluster electing its leaders and fails at
+    // once on what `sluice init` has not made (`sluice_connect::lookup`).
+    let job_stream = &topology.job_stream;
+    let stream = look_up(&format!("job stream {job_stream}"), || {
+        js.get_stream(job_stream)
+    })
+    .await
+    .map_err(|e| match e {
+        LookupError::Missing(e) => {
+            anyhow::anyhow!("job stream {job_stream} not found: run `sluice init` first ({e})")
+        }
+        e => anyhow::anyhow!("cannot look up the job stream {job_stream}: {e}"),
     })?;
     let consumer_name = topology.model_consumer(task, model.route(), Priority::Normal, None);
-    let consumer: PullConsumer = stream.get_consumer(&consumer_name).await.map_err(|e| {
-        anyhow::anyhow!(
-            "durable consumer {consumer_name} on stream {} not found ({e}): run `sluice init` first",
-            topology.job_stream
+    let consumer: PullConsumer = look_up(&format!("durable consumer {consumer_name}"), || {
+        let found = stream.get_consumer(&consumer_name);
+        async { found.await.map_err(anyhow::Error::from_boxed) }
+    })
+    .await
+    .map_err(|e| {
+        e.for_start_up(
+            &format!("durable consumer {consumer_name} on stream {job_stream}"),
+            INIT,
         )
     })?;
     // One durable consumer per priority level; a stream from before
@@ -322,26 +338,35 @@ async fn bind_stream(
             continue;
         }
         let name = topology.model_consumer(task, model.route(), priority, None);
-        match stream.get_consumer::<pull::Config>(&name).await {
+        match look_up(&format!("durable consumer {name}"), || {
+            let found = stream.get_consumer::<pull::Config>(&name);
+            async { found.await.map_err(anyhow::Error::from_boxed) }
+        })
+        .await
+        {
             Ok(c) => levels.push((priority, c)),
-            Err(e) => {
+            Err(LookupError::Missing(e)) => {
                 tracing::warn!(consumer = %name, error = %e, "no durable consumer for {priority} priority jobs: only normal ones are taken (run `sluice init` to add it)")
             }
+            Err(e) => anyhow::bail!("cannot look up the durable consumer {name}: {e}"),
         }
     }
-    let max_deliver = match stream.consumer_info(&consumer_name).await {
-        Ok(info) if info.config.max_deliver > 0 => info.config.max_deliver,
+    // The consumer's settings as the lookup read them.
+    let max_deliver = match consumer.cached_info().config.max_deliver {
+        n if n > 0 => n,
         _ => i64::MAX,
     };
-    let status = js
-        .get_key_value(&topology.status_bucket)
-        .await
-        .with_context(|| {
-            format!(
-                "status bucket {} not found: run `sluice init` first",
-                topology.status_bucket
-            )
-        })?;
+    let bucket = &topology.status_bucket;
+    let status = look_up(&format!("status bucket {bucket}"), || {
+        js.get_key_value(bucket)
+    })
+    .await
+    .map_err(|e| match e {
+        LookupError::Missing(e) => {
+            anyhow::anyhow!("status bucket {bucket} not found: run `sluice init` first ({e})")
+        }
+        e => anyhow::anyhow!("cannot open the status bucket {bucket}: {e}"),
+    })?;
     Ok(StreamBinding {
         stream,
         consumer,

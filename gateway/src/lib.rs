@@ -168,11 +168,13 @@ pub async fn start(config: Config) -> Result<Gateway> {
     let status_kv = open_bucket(&js, &topology.status_bucket).await?;
     // A batch's window must end a margin before its chunks' status records
     // can age out of this bucket (see `lifecycle`).
-    let status_max_age = status_kv
-        .status()
-        .await
-        .with_context(|| format!("cannot read the bucket {}", topology.status_bucket))?
-        .max_age();
+    let status_max_age = sluice_connect::lookup::look_up(
+        &format!("key-value bucket {}", topology.status_bucket),
+        || status_kv.status(),
+    )
+    .await
+    .with_context(|| format!("cannot read the bucket {}", topology.status_bucket))?
+    .max_age();
     let s3 = config.deployment.s3.client().await;
     let metrics = Arc::new(metrics::Metrics::default());
     let (traces, otlp_metrics) = match config.otlp.endpoint.clone() {
@@ -199,8 +201,7 @@ pub async fn start(config: Config) -> Result<Gateway> {
         js.clone(),
         topology.clone(),
     ));
-    models
-        .read()
+    sluice_connect::lookup::look_up("the deployed models", || models.read())
         .await
         .context("cannot read the deployed models")?;
     tokio::spawn(refresh_models(Arc::downgrade(&models)));
@@ -245,12 +246,21 @@ pub async fn start(config: Config) -> Result<Gateway> {
     })
 }
 
+/// Opens a bucket `sluice init` made, waiting out a cluster's election
+/// (`sluice_connect::lookup`); one that does not exist names the fix.
 async fn open_bucket(
     js: &async_nats::jetstream::Context,
     name: &str,
 ) -> Result<async_nats::jetstream::kv::Store> {
-    js.get_key_value(name).await.with_context(|| {
-        format!("cannot open the key-value bucket {name} (not created yet? run `sluice init`)")
+    sluice_connect::lookup::look_up(&format!("key-value bucket {name}"), || {
+        js.get_key_value(name)
+    })
+    .await
+    .map_err(|e| {
+        e.for_start_up(
+            &format!("key-value bucket {name}"),
+            "run `sluice init` first",
+        )
     })
 }
 

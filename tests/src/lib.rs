@@ -187,6 +187,11 @@ impl Owned {
     /// The last lines of the process's output, for failure messages.
     fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        // With RUST_BACKTRACE set, a fatal error's report ends in hundreds
+        // of frames, which would push the error itself out of the tail.
+        let text = text
+            .rfind("\nStack backtrace:")
+            .map_or(text.as_str(), |at| &text[..at]);
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(30)..].join("\n")
     }
