@@ -443,7 +443,7 @@ async fn fault_soak_loses_nothing_and_answers_nothing_twice() {
         "[{:>4.0} s] faults over; draining",
         started.elapsed().as_secs_f64()
     );
-    wait_drained(&d, Duration::from_secs(300)).await;
+    wait_drained(&d, Duration::from_secs(120), Duration::from_secs(1800)).await;
     let api = Api::new(gateway.as_ref().unwrap().addr);
     let batches = lock(&ledger).batches.clone();
     let batch_report = check_batches(&api, &batches).await;
@@ -793,19 +793,37 @@ async fn check_batches(api: &Api, batches: &[(String, usize)]) -> BatchReport {
     report
 }
 
-/// Waits until the job stream is empty: a work queue, it holds a job until
-/// the job is acked.
-async fn wait_drained(d: &Deployment, timeout: Duration) {
-    let until = Instant::now() + timeout;
-    let mut left = None;
-    while Instant::now() < until {
-        left = d.try_jobs_in_stream().await;
+/// Waits until the job stream is empty (a work queue, it holds a job until
+/// the job is acked), for as long as it keeps shrinking: it gives up when
+/// it has not for `stall`, or after `cap`. A long run under load ends with
+/// a backlog the consumers work off at their pace (a 30-minute run at seed
+/// 778 on two loaded cores left 258 generate jobs queued when a fixed
+/// 300 s drain ended, still being taken); a backlog that drains is not a
+/// lost job, one that stops draining is.
+async fn wait_drained(d: &Deployment, stall: Duration, cap: Duration) {
+    let started = Instant::now();
+    let mut left = d.try_jobs_in_stream().await;
+    let (first, mut fewest, mut shrank_at) = (left, left, Instant::now());
+    while started.elapsed() < cap && shrank_at.elapsed() < stall {
         if left == Some(0) {
+            eprintln!(
+                "drained {} job(s) in {:.0} s",
+                first.unwrap_or(0),
+                started.elapsed().as_secs_f64()
+            );
             return;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
+        left = d.try_jobs_in_stream().await;
+        if left.is_some() && (fewest.is_none() || left < fewest) {
+            (fewest, shrank_at) = (left, Instant::now());
+        }
     }
-    eprintln!("the queue did not drain in {timeout:?}: {left:?} left");
+    eprintln!(
+        "the queue did not drain: {left:?} left of {first:?} after {:.0} s, none taken in the last {:.0} s",
+        started.elapsed().as_secs_f64(),
+        shrank_at.elapsed().as_secs_f64()
+    );
     if let Ok(mut stream) = d.producer.js.get_stream(&d.topology.job_stream).await
         && let Ok(info) = stream.info().await
     {
