@@ -100,7 +100,15 @@ pub struct GenerationParams {
     /// What the text must be (JSON; see [`crate::structured`]): each token
     /// sampled from those the constraint allows.
     pub constraint: Option<Constraint>,
+    /// Each generated token's log-probability, with the `k` most likely
+    /// tokens of its step (`Some(0)`: the token's alone; at most
+    /// [`MAX_TOP_LOGPROBS`]). See [`token_logprob`] for which distribution.
+    pub logprobs: Option<usize>,
 }
+
+/// The most alternatives a token's logprobs list (OpenAI's `top_logprobs`
+/// limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
 
 impl GenerationParams {
     /// Refuses values that have no meaning, saying which and why.
@@ -120,6 +128,13 @@ impl GenerationParams {
         if self.stop.iter().any(String::is_empty) {
             return Err("a stop sequence is empty".into());
         }
+        if let Some(k) = self.logprobs
+            && k > MAX_TOP_LOGPROBS
+        {
+            return Err(format!(
+                "top_logprobs must be at most {MAX_TOP_LOGPROBS}, not {k}"
+            ));
+        }
         Ok(())
     }
 }
@@ -134,6 +149,7 @@ impl Default for GenerationParams {
             stop: Vec::new(),
             ignore_eos: false,
             constraint: None,
+            logprobs: None,
         }
     }
 }
@@ -158,6 +174,62 @@ pub struct Generated {
     pub completion_tokens: usize,
     /// The sampled token ids (stop-sequence tokens included).
     pub tokens: Vec<u32>,
+    /// One per token of `tokens` when the parameters asked for logprobs.
+    pub logprobs: Vec<TokenLogprob>,
+}
+
+/// A generated token's log-probability and its step's most likely tokens.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub id: u32,
+    pub logprob: f32,
+    /// The most likely tokens of the step, most likely first (ties: the
+    /// lower id first), with their log-probabilities.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// `chosen`'s log-probability and the `top` most likely tokens under the
+/// model's own distribution at this step: the softmax of its logits, before
+/// temperature, top-p and a `response_format`'s mask, as llama.cpp's
+/// `n_probs` and vLLM's default (raw) logprobs report it. So the figures
+/// say what the model thinks whatever the sampling, and can be checked
+/// against another engine's on the same prefix. Computed in f64 (a
+/// log-sum-exp over the whole vocabulary); a token of logit -inf (none in
+/// a model's own row) is never listed.
+pub fn token_logprob(logits: &[f32], chosen: u32, top: usize) -> TokenLogprob {
+    let max = logits
+        .iter()
+        .copied()
+        .filter(|l| l.is_finite())
+        .fold(f32::NEG_INFINITY, f32::max) as f64;
+    let sum: f64 = logits
+        .iter()
+        .filter(|l| l.is_finite())
+        .map(|&l| (l as f64 - max).exp())
+        .sum();
+    let log_z = max + sum.ln();
+    let logprob = |id: u32| {
+        logits
+            .get(id as usize)
+            .map_or(f32::NEG_INFINITY, |&l| (l as f64 - log_z) as f32)
+    };
+    // The `top` largest, kept sorted as the row is read once.
+    let mut best: Vec<(u32, f32)> = Vec::with_capacity(top + 1);
+    if top > 0 {
+        for (id, &l) in logits.iter().enumerate() {
+            if !l.is_finite() || (best.len() == top && l <= best[top - 1].1) {
+                continue;
+            }
+            let at = best.partition_point(|&(_, b)| b >= l);
+            best.insert(at, (id as u32, l));
+            best.truncate(top);
+        }
+    }
+    TokenLogprob {
+        id: chosen,
+        logprob: logprob(chosen),
+        top: best.into_iter().map(|(id, _)| (id, logprob(id))).collect(),
+    }
 }
 
 struct Running<K, C> {
@@ -173,6 +245,8 @@ struct Running<K, C> {
     cache: C,
     /// A streamed sequence's text shown so far (None: not streamed).
     shown: Option<String>,
+    /// One per generated token when the parameters ask for them.
+    logprobs: Vec<TokenLogprob>,
 }
 
 struct Waiting<K> {
@@ -401,6 +475,7 @@ impl<'m, K: Clone, M: StepModel, T: TokenText> Generator<'m, K, M, T> {
                 prompt: w.prompt,
                 params,
                 shown: w.streamed.then(String::new),
+                logprobs: Vec::new(),
             });
         }
         Ok(())
@@ -486,7 +561,19 @@ impl<'m, K: Clone, M: StepModel, T: TokenText> Generator<'m, K, M, T> {
             {
                 constraint.accept(token).map_err(constraint_failed)?;
             }
-            if let Some(reason) = record(&self.eos, self.tokenizer, r, token) {
+            let logprob = match r.params.logprobs {
+                Some(k) => Some(token_logprob(&row_logits.to_vec1::<f32>()?, token, k)),
+                None => None,
+            };
+            let before = r.generated.len();
+            let ended = record(&self.eos, self.tokenizer, r, token);
+            // Kept for a token the sequence records (not the EOS that ends it).
+            if let Some(logprob) = logprob
+                && r.generated.len() > before
+            {
+                r.logprobs.push(logprob);
+            }
+            if let Some(reason) = ended {
                 finished.push((i, reason));
             } else if r
                 .params
@@ -554,6 +641,7 @@ impl<'m, K: Clone, M: StepModel, T: TokenText> Generator<'m, K, M, T> {
             prompt_tokens: r.prompt.len(),
             completion_tokens: r.generated.len(),
             tokens: r.generated.clone(),
+            logprobs: r.logprobs.clone(),
         }
     }
 }
@@ -955,5 +1043,74 @@ mod tests {
         // The longest held end of any stop sequence wins.
         assert_eq!(shown_len("xab", &stops(&["b!", "abc"])), 1);
         assert_eq!(shown_len("x日", &stops(&["日本"])), 1);
+    }
+
+    #[test]
+    fn a_tokens_logprob_is_the_log_softmax_of_its_row_and_its_top_k_the_largest() {
+        let row = [2.0f32, -1.0, 2.0, 0.5, f32::NEG_INFINITY, 3.0];
+        let z: f64 = row
+            .iter()
+            .filter(|l| l.is_finite())
+            .map(|&l| (l as f64).exp())
+            .sum();
+        let lp = |id: usize| (row[id] as f64 - z.ln()) as f32;
+        let got = token_logprob(&row, 3, 3);
+        assert_eq!(got.id, 3);
+        assert!((got.logprob - lp(3)).abs() < 1e-6, "{got:?}");
+        // Most likely first; the tie between 0 and 2 goes to the lower id.
+        let ids: Vec<u32> = got.top.iter().map(|&(id, _)| id).collect();
+        assert_eq!(ids, vec![5, 0, 2]);
+        for &(id, logprob) in &got.top {
+            assert!((logprob - lp(id as usize)).abs() < 1e-6, "{got:?}");
+        }
+        // More asked than there are finite logits: the -inf one is left out.
+        assert_eq!(token_logprob(&row, 0, 20).top.len(), 5);
+        assert!(token_logprob(&row, 0, 0).top.is_empty());
+        // The probabilities of the whole row add up to one.
+        let all = token_logprob(&row, 0, 20);
+        let total: f64 = all.top.iter().map(|&(_, l)| (l as f64).exp()).sum();
+        assert!((total - 1.0).abs() < 1e-6, "{total}");
+        // Large logits do not overflow.
+        let big = token_logprob(&[1000.0, 999.0], 0, 1);
+        assert!((big.logprob - (-(1.0 + (-1f64).exp()).ln()) as f32).abs() < 1e-6);
+    }
+
+    #[test]
+    fn logprobs_come_one_per_recorded_token_and_not_for_the_eos() {
+        let model = model();
+        let mut generator = Generator::new(&model, &Letters, 64);
+        // 5, 6, 7, then EOS (0) ends it: three tokens, three logprobs.
+        generator
+            .add(
+                1,
+                vec![4],
+                GenerationParams {
+                    logprobs: Some(2),
+                    ..params(10)
+                },
+            )
+            .unwrap();
+        generator.add(2, vec![4], params(10)).unwrap();
+        let done = generator.run_to_end().unwrap();
+        let by = |k: i32| &done.iter().find(|(key, _)| *key == k).unwrap().1;
+        let asked = by(1);
+        assert_eq!(asked.tokens, vec![5, 6, 7]);
+        assert_eq!(asked.finish_reason, FinishReason::Eos);
+        let ids: Vec<u32> = asked.logprobs.iter().map(|l| l.id).collect();
+        assert_eq!(ids, asked.tokens);
+        // One-hot rows of 1.0 over zeros: the likeliest at 1 - ln(e + 7).
+        let z = (1f64.exp() + (VOCAB as f64 - 1.0)).ln();
+        for l in &asked.logprobs {
+            assert!((l.logprob - (1.0 - z) as f32).abs() < 1e-6, "{l:?}");
+            assert_eq!(l.top[0].0, l.id);
+            assert_eq!(l.top.len(), 2);
+            assert!((l.top[1].1 - (-z) as f32).abs() < 1e-6, "{l:?}");
+        }
+        assert!(by(2).logprobs.is_empty(), "not asked, not computed");
+        let too_many = GenerationParams {
+            logprobs: Some(MAX_TOP_LOGPROBS + 1),
+            ..params(1)
+        };
+        assert!(too_many.check().unwrap_err().contains("top_logprobs"));
     }
 }

@@ -299,6 +299,8 @@ impl GenerateEngine {
                         stop: p.stop.unwrap_or_default(),
                         ignore_eos: false,
                         constraint: None,
+                        // Not on the wire yet: results carry no logprobs.
+                        logprobs: None,
                     },
                 })
             })
