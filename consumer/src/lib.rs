@@ -28,6 +28,7 @@ pub mod job;
 pub mod memory;
 pub mod model_name;
 pub mod offline;
+pub mod offline_generate;
 pub mod output;
 pub mod recycle;
 pub mod service;

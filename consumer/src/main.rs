@@ -5,6 +5,7 @@ use sluice_connect::LogArgs;
 use sluice_consumer::config::Config;
 use sluice_consumer::device_check::{self, DeviceCheckArgs};
 use sluice_consumer::offline::{EmbedArgs, RerankArgs, embed_file, rerank_file};
+use sluice_consumer::offline_generate::{GenerateArgs, generate_file};
 
 #[derive(Parser)]
 #[command(
@@ -27,6 +28,10 @@ enum Command {
     /// Score a local JSONL file of {"query", "document"} pairs with a
     /// cross-encoder (--model-dir) and write the scores as a .npy (no NATS, no S3).
     Rerank(RerankArgs),
+    /// Generate from a local JSONL file of prompts with a GGUF model
+    /// (--model-dir) and print each answer with its token ids and their
+    /// logprobs, one JSON line per prompt (no NATS, no S3).
+    Generate(GenerateArgs),
     /// Check a device from a bundle of scripts/device-bundle: budget, embeddings
     /// against the reference, throughput, decode tokens/s, peak memory (one table).
     DeviceCheck(DeviceCheckArgs),
@@ -59,6 +64,14 @@ async fn main() -> anyhow::Result<()> {
             LogArgs::default().init("info")?;
             let report = tokio::task::spawn_blocking(move || rerank_file(&args)).await??;
             println!("{}", serde_json::to_string(&report)?);
+            Ok(())
+        }
+        Some(Command::Generate(args)) => {
+            LogArgs::default().init("info")?;
+            tokio::task::spawn_blocking(move || {
+                generate_file(&args, &mut std::io::stdout().lock())
+            })
+            .await??;
             Ok(())
         }
         Some(Command::DeviceCheck(args)) => {

@@ -497,3 +497,107 @@ async fn a_gguf_consumer_answers_to_its_own_name() {
     );
     consumer.shutdown(Duration::from_secs(10)).await.unwrap();
 }
+
+/// `sluice-consumer generate`, the model alone on a file of prompts, answers
+/// the schema's chat example as a consumer does through NATS (the result
+/// example `the_schemas_chat_example_is_what_the_model_answers` holds it
+/// to: same kernels, same weights), and lists each generated token with
+/// its logprob and the step's top 3: the chosen token first where it was
+/// chosen greedily. A line that is not a prompt, and a top-logprobs count
+/// over OpenAI's 20, are refused naming what is wrong.
+#[tokio::test]
+async fn the_offline_generate_command_answers_as_a_consumer_does_with_logprobs() {
+    if sluice_kernels::cpu::KernelLevel::detected() < sluice_kernels::cpu::KernelLevel::Avx2 {
+        eprintln!("the example is the avx2 level's; this CPU has no AVX2: not compared");
+        return;
+    }
+    let job = schema_example(sluice_schemas::json_schema::JOB, "id", "chat-1");
+    let expected = schema_example(sluice_schemas::json_schema::RESULT, "job_id", "chat-1");
+    // Each item with the job's parameters under its own, as a consumer
+    // resolves them.
+    let defaults = job["parameters"].as_object().unwrap();
+    let mut lines = String::new();
+    for item in job["inputs"][0]["items"].as_array().unwrap() {
+        let mut line = item.as_object().unwrap().clone();
+        for (k, v) in defaults {
+            line.entry(k.clone()).or_insert(v.clone());
+        }
+        lines += &(serde_json::Value::Object(line).to_string() + "\n");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("prompts.jsonl");
+    std::fs::write(&input, lines).unwrap();
+    let model = sluice_tests::models_dir().join("smollm2");
+    let run = |extra: &[&str], input: &std::path::Path| {
+        let mut cmd =
+            tokio::process::Command::new(sluice_tests::deploy::consumer_binary().unwrap());
+        cmd.arg("generate")
+            .arg(format!("--input={}", input.display()))
+            .arg(format!("--model-dir={}", model.display()))
+            .arg("--weights=q8_0")
+            .args(extra)
+            .env("SLUICE_CPU_KERNELS", "avx2")
+            .kill_on_drop(true);
+        async move {
+            tokio::time::timeout(Duration::from_secs(300), cmd.output())
+                .await
+                .expect("sluice-consumer generate took over 300 s")
+                .unwrap()
+        }
+    };
+    let out = run(&["--top-logprobs=3"], &input).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let answers: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let want = expected["output"]["generations"].as_array().unwrap();
+    assert_eq!(answers.len(), want.len());
+    for (i, (got, want)) in answers.iter().zip(want).enumerate() {
+        assert_eq!(got["item"], i);
+        assert_eq!(got["text"], want["text"], "item {i}");
+        assert_eq!(got["finish_reason"], want["finish_reason"], "item {i}");
+        let ids = got["ids"].as_array().unwrap();
+        assert_eq!(
+            ids.len() as u64,
+            want["completion_tokens"].as_u64().unwrap()
+        );
+        assert_eq!(
+            got["prompt_ids"].as_array().unwrap().len() as u64,
+            want["prompt_tokens"].as_u64().unwrap()
+        );
+        let logprobs = got["logprobs"].as_array().unwrap();
+        assert_eq!(logprobs.len(), ids.len(), "item {i}: one logprob per token");
+        let greedy = i < 2;
+        for (at, (id, lp)) in ids.iter().zip(logprobs).enumerate() {
+            assert_eq!(&lp["id"], id);
+            let logprob = lp["logprob"].as_f64().unwrap();
+            assert!(logprob <= 0.0, "item {i} token {at}: {lp}");
+            let top = lp["top_logprobs"].as_array().unwrap();
+            assert_eq!(top.len(), 3);
+            let values: Vec<f64> = top.iter().map(|t| t["logprob"].as_f64().unwrap()).collect();
+            assert!(values.windows(2).all(|w| w[0] >= w[1]), "{lp}");
+            assert!(values[0] >= logprob, "{lp}");
+            if greedy {
+                assert_eq!(
+                    &top[0]["id"], id,
+                    "item {i} token {at}: greedy picks the top"
+                );
+                assert_eq!(top[0]["logprob"], lp["logprob"]);
+            }
+        }
+    }
+    // What it refuses.
+    let not_a_prompt = dir.path().join("texts.jsonl");
+    std::fs::write(&not_a_prompt, "{\"messages\": [{\"role\": \"user\"}]}\n").unwrap();
+    let out = run(&[], &not_a_prompt).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("texts.jsonl"), "{stderr}");
+    let out = run(&["--top-logprobs=21"], &input).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("--top-logprobs is 21"), "{stderr}");
+}

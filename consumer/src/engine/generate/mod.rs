@@ -423,7 +423,7 @@ impl GenerateEngine {
 }
 
 /// A job's chat messages as the tokenizer takes them.
-fn chat_turns(messages: &[sluice_schemas::ChatMessage]) -> Vec<ChatMessage> {
+pub(crate) fn chat_turns(messages: &[sluice_schemas::ChatMessage]) -> Vec<ChatMessage> {
     messages
         .iter()
         .map(|m| ChatMessage {
