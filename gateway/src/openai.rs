@@ -433,6 +433,27 @@ fn generate_parameters(
             Some("n"),
         ));
     }
+    // Results carry no logprobs yet: asked for, they are refused rather
+    // than answered with none.
+    let asks = |name: &str| match body.get(name) {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+        Some(Value::Number(n)) => name == "logprobs" || n.as_u64() != Some(0),
+        Some(_) => true,
+    };
+    for name in ["logprobs", "top_logprobs"] {
+        if asks(name) {
+            return Err(RequestError::invalid(
+                format!(
+                    "`{name}` is not supported yet (`sluice-consumer generate --top-logprobs K` gives a model's logprobs offline)"
+                ),
+                Some(if name == "logprobs" {
+                    "logprobs"
+                } else {
+                    "top_logprobs"
+                }),
+            ));
+        }
+    }
     let number = |name: &'static str| -> Result<Option<f64>, RequestError> {
         match body.get(name) {
             None | Some(Value::Null) => Ok(None),
@@ -1095,6 +1116,32 @@ mod tests {
             r#"{"custom_id":"a","method":"POST","url":"/v1/chat/completions","body":{"model":"smollm2-135m-instruct","messages":[],"n":2}}"#,
         );
         assert_eq!(e.param, Some("n"));
+        // Asked-for logprobs are refused, not answered without them; the
+        // defaults a client may send explicitly pass.
+        for (body, param) in [
+            (r#""logprobs":true"#, Some("logprobs")),
+            (r#""logprobs":true,"top_logprobs":3"#, Some("logprobs")),
+            (r#""top_logprobs":2"#, Some("top_logprobs")),
+            (r#""logprobs":false,"top_logprobs":0"#, None),
+            (r#""logprobs":null"#, None),
+        ] {
+            let line = format!(
+                r#"{{"custom_id":"a","method":"POST","url":"/v1/chat/completions","body":{{"model":"smollm2-135m-instruct","messages":[{{"role":"user","content":"x"}}],{body}}}}}"#
+            );
+            match param {
+                Some(param) => {
+                    let e = failed(&line);
+                    assert_eq!(e.param, Some(param), "{body}");
+                    assert!(e.message.contains("not supported yet"), "{}", e.message);
+                }
+                None => assert!(read(&line).is_ok(), "{body}"),
+            }
+        }
+        // The legacy completions' `logprobs` is a count: any is a request.
+        let e = failed(
+            r#"{"custom_id":"a","method":"POST","url":"/v1/completions","body":{"model":"smollm2-135m-instruct","prompt":"x","logprobs":0}}"#,
+        );
+        assert_eq!(e.param, Some("logprobs"));
     }
 
     #[test]
