@@ -113,7 +113,12 @@ async fn generate_and_embed_consumers_each_take_their_own_jobs() {
         panic!("gen-3: expected an S3 output, got {:?}", batch.outcome);
     };
     assert_eq!(o.format, "jsonl");
-    assert!(o.key.ends_with("gen-3.jsonl"), "{}", o.key);
+    // The first delivery's object: `<job id>.<stream sequence>-1.jsonl`.
+    assert!(
+        o.key.starts_with("outputs/gen-3.") && o.key.ends_with("-1.jsonl"),
+        "{}",
+        o.key
+    );
     let object = d
         .servers
         .s3
