@@ -10,12 +10,12 @@ use anyhow::Context;
 use candle_core::Device;
 use serde::Serialize;
 use sluice_models::decoder::WeightFormat;
-use sluice_models::generation::{GenerationParams, Generator, MAX_TOP_LOGPROBS, TokenLogprob};
+use sluice_models::generation::{Generator, MAX_TOP_LOGPROBS, TokenLogprob};
 use sluice_models::gguf_tokenizer::GgufTokenizer;
 use sluice_schemas::{GenerateParameters, Item, PromptInput, Task};
 
 use crate::engine::generate::executor::wire_finish_reason;
-use crate::engine::generate::{chat_turns, load};
+use crate::engine::generate::{chat_turns, generation_params, load};
 use crate::fetch;
 
 #[derive(Debug, Clone, clap::Args)]
@@ -138,15 +138,8 @@ pub fn generate_file(args: &GenerateArgs, out: &mut impl Write) -> anyhow::Resul
             PromptInput::Messages(m) => tokenizer.encode_chat(&chat_turns(m)),
         }
         .map_err(|e| anyhow::anyhow!("line {}: {e}", i + 1))?;
-        let params = GenerationParams {
-            max_new_tokens: p.max_new_tokens.unwrap_or(args.max_new_tokens) as usize,
-            temperature: p.temperature.unwrap_or(0.0),
-            top_p: p.top_p.unwrap_or(1.0),
-            seed: p.seed.unwrap_or(0),
-            stop: p.stop.unwrap_or_default(),
-            logprobs: Some(args.top_logprobs),
-            ..GenerationParams::default()
-        };
+        let max_new_tokens = p.max_new_tokens.unwrap_or(args.max_new_tokens) as usize;
+        let params = generation_params(p, max_new_tokens, Some(args.top_logprobs));
         params
             .check()
             .map_err(|m| anyhow::anyhow!("line {}: {m}", i + 1))?;

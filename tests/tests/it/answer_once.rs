@@ -61,22 +61,27 @@ async fn x_holds_the_job(d: &Deployment) {
     assert_eq!(held, 1, "X never took the job");
 }
 
-/// Races two deliveries of one job of `kind`; returns every result published
-/// for it and how many deliveries the consumers refused to answer.
-async fn race(kind: Kind, id: &str) -> (Vec<JobResult>, u64, Option<JobState>) {
-    // The consumers' log lines, shown when the test fails (or with
-    // --no-capture): which delivery answered and which refused.
+/// A deployment whose ack wait (2 s) a slowed or stalled consumer outlasts,
+/// with the consumers' log lines shown when a test fails (or with
+/// --no-capture): which delivery answered and which refused.
+async fn race_deployment() -> Deployment {
     let _ = tracing_subscriber::fmt()
         .with_env_filter("sluice_consumer=info")
         .with_test_writer()
         .try_init();
-    let d = Deployment::start_with(Settings {
+    Deployment::start_with(Settings {
         ack_wait: Duration::from_secs(2),
         max_deliver: 10,
         ..Settings::default()
     })
     .await
-    .unwrap();
+    .unwrap()
+}
+
+/// Races two deliveries of one job of `kind`; returns every result published
+/// for it and how many deliveries the consumers refused to answer.
+async fn race(kind: Kind, id: &str) -> (Vec<JobResult>, u64, Option<JobState>) {
+    let d = race_deployment().await;
     let upstream: SocketAddr = format!("127.0.0.1:{}", d.servers.nats.port)
         .parse()
         .unwrap();
@@ -228,17 +233,7 @@ async fn a_done_job_delivered_twice_at_once_is_answered_once() {
 /// the loser's object must not be left behind.
 #[tokio::test]
 async fn a_stale_delivery_leaves_the_answered_output_alone() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter("sluice_consumer=info")
-        .with_test_writer()
-        .try_init();
-    let d = Deployment::start_with(Settings {
-        ack_wait: Duration::from_secs(2),
-        max_deliver: 10,
-        ..Settings::default()
-    })
-    .await
-    .unwrap();
+    let d = race_deployment().await;
     let nats: SocketAddr = format!("127.0.0.1:{}", d.servers.nats.port)
         .parse()
         .unwrap();

@@ -17,7 +17,9 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use candle_core::Device;
-use sluice_schemas::{ErrorCode, Generation, Item, Parameters, PromptInput, ResponseFormat, Task};
+use sluice_schemas::{
+    ErrorCode, GenerateParameters, Generation, Item, Parameters, PromptInput, ResponseFormat, Task,
+};
 use tokio::sync::{mpsc, oneshot};
 
 use self::executor::{Sequence, StreamEvent, StreamTo};
@@ -265,7 +267,7 @@ impl GenerateEngine {
                         format!("item {i} is not a prompt"),
                     ));
                 };
-                let p = prompt.parameters.or(&defaults);
+                let mut p = prompt.parameters.or(&defaults);
                 p.check().map_err(|m| {
                     JobError::new(ErrorCode::InvalidParameters, format!("item {i}: {m}"))
                 })?;
@@ -281,7 +283,7 @@ impl GenerateEngine {
                         ),
                     ));
                 }
-                let format = match p.response_format {
+                let format = match p.response_format.take() {
                     None | Some(ResponseFormat::Text) => None,
                     Some(ResponseFormat::JsonObject) => Some(OutputFormat::JsonObject),
                     Some(ResponseFormat::JsonSchema { json_schema }) => {
@@ -291,17 +293,8 @@ impl GenerateEngine {
                 Ok(Planned {
                     input: prompt.input,
                     format,
-                    params: GenerationParams {
-                        max_new_tokens: max_new,
-                        temperature: p.temperature.unwrap_or(0.0),
-                        top_p: p.top_p.unwrap_or(1.0),
-                        seed: p.seed.unwrap_or(0),
-                        stop: p.stop.unwrap_or_default(),
-                        ignore_eos: false,
-                        constraint: None,
-                        // Not on the wire yet: results carry no logprobs.
-                        logprobs: None,
-                    },
+                    // No logprobs: not on the wire yet.
+                    params: generation_params(p, max_new, None),
                 })
             })
             .collect()
@@ -419,6 +412,26 @@ impl GenerateEngine {
             });
         }
         Ok(out)
+    }
+}
+
+/// A prompt's resolved parameters as the generator takes them (the
+/// defaults of an unset one: greedy, all of the vocabulary, seed 0); its
+/// `response_format` is compiled apart.
+pub(crate) fn generation_params(
+    p: GenerateParameters,
+    max_new_tokens: usize,
+    logprobs: Option<usize>,
+) -> GenerationParams {
+    GenerationParams {
+        max_new_tokens,
+        temperature: p.temperature.unwrap_or(0.0),
+        top_p: p.top_p.unwrap_or(1.0),
+        seed: p.seed.unwrap_or(0),
+        stop: p.stop.unwrap_or_default(),
+        ignore_eos: false,
+        constraint: None,
+        logprobs,
     }
 }
 
