@@ -10,12 +10,11 @@ use anyhow::Context;
 use candle_core::Device;
 use serde::Serialize;
 use sluice_models::decoder::WeightFormat;
-use sluice_models::generation::{Generator, MAX_TOP_LOGPROBS, TokenLogprob};
-use sluice_models::gguf_tokenizer::GgufTokenizer;
+use sluice_models::generation::{Generator, MAX_TOP_LOGPROBS};
 use sluice_schemas::{GenerateParameters, Item, PromptInput, Task};
 
 use crate::engine::generate::executor::wire_finish_reason;
-use crate::engine::generate::{chat_turns, generation_params, load};
+use crate::engine::generate::{chat_turns, generation_params, load, wire_logprobs};
 use crate::fetch;
 
 #[derive(Debug, Clone, clap::Args)]
@@ -62,31 +61,9 @@ pub struct Answer {
     /// The generated ids (a stop sequence's included; not the end-of-turn
     /// token that ended it).
     pub ids: Vec<u32>,
-    /// One per id.
-    pub logprobs: Vec<Logprob>,
-}
-
-/// A token's log-probability under the model's own distribution at its
-/// step (`sluice_models::generation::token_logprob`), with the step's most
-/// likely tokens.
-#[derive(Debug, Serialize)]
-pub struct Logprob {
-    pub id: u32,
-    /// Its text (invalid UTF-8, a piece of a character, as U+FFFD).
-    pub token: String,
-    /// Its exact bytes.
-    pub bytes: Vec<u8>,
-    pub logprob: f32,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub top_logprobs: Vec<Alternative>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct Alternative {
-    pub id: u32,
-    pub token: String,
-    pub bytes: Vec<u8>,
-    pub logprob: f32,
+    /// One per id: its logprob under the model's own distribution at its
+    /// step, with the step's `--top-logprobs` most likely tokens.
+    pub logprobs: Vec<sluice_schemas::Logprob>,
 }
 
 /// Generates for every prompt of `args.input` and writes the answers, in
@@ -115,6 +92,9 @@ pub fn generate_file(args: &GenerateArgs, out: &mut impl Write) -> anyhow::Resul
         temperature: Some(args.temperature),
         top_p: Some(args.top_p),
         seed: Some(args.seed),
+        // Always answered offline; a line's own `logprobs` lists its own
+        // number of alternatives.
+        logprobs: Some(args.top_logprobs as u32),
         ..GenerateParameters::default()
     };
     let context = model.config.context_length;
@@ -139,7 +119,7 @@ pub fn generate_file(args: &GenerateArgs, out: &mut impl Write) -> anyhow::Resul
         }
         .map_err(|e| anyhow::anyhow!("line {}: {e}", i + 1))?;
         let max_new_tokens = p.max_new_tokens.unwrap_or(args.max_new_tokens) as usize;
-        let params = generation_params(p, max_new_tokens, Some(args.top_logprobs));
+        let params = generation_params(p, max_new_tokens);
         params
             .check()
             .map_err(|m| anyhow::anyhow!("line {}: {m}", i + 1))?;
@@ -166,42 +146,11 @@ pub fn generate_file(args: &GenerateArgs, out: &mut impl Write) -> anyhow::Resul
             finish_reason: wire_finish_reason(g.finish_reason),
             prompt_ids: std::mem::take(&mut prompts[item]),
             ids: g.tokens,
-            logprobs: g
-                .logprobs
-                .into_iter()
-                .map(|l| logprob(&tokenizer, l))
-                .collect(),
+            logprobs: wire_logprobs(&tokenizer, &g.logprobs),
         };
         serde_json::to_writer(&mut *out, &answer)?;
         out.write_all(b"\n")?;
     }
     out.flush()?;
     Ok(())
-}
-
-fn logprob(tokenizer: &GgufTokenizer, l: TokenLogprob) -> Logprob {
-    let text = |id: u32| {
-        let bytes = tokenizer.decode_bytes(&[id]);
-        (String::from_utf8_lossy(&bytes).into_owned(), bytes)
-    };
-    let (token, bytes) = text(l.id);
-    Logprob {
-        id: l.id,
-        token,
-        bytes,
-        logprob: l.logprob,
-        top_logprobs: l
-            .top
-            .into_iter()
-            .map(|(id, logprob)| {
-                let (token, bytes) = text(id);
-                Alternative {
-                    id,
-                    token,
-                    bytes,
-                    logprob,
-                }
-            })
-            .collect(),
-    }
 }

@@ -407,6 +407,12 @@ struct Choice {
     attempt: u32,
     attempt_bytes: usize,
     next_seq: u64,
+    /// Logprobs sent to the client, and those seen of the followed
+    /// delivery (skipped the same way as its text).
+    logprobs_sent: usize,
+    attempt_logprobs: usize,
+    /// Characters of the sent logprobs' tokens (completions' `text_offset`).
+    logprob_chars: usize,
     /// chat: the role chunk was sent.
     opened: bool,
     finished: bool,
@@ -425,6 +431,8 @@ struct Relay {
     model: String,
     created: i64,
     include_usage: bool,
+    /// The request asked for logprobs: its chunks carry them.
+    logprobs: bool,
     /// responses: the events made so far, numbered.
     events: Option<crate::responses::Events>,
     start_by: StartBy,
@@ -450,12 +458,17 @@ impl Relay {
         guard: CancelOnDrop,
     ) -> Relay {
         let created = now();
+        let logprobs = request
+            .items
+            .first()
+            .is_some_and(|item| item.get("logprobs").is_some());
         let events = (request.endpoint == Endpoint::Responses).then(|| {
             crate::responses::Events::new(
                 job_id,
                 created,
                 &request.model,
                 request.echo.clone().unwrap_or_default(),
+                logprobs,
             )
         });
         Relay {
@@ -465,6 +478,7 @@ impl Relay {
             model: request.model.clone(),
             created,
             include_usage: streaming.include_usage,
+            logprobs,
             events,
             start_by,
             choices: (0..request.items.len().max(1))
@@ -541,6 +555,7 @@ impl Relay {
         if chunk.attempt > choice.attempt {
             choice.attempt = chunk.attempt;
             choice.attempt_bytes = 0;
+            choice.attempt_logprobs = 0;
             choice.next_seq = 0;
         }
         if chunk.seq != choice.next_seq {
@@ -564,8 +579,13 @@ impl Relay {
         choice.attempt_bytes += chunk.text.len();
         let skip = choice.sent.saturating_sub(seen);
         let new = chunk.text.get(skip..).unwrap_or("").to_string();
+        let logprobs = chunk.logprobs.unwrap_or_default();
+        let seen = choice.attempt_logprobs;
+        choice.attempt_logprobs += logprobs.len();
+        let skip = choice.logprobs_sent.saturating_sub(seen);
+        let new_logprobs = logprobs.get(skip..).unwrap_or_default();
         let index = chunk.item;
-        self.text(index, &new);
+        self.text(index, &new, new_logprobs);
         if let (Some(reason), Some(usage)) = (chunk.finish_reason, chunk.usage) {
             self.finish(index, reason, usage.prompt_tokens, usage.completion_tokens);
         }
@@ -597,7 +617,12 @@ impl Relay {
                         continue;
                     }
                     let rest = g.text.get(choice.sent..).unwrap_or("").to_string();
-                    self.text(index as u32, &rest);
+                    let rest_logprobs = g
+                        .logprobs
+                        .as_deref()
+                        .and_then(|l| l.get(choice.logprobs_sent..))
+                        .unwrap_or_default();
+                    self.text(index as u32, &rest, rest_logprobs);
                     self.finish(
                         index as u32,
                         g.finish_reason,
@@ -610,7 +635,8 @@ impl Relay {
         }
     }
 
-    fn text(&mut self, index: u32, text: &str) {
+    /// Sends a choice's new text and the logprobs of its new tokens.
+    fn text(&mut self, index: u32, text: &str, logprobs: &[sluice_schemas::Logprob]) {
         let open = matches!(
             self.endpoint,
             Endpoint::ChatCompletions | Endpoint::Responses
@@ -622,22 +648,37 @@ impl Relay {
                 None => self.push(index, Delta::Role),
             }
         }
-        if text.is_empty() {
+        // Logprobs come only where they were asked for.
+        let logprobs = if self.logprobs { logprobs } else { &[] };
+        if text.is_empty() && logprobs.is_empty() {
             return;
         }
-        if !self.first_text {
+        if !self.first_text && !text.is_empty() {
             self.first_text = true;
             self.state
                 .metrics
                 .first_token(self.endpoint.as_str(), self.asked.elapsed());
         }
-        self.choices[index as usize].sent += text.len();
+        let choice = &mut self.choices[index as usize];
+        choice.sent += text.len();
+        choice.logprobs_sent += logprobs.len();
+        let offset = choice.logprob_chars;
+        choice.logprob_chars += logprobs
+            .iter()
+            .map(|l| l.token.chars().count())
+            .sum::<usize>();
         match &mut self.events {
             Some(events) => {
-                let delta = events.delta(text);
+                let delta = events.delta(text, logprobs);
                 self.pending.push_back(named_event(&delta));
             }
-            None => self.push(index, Delta::Text(text)),
+            None => self.push(
+                index,
+                Delta::Text {
+                    text,
+                    logprobs: self.logprobs.then_some((logprobs, offset)),
+                },
+            ),
         }
     }
 

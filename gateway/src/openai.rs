@@ -10,8 +10,8 @@
 use base64::Engine;
 use serde_json::{Map, Value, json};
 use sluice_schemas::{
-    ErrorCode, FinishReason, GenerateParameters, Generation, Item, MAX_PROMPT_NAME, ResponseFormat,
-    Task,
+    ErrorCode, FinishReason, GenerateParameters, Generation, Item, Logprob, MAX_PROMPT_NAME,
+    ResponseFormat, Task,
 };
 
 /// The endpoints a batch line may call.
@@ -414,6 +414,7 @@ fn strings(value: Option<Value>, name: &'static str) -> Result<Vec<String>, Requ
 fn generate_parameters(
     body: &Map<String, Value>,
     default_max_tokens: Option<u32>,
+    logprobs: Option<u32>,
 ) -> Result<Map<String, Value>, RequestError> {
     if body
         .get("stream")
@@ -432,27 +433,6 @@ fn generate_parameters(
             "only `n` = 1 is supported",
             Some("n"),
         ));
-    }
-    // Results carry no logprobs yet: asked for, they are refused rather
-    // than answered with none.
-    let asks = |name: &str| match body.get(name) {
-        None | Some(Value::Null) | Some(Value::Bool(false)) => false,
-        Some(Value::Number(n)) => name == "logprobs" || n.as_u64() != Some(0),
-        Some(_) => true,
-    };
-    for name in ["logprobs", "top_logprobs"] {
-        if asks(name) {
-            return Err(RequestError::invalid(
-                format!(
-                    "`{name}` is not supported yet (`sluice-consumer generate --top-logprobs K` gives a model's logprobs offline)"
-                ),
-                Some(if name == "logprobs" {
-                    "logprobs"
-                } else {
-                    "top_logprobs"
-                }),
-            ));
-        }
     }
     let number = |name: &'static str| -> Result<Option<f64>, RequestError> {
         match body.get(name) {
@@ -522,6 +502,7 @@ fn generate_parameters(
         seed: whole("seed")?,
         stop,
         response_format,
+        logprobs,
     };
     parameters
         .check()
@@ -548,11 +529,83 @@ fn generate_parameters(
         })?;
         item.insert("response_format".into(), format);
     }
+    if let Some(k) = parameters.logprobs {
+        item.insert("logprobs".into(), k.into());
+    }
     Ok(item)
 }
 
+/// What logprobs a chat completions body asks for: `logprobs: true`, with
+/// `top_logprobs` alternatives per token (0 to 20; default 0).
+fn chat_logprobs(body: &Map<String, Value>) -> Result<Option<u32>, RequestError> {
+    let on = match body.get("logprobs") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(on)) => *on,
+        Some(_) => {
+            return Err(RequestError::invalid(
+                "`logprobs` must be true or false",
+                Some("logprobs"),
+            ));
+        }
+    };
+    let most = GenerateParameters::MAX_LOGPROBS;
+    let top = match body.get("top_logprobs") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(
+            v.as_u64()
+                .filter(|&n| n <= u64::from(most))
+                .ok_or_else(|| {
+                    RequestError::invalid(
+                        format!("`top_logprobs` must be a whole number from 0 to {most}"),
+                        Some("top_logprobs"),
+                    )
+                })? as u32,
+        ),
+    };
+    match (on, top) {
+        (true, top) => Ok(Some(top.unwrap_or(0))),
+        (false, Some(n)) if n > 0 => Err(RequestError::invalid(
+            "`top_logprobs` needs `logprobs`: true",
+            Some("top_logprobs"),
+        )),
+        (false, _) => Ok(None),
+    }
+}
+
+/// The most alternatives the legacy completions' `logprobs` lists
+/// (OpenAI's limit there).
+const COMPLETIONS_MAX_LOGPROBS: u64 = 5;
+
+/// What logprobs a legacy completions body asks for: `logprobs`, the
+/// number of alternatives per token (0 to 5).
+fn completion_logprobs(body: &Map<String, Value>) -> Result<Option<u32>, RequestError> {
+    if body.get("top_logprobs").is_some_and(|v| !v.is_null()) {
+        return Err(RequestError::invalid(
+            format!(
+                "`top_logprobs` is a chat completions parameter; completions take `logprobs`, a number of alternatives from 0 to {COMPLETIONS_MAX_LOGPROBS}"
+            ),
+            Some("top_logprobs"),
+        ));
+    }
+    match body.get("logprobs") {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .filter(|&n| n <= COMPLETIONS_MAX_LOGPROBS)
+            .map(|n| Some(n as u32))
+            .ok_or_else(|| {
+                RequestError::invalid(
+                    format!(
+                        "`logprobs` must be a whole number from 0 to {COMPLETIONS_MAX_LOGPROBS} (the alternatives listed per token)"
+                    ),
+                    Some("logprobs"),
+                )
+            }),
+    }
+}
+
 fn chat_item(body: &mut Map<String, Value>) -> Result<Value, RequestError> {
-    let mut item = generate_parameters(body, None)?;
+    let mut item = generate_parameters(body, None, chat_logprobs(body)?)?;
     let Some(Value::Array(messages)) = body.remove("messages") else {
         return Err(RequestError::invalid(
             "`messages` must be a list",
@@ -608,7 +661,11 @@ fn completion_items(body: &mut Map<String, Value>) -> Result<Vec<Value>, Request
             Some("echo"),
         ));
     }
-    let parameters = generate_parameters(body, Some(COMPLETIONS_DEFAULT_MAX_TOKENS))?;
+    let parameters = generate_parameters(
+        body,
+        Some(COMPLETIONS_DEFAULT_MAX_TOKENS),
+        completion_logprobs(body)?,
+    )?;
     let prompts = strings(body.remove("prompt"), "prompt")?;
     Ok(prompts
         .into_iter()
@@ -718,13 +775,13 @@ pub fn generation_body(
             Endpoint::ChatCompletions => json!({
                 "index": index,
                 "message": {"role": "assistant", "content": g.text, "refusal": null},
-                "logprobs": null,
+                "logprobs": g.logprobs.as_deref().map(chat_logprobs_body),
                 "finish_reason": finish_reason(g.finish_reason),
             }),
             _ => json!({
                 "index": index,
                 "text": g.text,
-                "logprobs": null,
+                "logprobs": g.logprobs.as_deref().map(|l| completion_logprobs_body(l, 0)),
                 "finish_reason": finish_reason(g.finish_reason),
             }),
         })
@@ -734,12 +791,68 @@ pub fn generation_body(
     body
 }
 
+/// A token's logprob as chat completions and the Responses API answer it:
+/// its text, logprob and bytes, with its step's alternatives.
+pub fn token_logprob(l: &Logprob) -> Value {
+    json!({
+        "token": l.token,
+        "logprob": l.logprob,
+        "bytes": l.bytes,
+        "top_logprobs": l.top_logprobs.iter().map(|t| json!({
+            "token": t.token,
+            "logprob": t.logprob,
+            "bytes": t.bytes,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// A chat choice's `logprobs`: one entry per generated token.
+fn chat_logprobs_body(logprobs: &[Logprob]) -> Value {
+    json!({
+        "content": logprobs.iter().map(token_logprob).collect::<Vec<_>>(),
+        "refusal": null,
+    })
+}
+
+/// A legacy completions choice's `logprobs`: parallel lists of the tokens,
+/// their logprobs, each step's alternatives keyed by text (the chosen token
+/// among them, as OpenAI's: up to `logprobs` + 1 entries) and each token's
+/// offset in characters into the completion's text (`offset`: where the
+/// first token starts, for a streamed chunk).
+fn completion_logprobs_body(logprobs: &[Logprob], offset: usize) -> Value {
+    let mut text_offset = Vec::with_capacity(logprobs.len());
+    let mut at = offset;
+    for l in logprobs {
+        text_offset.push(at);
+        at += l.token.chars().count();
+    }
+    json!({
+        "tokens": logprobs.iter().map(|l| l.token.as_str()).collect::<Vec<_>>(),
+        "token_logprobs": logprobs.iter().map(|l| l.logprob).collect::<Vec<_>>(),
+        "top_logprobs": logprobs.iter().map(|l| {
+            let mut top = Map::new();
+            for t in &l.top_logprobs {
+                top.entry(t.token.clone()).or_insert(t.logprob.into());
+            }
+            top.entry(l.token.clone()).or_insert(l.logprob.into());
+            Value::Object(top)
+        }).collect::<Vec<_>>(),
+        "text_offset": text_offset,
+    })
+}
+
 /// What one streamed chunk of a completion says about one choice.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Delta<'a> {
     /// chat: the assistant's role, on a choice's first chunk.
     Role,
-    Text(&'a str),
+    /// New text, and the logprobs of the tokens since the last chunk when
+    /// they were asked for (with the first one's character offset into the
+    /// choice's text, for the legacy completions' `text_offset`).
+    Text {
+        text: &'a str,
+        logprobs: Option<(&'a [Logprob], usize)>,
+    },
     Finish(FinishReason),
 }
 
@@ -760,24 +873,28 @@ pub fn stream_chunk(
         Delta::Finish(r) => Value::from(finish_reason(r)),
         _ => Value::Null,
     };
+    let logprobs = match delta {
+        Delta::Text { logprobs, .. } => logprobs,
+        _ => None,
+    };
     let choice = match endpoint {
         Endpoint::ChatCompletions => json!({
             "index": index,
             "delta": match delta {
                 Delta::Role => json!({"role": "assistant", "content": ""}),
-                Delta::Text(text) => json!({"content": text}),
+                Delta::Text { text, .. } => json!({"content": text}),
                 Delta::Finish(_) => json!({}),
             },
-            "logprobs": null,
+            "logprobs": logprobs.map(|(l, _)| chat_logprobs_body(l)),
             "finish_reason": finish,
         }),
         _ => json!({
             "index": index,
             "text": match delta {
-                Delta::Text(text) => text,
+                Delta::Text { text, .. } => text,
                 _ => "",
             },
-            "logprobs": null,
+            "logprobs": logprobs.map(|(l, offset)| completion_logprobs_body(l, offset)),
             "finish_reason": finish,
         }),
     };
@@ -869,6 +986,19 @@ pub fn http_status(code: ErrorCode) -> u16 {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use sluice_schemas::TopLogprob;
+
+    /// A batch line's request to `url` with `body`, which must run.
+    fn request(url: &str, body: &str) -> Request {
+        match read(&format!(
+            r#"{{"custom_id":"c","method":"POST","url":"{url}","body":{body}}}"#
+        ))
+        .unwrap()
+        {
+            Line::Run { request, .. } => request,
+            other => panic!("{other:?}"),
+        }
+    }
 
     fn serves(task: Task, model: &str) -> bool {
         model == task.default_model()
@@ -1116,32 +1246,204 @@ mod tests {
             r#"{"custom_id":"a","method":"POST","url":"/v1/chat/completions","body":{"model":"smollm2-135m-instruct","messages":[],"n":2}}"#,
         );
         assert_eq!(e.param, Some("n"));
-        // Asked-for logprobs are refused, not answered without them; the
-        // defaults a client may send explicitly pass.
-        for (body, param) in [
-            (r#""logprobs":true"#, Some("logprobs")),
-            (r#""logprobs":true,"top_logprobs":3"#, Some("logprobs")),
-            (r#""top_logprobs":2"#, Some("top_logprobs")),
-            (r#""logprobs":false,"top_logprobs":0"#, None),
-            (r#""logprobs":null"#, None),
+    }
+
+    /// What each endpoint's logprobs fields ask of the job (its items'
+    /// `logprobs`: alternatives per token), and what they refuse.
+    #[test]
+    fn logprobs_fields_become_the_items_logprobs_or_are_refused() {
+        let chat = |fields: &str| {
+            format!(
+                r#"{{"custom_id":"a","method":"POST","url":"/v1/chat/completions","body":{{"model":"smollm2-135m-instruct","messages":[{{"role":"user","content":"x"}}],{fields}}}}}"#
+            )
+        };
+        let completions = |fields: &str| {
+            format!(
+                r#"{{"custom_id":"a","method":"POST","url":"/v1/completions","body":{{"model":"smollm2-135m-instruct","prompt":"x",{fields}}}}}"#
+            )
+        };
+        let responses = |fields: &str| {
+            format!(
+                r#"{{"custom_id":"a","method":"POST","url":"/v1/responses","body":{{"model":"smollm2-135m-instruct","input":"x",{fields}}}}}"#
+            )
+        };
+        let asked = |line: &str| match read(line).unwrap() {
+            Line::Run { request, .. } => request.items[0]
+                .get("logprobs")
+                .map(|k| k.as_u64().unwrap()),
+            Line::Fail { error, .. } => panic!("{line}: {error:?}"),
+        };
+        for (line, want) in [
+            (chat(r#""logprobs":true"#), Some(0)),
+            (chat(r#""logprobs":true,"top_logprobs":3"#), Some(3)),
+            (chat(r#""logprobs":true,"top_logprobs":20"#), Some(20)),
+            (chat(r#""logprobs":false,"top_logprobs":0"#), None),
+            (chat(r#""logprobs":null"#), None),
+            (completions(r#""logprobs":0"#), Some(0)),
+            (completions(r#""logprobs":5"#), Some(5)),
+            (completions(r#""logprobs":null"#), None),
+            (
+                responses(r#""include":["message.output_text.logprobs"]"#),
+                Some(0),
+            ),
+            (
+                responses(r#""include":["message.output_text.logprobs"],"top_logprobs":4"#),
+                Some(4),
+            ),
+            (responses(r#""top_logprobs":4"#), None),
+            (responses(r#""include":[]"#), None),
         ] {
-            let line = format!(
-                r#"{{"custom_id":"a","method":"POST","url":"/v1/chat/completions","body":{{"model":"smollm2-135m-instruct","messages":[{{"role":"user","content":"x"}}],{body}}}}}"#
-            );
-            match param {
-                Some(param) => {
-                    let e = failed(&line);
-                    assert_eq!(e.param, Some(param), "{body}");
-                    assert!(e.message.contains("not supported yet"), "{}", e.message);
-                }
-                None => assert!(read(&line).is_ok(), "{body}"),
-            }
+            assert_eq!(asked(&line), want, "{line}");
         }
-        // The legacy completions' `logprobs` is a count: any is a request.
-        let e = failed(
-            r#"{"custom_id":"a","method":"POST","url":"/v1/completions","body":{"model":"smollm2-135m-instruct","prompt":"x","logprobs":0}}"#,
+        for (line, param, says) in [
+            (
+                chat(r#""top_logprobs":2"#),
+                "top_logprobs",
+                "needs `logprobs`: true",
+            ),
+            (
+                chat(r#""logprobs":true,"top_logprobs":21"#),
+                "top_logprobs",
+                "from 0 to 20",
+            ),
+            (chat(r#""logprobs":1"#), "logprobs", "true or false"),
+            (completions(r#""logprobs":6"#), "logprobs", "from 0 to 5"),
+            (completions(r#""logprobs":true"#), "logprobs", "from 0 to 5"),
+            (
+                completions(r#""top_logprobs":2"#),
+                "top_logprobs",
+                "completions take `logprobs`",
+            ),
+            (
+                responses(r#""include":["message.output_text.logprobs"],"top_logprobs":21"#),
+                "top_logprobs",
+                "from 0 to 20",
+            ),
+            (
+                responses(r#""include":["reasoning.encrypted_content"]"#),
+                "include",
+                "message.output_text.logprobs",
+            ),
+        ] {
+            let e = failed(&line);
+            assert_eq!(e.param, Some(param), "{line}");
+            assert!(e.message.contains(says), "{line}: {}", e.message);
+        }
+    }
+
+    /// A generation's logprobs in each endpoint's shape: chat's `content`
+    /// list, the legacy completions' parallel lists (the chosen token among
+    /// each step's alternatives, offsets in characters), the Responses
+    /// output text's list; none where none were asked.
+    #[test]
+    fn logprobs_are_answered_in_each_endpoints_shape() {
+        let top = |id: u32, token: &str, logprob: f32| TopLogprob {
+            id,
+            token: token.into(),
+            bytes: token.as_bytes().to_vec(),
+            logprob,
+        };
+        let logprobs = vec![
+            Logprob {
+                id: 1,
+                token: "Pa".into(),
+                bytes: b"Pa".to_vec(),
+                logprob: -0.5,
+                top_logprobs: vec![top(1, "Pa", -0.5), top(9, "Lo", -1.25)],
+            },
+            Logprob {
+                id: 2,
+                token: "ris".into(),
+                bytes: b"ris".to_vec(),
+                logprob: -2.0,
+                top_logprobs: vec![top(3, "rty", -0.25), top(2, "ris", -2.0)],
+            },
+        ];
+        let g = Generation {
+            text: "Paris".into(),
+            finish_reason: FinishReason::Eos,
+            prompt_tokens: 10,
+            completion_tokens: 2,
+            logprobs: Some(logprobs.clone()),
+        };
+        let chat = request(
+            "/v1/chat/completions",
+            r#"{"model":"smollm2-135m-instruct","messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":2}"#,
         );
-        assert_eq!(e.param, Some("logprobs"));
+        let body = generation_body(&chat, "x", 1, "m", std::slice::from_ref(&g));
+        assert_eq!(
+            body["choices"][0]["logprobs"],
+            json!({"content": [
+                {"token": "Pa", "logprob": -0.5, "bytes": [80, 97], "top_logprobs": [
+                    {"token": "Pa", "logprob": -0.5, "bytes": [80, 97]},
+                    {"token": "Lo", "logprob": -1.25, "bytes": [76, 111]}]},
+                {"token": "ris", "logprob": -2.0, "bytes": [114, 105, 115], "top_logprobs": [
+                    {"token": "rty", "logprob": -0.25, "bytes": [114, 116, 121]},
+                    {"token": "ris", "logprob": -2.0, "bytes": [114, 105, 115]}]}],
+                "refusal": null})
+        );
+        let completions = request(
+            "/v1/completions",
+            r#"{"model":"smollm2-135m-instruct","prompt":"x","logprobs":1}"#,
+        );
+        let body = generation_body(&completions, "x", 1, "m", std::slice::from_ref(&g));
+        assert_eq!(
+            body["choices"][0]["logprobs"],
+            json!({
+                "tokens": ["Pa", "ris"],
+                "token_logprobs": [-0.5, -2.0],
+                "top_logprobs": [{"Pa": -0.5, "Lo": -1.25}, {"rty": -0.25, "ris": -2.0}],
+                "text_offset": [0, 2],
+            })
+        );
+        // A streamed chunk's offsets start where the choice's text is.
+        let chunk = stream_chunk(
+            Endpoint::Completions,
+            "x",
+            1,
+            "m",
+            0,
+            Delta::Text {
+                text: "ris",
+                logprobs: Some((&logprobs[1..], 2)),
+            },
+            false,
+        );
+        assert_eq!(chunk["choices"][0]["logprobs"]["text_offset"], json!([2]));
+        let chunk = stream_chunk(
+            Endpoint::ChatCompletions,
+            "x",
+            1,
+            "m",
+            0,
+            Delta::Text {
+                text: "ris",
+                logprobs: Some((&logprobs[1..], 2)),
+            },
+            false,
+        );
+        assert_eq!(
+            chunk["choices"][0]["logprobs"]["content"][0]["token"],
+            "ris"
+        );
+        let responses = request(
+            "/v1/responses",
+            r#"{"model":"smollm2-135m-instruct","input":"x","include":["message.output_text.logprobs"],"top_logprobs":2}"#,
+        );
+        let body = generation_body(&responses, "x", 1, "m", std::slice::from_ref(&g));
+        let text = &body["output"][0]["content"][0];
+        assert_eq!(text["logprobs"][1]["token"], "ris");
+        assert_eq!(text["logprobs"][1]["top_logprobs"][0]["token"], "rty");
+        assert_eq!(body["top_logprobs"], 2);
+        // Not asked for: null (chat, completions) or empty (responses).
+        let plain = Generation {
+            logprobs: None,
+            ..g
+        };
+        let body = generation_body(&chat, "x", 1, "m", std::slice::from_ref(&plain));
+        assert_eq!(body["choices"][0]["logprobs"], Value::Null);
+        let body = generation_body(&responses, "x", 1, "m", std::slice::from_ref(&plain));
+        assert_eq!(body["output"][0]["content"][0]["logprobs"], json!([]));
     }
 
     #[test]
@@ -1164,14 +1466,7 @@ mod tests {
             finish_reason: FinishReason::Eos,
             prompt_tokens: 10,
             completion_tokens: 2,
-        };
-        let request = |url: &str, body: &str| match read(&format!(
-            r#"{{"custom_id":"c","method":"POST","url":"{url}","body":{body}}}"#
-        ))
-        .unwrap()
-        {
-            Line::Run { request, .. } => request,
-            other => panic!("{other:?}"),
+            logprobs: None,
         };
         let chat = request(
             "/v1/chat/completions",

@@ -10,8 +10,10 @@
 //! What needs more than a model answering text is refused, naming the
 //! field: `tools`, images, files and audio, stored state
 //! (`previous_response_id`, `conversation`, `background`, `prompt`) and
-//! `include` / `top_logprobs`. Responses are not stored (`store` answers
-//! false): a conversation is sent whole, as with chat completions.
+//! every `include` but `message.output_text.logprobs` (the text's token
+//! logprobs, with `top_logprobs` alternatives each). Responses are not
+//! stored (`store` answers false): a conversation is sent whole, as with
+//! chat completions.
 //!
 //! Streamed, a response is OpenAI's event sequence: `response.created`,
 //! `response.in_progress`, `response.output_item.added`,
@@ -21,7 +23,7 @@
 //! and numbered by `sequence_number`.
 
 use serde_json::{Map, Value, json};
-use sluice_schemas::{FinishReason, Generation};
+use sluice_schemas::{FinishReason, Generation, Logprob};
 
 /// The request fields an answer repeats back, as OpenAI's do.
 pub type Echo = Map<String, Value>;
@@ -99,6 +101,7 @@ pub fn chat_body(body: &mut Map<String, Value>) -> Result<(Map<String, Value>, E
             ));
         }
     }
+    logprobs(body, &mut chat, &mut echo);
     for name in ["temperature", "top_p"] {
         if let Some(v) = body.remove(name).filter(|v| !v.is_null()) {
             echo.insert(name.into(), v.clone());
@@ -187,25 +190,43 @@ fn refuse_unsupported(body: &Map<String, Value>) -> Result<(), Refused> {
             "background",
         ));
     }
-    if body
-        .get("include")
-        .is_some_and(|i| i.as_array().is_none_or(|i| !i.is_empty()))
-    {
-        return Err(unsupported(
-            "`include` is not supported: a response carries its text and usage only",
-            "include",
-        ));
-    }
-    if body
-        .get("top_logprobs")
-        .is_some_and(|n| !(n.is_null() || n == 0))
-    {
-        return Err(unsupported(
-            "`top_logprobs` is not supported",
-            "top_logprobs",
-        ));
+    match body.get("include") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(include))
+            if include.iter().all(|i| i.as_str() == Some(INCLUDE_LOGPROBS)) => {}
+        Some(_) => {
+            return Err(unsupported(
+                format!(
+                    "`include` takes only \"{INCLUDE_LOGPROBS}\" here: a response carries its text, usage and, asked, its logprobs"
+                ),
+                "include",
+            ));
+        }
     }
     Ok(())
+}
+
+/// The `include` value that asks for the output text's logprobs.
+const INCLUDE_LOGPROBS: &str = "message.output_text.logprobs";
+
+/// Maps `include: ["message.output_text.logprobs"]` and `top_logprobs`
+/// onto chat's `logprobs` and `top_logprobs`; `top_logprobs` alone asks
+/// for nothing (it is echoed back).
+fn logprobs(body: &mut Map<String, Value>, chat: &mut Map<String, Value>, echo: &mut Echo) {
+    let asked = body
+        .remove("include")
+        .and_then(|i| i.as_array().map(|i| !i.is_empty()))
+        .unwrap_or(false);
+    let top = body.remove("top_logprobs").filter(|v| !v.is_null());
+    if let Some(top) = &top {
+        echo.insert("top_logprobs".into(), top.clone());
+    }
+    if asked {
+        chat.insert("logprobs".into(), Value::Bool(true));
+        if let Some(top) = top {
+            chat.insert("top_logprobs".into(), top);
+        }
+    }
 }
 
 /// One `input` list item: a message (`type` absent or `"message"`) with a
@@ -303,9 +324,9 @@ fn usage(input: u64, output: u64) -> Value {
 }
 
 /// The assistant's message, as an output item.
-fn message(id: &str, text: Option<&str>, status: &str) -> Value {
+fn message(id: &str, text: Option<(&str, Option<&[Logprob]>)>, status: &str) -> Value {
     let content = match text {
-        Some(text) => vec![output_text(text)],
+        Some((text, logprobs)) => vec![output_text(text, logprobs)],
         None => Vec::new(),
     };
     json!({
@@ -317,8 +338,17 @@ fn message(id: &str, text: Option<&str>, status: &str) -> Value {
     })
 }
 
-fn output_text(text: &str) -> Value {
-    json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []})
+/// The message's text part, with its tokens' logprobs when asked for.
+fn output_text(text: &str, logprobs: Option<&[Logprob]>) -> Value {
+    json!({"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs_list(logprobs)})
+}
+
+fn logprobs_list(logprobs: Option<&[Logprob]>) -> Value {
+    logprobs
+        .unwrap_or_default()
+        .iter()
+        .map(crate::openai::token_logprob)
+        .collect()
 }
 
 /// What the answer to a finished generation says about it: `completed`,
@@ -369,7 +399,11 @@ pub fn body(id: &str, created: i64, model: &str, echo: &Echo, generation: &Gener
     let (status, details) = ending(generation.finish_reason);
     let mut body = response(id, created, model, echo, status);
     body["incomplete_details"] = details;
-    body["output"] = json!([message(id, Some(&generation.text), status)]);
+    body["output"] = json!([message(
+        id,
+        Some((&generation.text, generation.logprobs.as_deref())),
+        status
+    )]);
     body["usage"] = usage(generation.prompt_tokens, generation.completion_tokens);
     body
 }
@@ -382,10 +416,13 @@ pub struct Events {
     echo: Echo,
     sequence: u64,
     text: String,
+    /// The logprobs streamed so far (None: not asked for).
+    logprobs: Option<Vec<Logprob>>,
 }
 
 impl Events {
-    pub fn new(id: &str, created: i64, model: &str, echo: Echo) -> Events {
+    /// `logprobs`: the request asked for the text's logprobs.
+    pub fn new(id: &str, created: i64, model: &str, echo: Echo, logprobs: bool) -> Events {
         Events {
             id: id.to_string(),
             created,
@@ -393,6 +430,7 @@ impl Events {
             echo,
             sequence: 0,
             text: String::new(),
+            logprobs: logprobs.then(Vec::new),
         }
     }
 
@@ -426,7 +464,7 @@ impl Events {
     pub fn opened(&mut self) -> Vec<Value> {
         let item = message(&self.id, None, "in_progress");
         let mut part = self.part();
-        part["part"] = output_text("");
+        part["part"] = output_text("", None);
         vec![
             self.event(
                 "response.output_item.added",
@@ -436,11 +474,15 @@ impl Events {
         ]
     }
 
-    pub fn delta(&mut self, text: &str) -> Value {
+    /// New text, with the logprobs of its tokens when they were asked for.
+    pub fn delta(&mut self, text: &str, logprobs: &[Logprob]) -> Value {
         self.text.push_str(text);
+        if let Some(all) = &mut self.logprobs {
+            all.extend_from_slice(logprobs);
+        }
         let mut fields = self.part();
         fields["delta"] = text.into();
-        fields["logprobs"] = json!([]);
+        fields["logprobs"] = logprobs_list(Some(logprobs));
         self.event("response.output_text.delta", fields)
     }
 
@@ -452,14 +494,15 @@ impl Events {
             finish_reason: reason,
             prompt_tokens: input,
             completion_tokens: output,
+            logprobs: self.logprobs.clone(),
         };
         let response = body(&self.id, self.created, &self.model, &self.echo, &generation);
         let item = response["output"][0].clone();
         let mut done = self.part();
         done["text"] = generation.text.as_str().into();
-        done["logprobs"] = json!([]);
+        done["logprobs"] = logprobs_list(generation.logprobs.as_deref());
         let mut part = self.part();
-        part["part"] = output_text(&generation.text);
+        part["part"] = output_text(&generation.text, generation.logprobs.as_deref());
         let last = if response["status"] == "completed" {
             "response.completed"
         } else {
@@ -561,10 +604,9 @@ mod tests {
             (json!({"input": "x", "background": true}), "background"),
             (json!({"input": "x", "prompt": {"id": "p"}}), "prompt"),
             (
-                json!({"input": "x", "include": ["message.output_text.logprobs"]}),
+                json!({"input": "x", "include": ["file_search_call.results"]}),
                 "include",
             ),
-            (json!({"input": "x", "top_logprobs": 3}), "top_logprobs"),
             (
                 json!({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]}),
                 "input",
@@ -621,6 +663,7 @@ mod tests {
             finish_reason: FinishReason::Length,
             prompt_tokens: 3,
             completion_tokens: 2,
+            logprobs: None,
         };
         let mut echo = Echo::new();
         echo.insert("max_output_tokens".into(), 2.into());
@@ -641,13 +684,44 @@ mod tests {
         assert_eq!(b["usage"]["total_tokens"], 5);
     }
 
+    /// Asked for, each delta carries its tokens' logprobs and the done
+    /// events the whole list.
+    #[test]
+    fn a_streamed_response_carries_its_logprobs_delta_by_delta() {
+        let lp = |id: u32, token: &str| Logprob {
+            id,
+            token: token.into(),
+            bytes: token.as_bytes().to_vec(),
+            logprob: -1.0,
+            top_logprobs: Vec::new(),
+        };
+        let mut events = Events::new("x", 7, "m", Echo::new(), true);
+        events.started();
+        events.opened();
+        let first = events.delta("He", &[lp(1, "He")]);
+        assert_eq!(first["logprobs"][0]["token"], "He");
+        events.delta("llo", &[lp(2, "ll"), lp(3, "o")]);
+        let done = events.finished(FinishReason::Eos, 4, 3);
+        assert_eq!(done[0]["type"], "response.output_text.done");
+        let tokens = |list: &Value| -> Vec<String> {
+            list.as_array()
+                .unwrap()
+                .iter()
+                .map(|l| l["token"].as_str().unwrap().to_string())
+                .collect()
+        };
+        assert_eq!(tokens(&done[0]["logprobs"]), ["He", "ll", "o"]);
+        let text = &done[3]["response"]["output"][0]["content"][0];
+        assert_eq!(tokens(&text["logprobs"]), ["He", "ll", "o"]);
+    }
+
     #[test]
     fn a_stream_is_numbered_events_ending_in_the_whole_response() {
-        let mut events = Events::new("x", 7, "m", Echo::new());
+        let mut events = Events::new("x", 7, "m", Echo::new(), false);
         let mut all = events.started();
         all.extend(events.opened());
-        all.push(events.delta("He"));
-        all.push(events.delta("llo"));
+        all.push(events.delta("He", &[]));
+        all.push(events.delta("llo", &[]));
         all.extend(events.finished(FinishReason::Eos, 4, 2));
         let kinds: Vec<&str> = all.iter().map(|e| e["type"].as_str().unwrap()).collect();
         assert_eq!(

@@ -247,6 +247,8 @@ struct Running<K, C> {
     shown: Option<String>,
     /// One per generated token when the parameters ask for them.
     logprobs: Vec<TokenLogprob>,
+    /// How many of `logprobs` a streamed piece has carried.
+    logprobs_shown: usize,
 }
 
 struct Waiting<K> {
@@ -272,8 +274,18 @@ pub struct Generator<'m, K, M: StepModel = Decoder, T: TokenText = GgufTokenizer
     peak_kv: u64,
     running: Vec<Running<K, M::Cache>>,
     waiting: std::collections::VecDeque<Waiting<K>>,
-    /// Streamed sequences' new text from the last step (see [`Generator::take_text`]).
-    new_text: Vec<(K, String)>,
+    /// Streamed sequences' new text from the last step (see [`Generator::take_streamed`]).
+    new_text: Vec<(K, Streamed)>,
+}
+
+/// A streamed sequence's news from one step: its new text and the logprobs
+/// (when its parameters ask for them) of the tokens recorded since its
+/// last piece. A token's logprob comes with its text or a piece before it
+/// (text is held back; logprobs are not).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Streamed {
+    pub text: String,
+    pub logprobs: Vec<TokenLogprob>,
 }
 
 impl<'m, K: Clone, M: StepModel, T: TokenText> Generator<'m, K, M, T> {
@@ -371,8 +383,8 @@ impl<'m, K: Clone, M: StepModel, T: TokenText> Generator<'m, K, M, T> {
     }
 
     /// [`Generator::add`] for a sequence whose text is wanted as it is
-    /// generated: after each step, [`Generator::take_text`] holds its new
-    /// text. Sequences not streamed cost nothing more.
+    /// generated: after each step, [`Generator::take_streamed`] holds its
+    /// new text (and logprobs). Sequences not streamed cost nothing more.
     pub fn add_streamed(
         &mut self,
         key: K,
@@ -384,10 +396,11 @@ impl<'m, K: Clone, M: StepModel, T: TokenText> Generator<'m, K, M, T> {
 
     /// The new text of each streamed sequence after the last step, in running
     /// order; a sequence that finished in it comes with the rest of its
-    /// text. Concatenated, a sequence's pieces are its [`Generated::text`]:
-    /// text is held back while it ends in an unfinished UTF-8 character or
-    /// in what may be the start of a stop sequence.
-    pub fn take_text(&mut self) -> Vec<(K, String)> {
+    /// text. Concatenated, a sequence's pieces are its [`Generated::text`]
+    /// and its [`Generated::logprobs`]: text is held back while it ends in
+    /// an unfinished UTF-8 character or in what may be the start of a stop
+    /// sequence.
+    pub fn take_streamed(&mut self) -> Vec<(K, Streamed)> {
         std::mem::take(&mut self.new_text)
     }
 
@@ -476,6 +489,7 @@ impl<'m, K: Clone, M: StepModel, T: TokenText> Generator<'m, K, M, T> {
                 params,
                 shown: w.streamed.then(String::new),
                 logprobs: Vec::new(),
+                logprobs_shown: 0,
             });
         }
         Ok(())
@@ -589,7 +603,15 @@ impl<'m, K: Clone, M: StepModel, T: TokenText> Generator<'m, K, M, T> {
                 if show > shown.len() && text.starts_with(shown.as_str()) {
                     let new = text[shown.len()..show].to_string();
                     shown.push_str(&new);
-                    self.new_text.push((r.key.clone(), new));
+                    let logprobs = r.logprobs[r.logprobs_shown..].to_vec();
+                    r.logprobs_shown = r.logprobs.len();
+                    self.new_text.push((
+                        r.key.clone(),
+                        Streamed {
+                            text: new,
+                            logprobs,
+                        },
+                    ));
                 }
             }
         }
@@ -600,7 +622,13 @@ impl<'m, K: Clone, M: StepModel, T: TokenText> Generator<'m, K, M, T> {
             let generated = self.result(&r, reason);
             if let Some(shown) = &r.shown {
                 match generated.text.strip_prefix(shown.as_str()) {
-                    Some(rest) => self.new_text.push((r.key.clone(), rest.to_string())),
+                    Some(rest) => self.new_text.push((
+                        r.key.clone(),
+                        Streamed {
+                            text: rest.to_string(),
+                            logprobs: r.logprobs[r.logprobs_shown..].to_vec(),
+                        },
+                    )),
                     None => tracing::warn!(
                         shown = %shown,
                         text = %generated.text,
@@ -973,8 +1001,8 @@ mod tests {
         let mut done = Vec::new();
         while !g.is_empty() {
             done.extend(g.step().unwrap());
-            for (k, text) in g.take_text() {
-                pieces[k].push(text);
+            for (k, piece) in g.take_streamed() {
+                pieces[k].push(piece.text);
             }
         }
         done.sort_by_key(|(k, _)| *k);
@@ -1010,7 +1038,7 @@ mod tests {
         let mut done = Vec::new();
         while !g.is_empty() {
             done.extend(g.step().unwrap());
-            pieces.extend(g.take_text().into_iter().map(|(_, t)| t));
+            pieces.extend(g.take_streamed().into_iter().map(|(_, p)| p.text));
         }
         for (_, generated) in &done {
             assert_eq!(generated.text, "");
@@ -1112,5 +1140,53 @@ mod tests {
             ..params(1)
         };
         assert!(too_many.check().unwrap_err().contains("top_logprobs"));
+    }
+
+    /// A streamed sequence's pieces carry its logprobs as they are
+    /// recorded with the next piece, never after its text, and add up to
+    /// the final list: with "cd" a stop sequence, the step that adds "c"
+    /// shows nothing (it may start "cd"), so the last piece carries "c"'s
+    /// and "d"'s.
+    #[test]
+    fn streamed_logprobs_add_up_to_the_final_ones_and_never_lag_the_text() {
+        let m = model();
+        let mut g = Generator::new(&m, &HalfChars, 64);
+        let asked = |stop: &[&str]| GenerationParams {
+            stop: stop.iter().map(|s| s.to_string()).collect(),
+            logprobs: Some(1),
+            ..params(10)
+        };
+        g.add_streamed(0, vec![1], asked(&["cd"])).unwrap();
+        g.add_streamed(1, vec![1], asked(&[])).unwrap();
+        let mut pieces: Vec<Vec<Streamed>> = vec![Vec::new(); 2];
+        let mut done = Vec::new();
+        while !g.is_empty() {
+            done.extend(g.step().unwrap());
+            for (k, piece) in g.take_streamed() {
+                pieces[k].push(piece);
+            }
+        }
+        done.sort_by_key(|(k, _)| *k);
+        for k in 0..2 {
+            let streamed: Vec<TokenLogprob> = pieces[k]
+                .iter()
+                .flat_map(|p| p.logprobs.iter().cloned())
+                .collect();
+            assert_eq!(streamed, done[k].1.logprobs, "sequence {k}");
+            assert_eq!(streamed.len(), done[k].1.tokens.len());
+            // Each piece's text is covered by the tokens whose logprobs
+            // have gone out with it or before it.
+            let mut tokens = 0;
+            let mut text = String::new();
+            for p in &pieces[k] {
+                tokens += p.logprobs.len();
+                text.push_str(&p.text);
+                let covered = HalfChars.decode(&done[k].1.tokens[..tokens]);
+                assert!(covered.starts_with(&text), "{covered:?} vs {text:?}");
+            }
+        }
+        // "é" (two tokens), "b", then "c" held with its logprob sent, "d" last.
+        let counts: Vec<usize> = pieces[0].iter().map(|p| p.logprobs.len()).collect();
+        assert_eq!(counts, [2, 1, 2]);
     }
 }

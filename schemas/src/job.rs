@@ -172,6 +172,11 @@ pub struct Parameters {
     /// `response_format`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_format: Option<ResponseFormat>,
+    /// generate: answer each generated token's logprob with the step's
+    /// `logprobs` most likely tokens (0 to
+    /// [`GenerateParameters::MAX_LOGPROBS`]; unset: no logprobs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<u32>,
 }
 
 impl Parameters {
@@ -190,6 +195,7 @@ impl Parameters {
             seed: self.seed,
             stop: self.stop.clone(),
             response_format: self.response_format.clone(),
+            logprobs: self.logprobs,
         }
     }
     /// Each parameter given, with the tasks it applies to.
@@ -207,6 +213,7 @@ impl Parameters {
             ("seed", self.seed.is_some(), GENERATE),
             ("stop", self.stop.is_some(), GENERATE),
             ("response_format", self.response_format.is_some(), GENERATE),
+            ("logprobs", self.logprobs.is_some(), GENERATE),
         ]
         .into_iter()
         .filter(|(_, set, _)| *set)
@@ -236,6 +243,8 @@ pub struct GenerateParameters {
     pub stop: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_format: Option<ResponseFormat>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<u32>,
 }
 
 /// What a generated text must be: OpenAI's `response_format`.
@@ -310,6 +319,9 @@ impl GenerateParameters {
     pub const MAX_STOP: usize = 8;
     /// Longest stop sequence, in bytes.
     pub const MAX_STOP_BYTES: usize = 256;
+    /// Most alternatives `logprobs` lists per token (OpenAI's
+    /// `top_logprobs` limit).
+    pub const MAX_LOGPROBS: u32 = 20;
 
     /// `self` where set, else `fallback`.
     pub fn or(self, fallback: &GenerateParameters) -> GenerateParameters {
@@ -322,6 +334,7 @@ impl GenerateParameters {
             response_format: self
                 .response_format
                 .or_else(|| fallback.response_format.clone()),
+            logprobs: self.logprobs.or(fallback.logprobs),
         }
     }
 
@@ -363,6 +376,14 @@ impl GenerateParameters {
         }
         if let Some(format) = &self.response_format {
             format.check()?;
+        }
+        if let Some(k) = self.logprobs
+            && k > Self::MAX_LOGPROBS
+        {
+            return Err(format!(
+                "logprobs is {k}; at most {} alternatives per token are listed",
+                Self::MAX_LOGPROBS
+            ));
         }
         Ok(())
     }
@@ -491,6 +512,8 @@ struct PromptObject {
     stop: Option<Vec<String>>,
     #[serde(default)]
     response_format: Option<ResponseFormat>,
+    #[serde(default)]
+    logprobs: Option<u32>,
 }
 
 impl Item {
@@ -558,6 +581,7 @@ impl Item {
                         seed: o.seed,
                         stop: o.stop,
                         response_format: o.response_format,
+                        logprobs: o.logprobs,
                     },
                 }))
             }

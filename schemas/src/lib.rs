@@ -25,8 +25,8 @@ pub use job::{
     ResponseFormat, Task, VERSION, ValidJob, parse_jsonl, truncate_for_message,
 };
 pub use result::{
-    AnswerClaim, DeadLetter, FinishReason, Generation, JobResult, JobState, Outcome, Output,
-    S3Output, ServedBy, StatusRecord, Timings, Usage,
+    AnswerClaim, DeadLetter, FinishReason, Generation, JobResult, JobState, Logprob, Outcome,
+    Output, S3Output, ServedBy, StatusRecord, Timings, TopLogprob, Usage,
 };
 pub use stream::{StreamChunk, StreamUsage};
 

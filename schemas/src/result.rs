@@ -101,13 +101,63 @@ impl Output {
 
 /// What one prompt produced: inline in a result, or one line of a JSONL
 /// output in S3.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Generation {
     pub text: String,
     pub finish_reason: FinishReason,
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
+    /// Only when the prompt's parameters asked for `logprobs`: one per
+    /// generated token, in order (a stop sequence's tokens included, the
+    /// end-of-turn token that ended it not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<Vec<Logprob>>,
+}
+
+/// A generated token's log-probability under the model's own distribution
+/// at its step (the softmax of its logits, before temperature, top-p and a
+/// `response_format`'s mask), with the step's most likely tokens.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Logprob {
+    /// The token's id in the model's vocabulary.
+    pub id: u32,
+    /// Its text (a piece of a UTF-8 character shows as U+FFFD; `bytes` has
+    /// it exactly).
+    pub token: String,
+    pub bytes: Vec<u8>,
+    /// Natural log; [`Logprob::FLOOR`] at the lowest.
+    pub logprob: f32,
+    /// The step's `logprobs` most likely tokens, most likely first (ties:
+    /// the lower id first); empty when `logprobs` is 0.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+/// One of a step's most likely tokens.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopLogprob {
+    pub id: u32,
+    pub token: String,
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+}
+
+impl Logprob {
+    /// The lowest logprob on the wire, as OpenAI's API answers a token of
+    /// no probability (JSON has no -infinity).
+    pub const FLOOR: f32 = -9999.0;
+
+    /// `logprob` as the wire carries it: at least [`Logprob::FLOOR`].
+    pub fn floored(logprob: f32) -> f32 {
+        if logprob.is_nan() {
+            Self::FLOOR
+        } else {
+            logprob.max(Self::FLOOR)
+        }
+    }
 }
 
 /// Why a generation ended.

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::result::FinishReason;
+use crate::result::{FinishReason, Logprob};
 
 /// One message of a streaming generate job: a prompt's new text since its
 /// previous message, or (the prompt's last message) the rest of its text with
@@ -31,6 +31,13 @@ pub struct StreamChunk {
     pub seq: u64,
     /// New text (UTF-8 whole characters; may be empty).
     pub text: String,
+    /// Only when the prompt asked for `logprobs`: those of the tokens
+    /// generated since its previous message. A token's logprob may come a
+    /// message before its text (text is held back while it may be the start
+    /// of a stop sequence or ends inside a character); concatenated, a
+    /// prompt's lists are its generation's `logprobs` in the result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<Vec<Logprob>>,
     /// Only on a prompt's first message: milliseconds the job waited in the
     /// queue before a consumer pulled it.
     #[serde(default, skip_serializing_if = "Option::is_none")]

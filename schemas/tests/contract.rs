@@ -193,12 +193,33 @@ fn every_rust_value_validates_and_round_trips() {
                     finish_reason: FinishReason::Eos,
                     prompt_tokens: 31,
                     completion_tokens: 3,
+                    logprobs: None,
                 },
                 Generation {
                     text: "Once".into(),
                     finish_reason: FinishReason::Length,
                     prompt_tokens: 4,
                     completion_tokens: 1,
+                    logprobs: Some(vec![Logprob {
+                        id: 7454,
+                        token: "Once".into(),
+                        bytes: b"Once".to_vec(),
+                        logprob: -0.25,
+                        top_logprobs: vec![
+                            TopLogprob {
+                                id: 7454,
+                                token: "Once".into(),
+                                bytes: b"Once".to_vec(),
+                                logprob: -0.25,
+                            },
+                            TopLogprob {
+                                id: 504,
+                                token: "\u{FFFD}".into(),
+                                bytes: vec![0xF0, 0x9F],
+                                logprob: Logprob::FLOOR,
+                            },
+                        ],
+                    }]),
                 },
             ]),
         },
@@ -237,11 +258,12 @@ fn every_rust_value_validates_and_round_trips() {
             items: vec![
                 json!("raw prompt"),
                 json!({"prompt": "p", "max_new_tokens": 3, "stop": ["."]}),
-                json!({"messages": [{"role": "user", "content": "hi"}], "temperature": 0.5, "top_p": 0.9, "seed": 1}),
+                json!({"messages": [{"role": "user", "content": "hi"}], "temperature": 0.5, "top_p": 0.9, "seed": 1, "logprobs": 5}),
             ],
         }],
         parameters: Parameters {
             max_new_tokens: Some(16),
+            logprobs: Some(0),
             temperature: Some(0.0),
             top_p: Some(1.0),
             seed: Some(42),
@@ -252,6 +274,31 @@ fn every_rust_value_validates_and_round_trips() {
     };
     round_trip(&job, &generate_job);
     Job::decode(&generate_job.to_bytes()).unwrap();
+    // More alternatives than OpenAI lists are refused by both sides.
+    let too_many = Job {
+        parameters: Parameters {
+            logprobs: Some(21),
+            ..Parameters::default()
+        },
+        ..generate_job.clone()
+    };
+    assert!(!job.is_valid(&serde_json::to_value(&too_many).unwrap()));
+    let err = Job::decode(&too_many.to_bytes()).unwrap_err();
+    assert_eq!(err.code, ErrorCode::InvalidParameters);
+    assert!(
+        err.message.contains("logprobs is 21; at most 20"),
+        "{}",
+        err.message
+    );
+    let embed_logprobs = Job {
+        parameters: Parameters {
+            logprobs: Some(1),
+            ..Parameters::default()
+        },
+        ..sample_job()
+    };
+    let err = Job::decode(&embed_logprobs.to_bytes()).unwrap_err();
+    assert_eq!(err.code, ErrorCode::InvalidParameters, "{}", err.message);
     for code in ErrorCode::ALL {
         let failed = JobResult {
             outcome: Outcome::Error {
@@ -710,6 +757,7 @@ fn streaming_is_for_generate_jobs_and_its_messages_round_trip() {
         attempt: 1,
         seq: 0,
         text: "Pa".into(),
+        logprobs: None,
         queue_ms: Some(3.5),
         finish_reason: None,
         usage: None,
@@ -718,6 +766,13 @@ fn streaming_is_for_generate_jobs_and_its_messages_round_trip() {
     let last = StreamChunk {
         seq: 4,
         text: "ris.".into(),
+        logprobs: Some(vec![Logprob {
+            id: 2,
+            token: "ris".into(),
+            bytes: b"ris".to_vec(),
+            logprob: -1.5,
+            top_logprobs: Vec::new(),
+        }]),
         queue_ms: None,
         finish_reason: Some(FinishReason::Eos),
         usage: Some(StreamUsage {

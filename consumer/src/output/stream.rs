@@ -32,17 +32,23 @@ impl JobStream {
         let mut next_seq: Vec<u64> = Vec::new();
         let mut warned = false;
         while let Some(event) = events.recv().await {
-            let (item, text, end) = match event {
-                StreamEvent::Text { item, text } => (item, text, None),
+            let (item, text, logprobs, end) = match event {
+                StreamEvent::Text {
+                    item,
+                    text,
+                    logprobs,
+                } => (item, text, logprobs, None),
                 StreamEvent::Finished {
                     item,
                     text,
+                    logprobs,
                     finish_reason,
                     prompt_tokens,
                     completion_tokens,
                 } => (
                     item,
                     text,
+                    logprobs,
                     Some((
                         finish_reason,
                         StreamUsage {
@@ -64,6 +70,7 @@ impl JobStream {
                 attempt: self.attempt,
                 seq,
                 text,
+                logprobs,
                 queue_ms: if seq == 0 { self.queue_ms } else { None },
                 finish_reason: end.map(|(reason, _)| reason),
                 usage: end.map(|(_, usage)| usage),

@@ -157,7 +157,8 @@ fn model_alone(
     while !g.is_empty() {
         let done = g.step()?;
         let now = start.elapsed().as_secs_f64();
-        for (k, text) in g.take_text() {
+        for (k, piece) in g.take_streamed() {
+            let text = piece.text;
             if text.is_empty() {
                 continue;
             }

@@ -18,6 +18,7 @@ mod gateway;
 mod generate_jobs;
 mod harness;
 mod lifecycle;
+mod logprobs;
 mod models;
 mod observability;
 mod online;

@@ -16,7 +16,9 @@ use tokio::sync::{mpsc, oneshot};
 use crate::error::JobError;
 use crate::telemetry::Stats;
 use sluice_models::decoder::Decoder;
-use sluice_models::generation::{FinishReason, Generated, GenerationParams, Generator};
+use sluice_models::generation::{
+    FinishReason, Generated, GenerationParams, Generator, TokenLogprob,
+};
 use sluice_models::gguf_tokenizer::GgufTokenizer;
 
 /// One prompt on its way to the generation thread.
@@ -32,6 +34,8 @@ pub struct Sequence {
 pub struct StreamTo {
     pub item: usize,
     pub events: mpsc::UnboundedSender<StreamEvent>,
+    /// Whether its events carry logprobs (its parameters asked for them).
+    pub logprobs: bool,
 }
 
 /// What a streamed prompt reports, in order: its new text after each step
@@ -41,11 +45,16 @@ pub enum StreamEvent {
     Text {
         item: usize,
         text: String,
+        /// The logprobs of the tokens recorded since its previous event
+        /// (None: not asked for).
+        logprobs: Option<Vec<sluice_schemas::Logprob>>,
     },
-    /// The rest of its text (possibly empty), why it ended and its tokens.
+    /// The rest of its text (possibly empty) and logprobs, why it ended and
+    /// its tokens.
     Finished {
         item: usize,
         text: String,
+        logprobs: Option<Vec<sluice_schemas::Logprob>>,
         finish_reason: sluice_schemas::FinishReason,
         prompt_tokens: usize,
         completion_tokens: usize,
@@ -175,16 +184,21 @@ pub fn spawn(
                     Ok(done) => {
                         // A finished prompt's last text goes with how it ended.
                         let mut last_text = HashMap::new();
-                        for (key, text) in generator.take_text() {
+                        let wire = |to: &StreamTo, logprobs: &[TokenLogprob]| {
+                            to.logprobs
+                                .then(|| super::wire_logprobs(&tokenizer, logprobs))
+                        };
+                        for (key, piece) in generator.take_streamed() {
                             if done.iter().any(|(k, _)| *k == key) {
-                                last_text.insert(key, text);
+                                last_text.insert(key, piece);
                             } else if let Some(Waiter {
                                 stream: Some(to), ..
                             }) = replies.get(&key)
                             {
                                 let _ = to.events.send(StreamEvent::Text {
                                     item: to.item,
-                                    text,
+                                    logprobs: wire(to, &piece.logprobs),
+                                    text: piece.text,
                                 });
                             }
                         }
@@ -194,9 +208,11 @@ pub fn spawn(
                                 .fetch_add(generated.completion_tokens as u64, Ordering::Relaxed);
                             if let Some(waiter) = replies.remove(&key) {
                                 if let Some(to) = &waiter.stream {
+                                    let last = last_text.remove(&key).unwrap_or_default();
                                     let _ = to.events.send(StreamEvent::Finished {
                                         item: to.item,
-                                        text: last_text.remove(&key).unwrap_or_default(),
+                                        logprobs: wire(to, &last.logprobs),
+                                        text: last.text,
                                         finish_reason: wire_finish_reason(generated.finish_reason),
                                         prompt_tokens: generated.prompt_tokens,
                                         completion_tokens: generated.completion_tokens,

@@ -29,7 +29,7 @@ use crate::config::Config;
 use crate::error::JobError;
 use crate::telemetry::Stats;
 use sluice_models::decoder::{Decoder, WeightFormat};
-use sluice_models::generation::GenerationParams;
+use sluice_models::generation::{GenerationParams, TokenLogprob};
 use sluice_models::gguf_tokenizer::{ChatMessage, GgufTokenizer};
 use sluice_models::structured::{Constraint, ConstraintCompiler, OutputFormat};
 
@@ -293,8 +293,7 @@ impl GenerateEngine {
                 Ok(Planned {
                     input: prompt.input,
                     format,
-                    // No logprobs: not on the wire yet.
-                    params: generation_params(p, max_new, None),
+                    params: generation_params(p, max_new),
                 })
             })
             .collect()
@@ -385,26 +384,34 @@ impl GenerateEngine {
             )
         };
         let mut waiting = Vec::with_capacity(prepared.len());
+        let mut asked: Vec<Option<usize>> = Vec::with_capacity(prepared.len());
         for (item, (prompt, params)) in prepared.into_iter().enumerate() {
+            asked.push(params.logprobs);
             let (reply, rx) = oneshot::channel();
             self.sequences
                 .send(Sequence {
                     prompt,
-                    params,
-                    reply,
                     stream: stream.as_ref().map(|events| StreamTo {
                         item,
                         events: events.clone(),
+                        logprobs: params.logprobs.is_some(),
                     }),
+                    params,
+                    reply,
                 })
                 .await
                 .map_err(|_| stopped())?;
             waiting.push(rx);
         }
         let mut out = Vec::with_capacity(waiting.len());
+        let mut asked = asked.into_iter();
         for rx in waiting {
             let g = rx.await.map_err(|_| stopped())??;
             out.push(Generation {
+                logprobs: asked
+                    .next()
+                    .flatten()
+                    .map(|_| wire_logprobs(&self.tokenizer, &g.logprobs)),
                 text: g.text,
                 finish_reason: executor::wire_finish_reason(g.finish_reason),
                 prompt_tokens: g.prompt_tokens as u64,
@@ -418,11 +425,7 @@ impl GenerateEngine {
 /// A prompt's resolved parameters as the generator takes them (the
 /// defaults of an unset one: greedy, all of the vocabulary, seed 0); its
 /// `response_format` is compiled apart.
-pub(crate) fn generation_params(
-    p: GenerateParameters,
-    max_new_tokens: usize,
-    logprobs: Option<usize>,
-) -> GenerationParams {
+pub(crate) fn generation_params(p: GenerateParameters, max_new_tokens: usize) -> GenerationParams {
     GenerationParams {
         max_new_tokens,
         temperature: p.temperature.unwrap_or(0.0),
@@ -431,8 +434,45 @@ pub(crate) fn generation_params(
         stop: p.stop.unwrap_or_default(),
         ignore_eos: false,
         constraint: None,
-        logprobs,
+        logprobs: p.logprobs.map(|k| k as usize),
     }
+}
+
+/// Generated tokens' logprobs as results carry them: each id with its text
+/// and bytes, the log-probabilities floored for JSON.
+pub(crate) fn wire_logprobs(
+    tokenizer: &GgufTokenizer,
+    logprobs: &[TokenLogprob],
+) -> Vec<sluice_schemas::Logprob> {
+    let text = |id: u32| {
+        let bytes = tokenizer.decode_bytes(&[id]);
+        (String::from_utf8_lossy(&bytes).into_owned(), bytes)
+    };
+    logprobs
+        .iter()
+        .map(|l| {
+            let (token, bytes) = text(l.id);
+            sluice_schemas::Logprob {
+                id: l.id,
+                token,
+                bytes,
+                logprob: sluice_schemas::Logprob::floored(l.logprob),
+                top_logprobs: l
+                    .top
+                    .iter()
+                    .map(|&(id, logprob)| {
+                        let (token, bytes) = text(id);
+                        sluice_schemas::TopLogprob {
+                            id,
+                            token,
+                            bytes,
+                            logprob: sluice_schemas::Logprob::floored(logprob),
+                        }
+                    })
+                    .collect(),
+            }
+        })
+        .collect()
 }
 
 /// A job's chat messages as the tokenizer takes them.
