@@ -76,7 +76,7 @@ pub struct ModelConfig {
     /// where a ~20 ms measurement at start-up finds it at least 1.1x as fast
     /// as f32 (1.4x on a Zen 4, 1.8-2.9x on an Intel Xeon's AMX tiles;
     /// without AMX that Xeon's `vdpbf16ps` was slower than f32). `f32` keeps
-    /// f32 everywhere. See the README's benchmark. Rerank: `auto` is f32
+    /// f32 everywhere. See bench/README.md. Rerank: `auto` is f32
     /// (bf16 moves a score by ~1e-3, ten times a reranker's 1e-4 bound);
     /// `bf16` still asks for the bf16 layers.
     #[arg(long, env = "SLUICE_EMBED_WEIGHTS", default_value = "auto")]

@@ -591,3 +591,67 @@ async fn many_small_jobs_are_submitted_pipelined_and_each_answered_once() {
     assert!(run.stderr.contains("was not submitted"), "{run:?}");
     assert!(run.stderr.contains("no stream found"), "{run:?}");
 }
+
+/// Where docs/cli.md's generated reference starts: above it the manual,
+/// below it each command's own `--help`.
+const CLI_DOCS_MARKER: &str = "<!-- The reference below is the CLI's own --help, written by scripts/cli-docs; do not edit it by hand. -->\n";
+
+/// The commands a `--help` text lists (its `Commands:` block, without
+/// `help`).
+fn subcommands(help: &str) -> Vec<String> {
+    help.split("\nCommands:\n")
+        .nth(1)
+        .map(|block| {
+            block
+                .lines()
+                .take_while(|l| !l.trim().is_empty())
+                .filter_map(|l| l.split_whitespace().next())
+                .filter(|name| *name != "help")
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// docs/cli.md's reference is the CLI's own `--help`, command by command
+/// (run with no environment, so no local setting shows): the test fails
+/// when the two disagree. `scripts/cli-docs` rewrites the reference (it
+/// runs this test with `SLUICE_WRITE_CLI_DOCS=1`).
+#[tokio::test]
+async fn docs_cli_md_is_the_clis_own_help() {
+    let mut reference = String::from("## Reference\n\n");
+    let mut queue = std::collections::VecDeque::from([Vec::<String>::new()]);
+    while let Some(path) = queue.pop_front() {
+        let mut args: Vec<&str> = path.iter().map(String::as_str).collect();
+        args.push("--help");
+        let run = run_cli(&[], &args, None, T).await;
+        assert_eq!(run.code, Some(0), "sluice {args:?}: {run:?}");
+        let command = std::iter::once("sluice")
+            .chain(path.iter().map(String::as_str))
+            .collect::<Vec<_>>()
+            .join(" ");
+        reference.push_str(&format!(
+            "### `{command}`\n\n```text\n{}\n```\n\n",
+            run.stdout.trim_end()
+        ));
+        for name in subcommands(&run.stdout) {
+            let mut next = path.clone();
+            next.push(name);
+            queue.push_back(next);
+        }
+    }
+    let file = sluice_tests::repo_root().join("docs/cli.md");
+    let doc = std::fs::read_to_string(&file).unwrap();
+    let manual = doc
+        .split_once(CLI_DOCS_MARKER)
+        .map_or(doc.as_str(), |(manual, _)| manual);
+    if std::env::var("SLUICE_WRITE_CLI_DOCS").as_deref() == Ok("1") {
+        std::fs::write(&file, format!("{manual}{CLI_DOCS_MARKER}\n{reference}")).unwrap();
+        return;
+    }
+    let generated = doc.split_once(CLI_DOCS_MARKER).map(|(_, g)| g);
+    assert!(
+        generated == Some(format!("\n{reference}").as_str()),
+        "docs/cli.md's reference is not the CLI's --help: run scripts/cli-docs and commit docs/cli.md"
+    );
+}

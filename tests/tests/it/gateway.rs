@@ -69,7 +69,7 @@ fn vectors(body: &Value) -> Vec<Vec<f32>> {
         .collect()
 }
 
-/// The README's batch script (`examples/openai/batch.py`, the official SDK)
+/// docs/gateway.md's batch script (`examples/openai/batch.py`, the official SDK)
 /// run against a gateway: the final batch object.
 async fn run_sdk_batch(
     base_url: &str,
@@ -117,7 +117,7 @@ async fn run_ok(mut cmd: tokio::process::Command, what: &str) -> String {
 
 /// The official Node SDK (`examples/node/batch.mjs`) runs a small batch the
 /// same way: every line answered, the vectors sentence-transformers'. Then
-/// the README's Python snippet runs the same lines.
+/// docs/gateway.md's Python snippet runs the same lines.
 #[tokio::test]
 async fn the_openai_node_sdk_and_the_readme_snippet_run_a_small_batch_on_sluice() {
     let d = Deployment::start().await.unwrap();
@@ -153,14 +153,14 @@ async fn the_openai_node_sdk_and_the_readme_snippet_run_a_small_batch_on_sluice(
         assert!(c >= 0.999, "n{i}: cosine {c}");
     }
 
-    // The README's Python snippet, as written but for its URL and key, on
+    // docs/gateway.md's Python snippet, as written but for its URL and key, on
     // the same lines: it leaves every answer in output.jsonl.
     let snippet = readme_snippet(&format!("http://{}/v1", gateway.addr), KEY_A);
     let cwd = tempfile::tempdir().unwrap();
     std::fs::write(cwd.path().join("requests.jsonl"), to_jsonl(&lines)).unwrap();
     let mut cmd = tokio::process::Command::new(repo_root().join(".sluice/pyenv/bin/python"));
     cmd.arg("-c").arg(&snippet).current_dir(cwd.path());
-    run_ok(cmd, &format!("the README snippet\n{snippet}\n")).await;
+    run_ok(cmd, &format!("the docs/gateway.md snippet\n{snippet}\n")).await;
     let output = read_jsonl(&cwd.path().join("output.jsonl"));
     let answered: HashSet<&str> = output
         .iter()
@@ -171,14 +171,14 @@ async fn the_openai_node_sdk_and_the_readme_snippet_run_a_small_batch_on_sluice(
     gateway.stop();
 }
 
-/// The Python snippet of the README's "Run your OpenAI batch files on
+/// The Python snippet of docs/gateway.md's "Run your OpenAI batch files on
 /// sluice", its base URL and key replaced by these.
 fn readme_snippet(base_url: &str, key: &str) -> String {
-    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
+    let readme = std::fs::read_to_string(repo_root().join("docs/gateway.md")).unwrap();
     let section = readme
         .split("## Run your OpenAI batch files on sluice")
         .nth(1)
-        .expect("README.md has no section \"Run your OpenAI batch files on sluice\"");
+        .expect("docs/gateway.md has no section \"Run your OpenAI batch files on sluice\"");
     let code = section
         .split("```python\n")
         .nth(1)
