@@ -7,9 +7,12 @@
 //!
 //! Closed by default: loopback, private (RFC 1918), unique-local, CGNAT,
 //! unspecified, multicast and broadcast addresses ("internal"), and
-//! link-local ones, where cloud metadata services live. A host on
-//! `--input-allow-hosts`, or the consumer's own S3 endpoint, may be
-//! internal; link-local needs `--input-allow-link-local` as well.
+//! link-local ones, where cloud metadata services live; an IPv6 address that
+//! carries an IPv4 one (mapped, NAT64, 6to4, IPv4-compatible, Teredo) is
+//! judged by that IPv4 address. A host on `--input-allow-hosts`, or the
+//! consumer's own S3 endpoint, may be internal; link-local needs
+//! `--input-allow-link-local` as well. The fetcher's clients ignore proxy
+//! variables, which would carry a request past the resolver.
 
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -23,13 +26,15 @@ pub struct Reach {
     pub link_local: bool,
 }
 
-/// Why `ip` is closed under `reach`; None when it is open.
+/// Why `ip` is closed under `reach`; None when it is open. An IPv6
+/// address that carries an IPv4 one (mapped, NAT64, 6to4, IPv4-compatible,
+/// Teredo) is judged by the IPv4 address it reaches.
 pub fn refusal(ip: IpAddr, reach: Reach) -> Option<String> {
     let kind = match ip {
         IpAddr::V4(v4) => v4_kind(v4),
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
             Some(v4) => v4_kind(v4),
-            None => v6_kind(v6),
+            None => v6_kind(v6).or_else(|| carried_v4(v6).and_then(v4_kind)),
         },
     }?;
     let open = if kind == Kind::LinkLocal {
@@ -114,6 +119,34 @@ fn v6_kind(ip: Ipv6Addr) -> Option<Kind> {
     } else {
         return None;
     })
+}
+
+/// The IPv4 address an IPv6 one reaches through a translation or a tunnel:
+/// NAT64's well-known prefix 64:ff9b::/96 and its local-use 64:ff9b:1::/48
+/// (RFC 6052, 8215: the last 32 bits), 6to4 2002::/16 (the 32 bits after
+/// the prefix), the deprecated IPv4-compatible ::/96 (the last 32 bits;
+/// `::` and `::1` are judged as IPv6 before this), and Teredo 2001::/32 (the
+/// server's address, after the prefix, and the client's, the last 32 bits
+/// inverted: the first closed one of the two counts).
+fn carried_v4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
+    let s = ip.segments();
+    let v4 = |hi: u16, lo: u16| Ipv4Addr::from((u32::from(hi) << 16) | u32::from(lo));
+    match s {
+        [0x64, 0xff9b, 0, 0, 0, 0, hi, lo] => Some(v4(hi, lo)),
+        [0x64, 0xff9b, 1, ..] => Some(v4(s[6], s[7])),
+        [0x2002, hi, lo, ..] => Some(v4(hi, lo)),
+        [0, 0, 0, 0, 0, 0, hi, lo] => Some(v4(hi, lo)),
+        [0x2001, 0, server_hi, server_lo, _, _, hi, lo] => {
+            let server = v4(server_hi, server_lo);
+            let client = v4(!hi, !lo);
+            Some(if v4_kind(server).is_some() {
+                server
+            } else {
+                client
+            })
+        }
+        _ => None,
+    }
 }
 
 /// A host name refused by the policy; found in a connect error's sources.
@@ -218,6 +251,17 @@ mod tests {
             ("::ffff:127.0.0.1", "loopback"),
             ("::ffff:10.0.0.1", "private"),
             ("::ffff:169.254.169.254", "link-local"),
+            // IPv4 carried in IPv6: NAT64, 6to4, IPv4-compatible, Teredo.
+            ("64:ff9b::7f00:1", "loopback"),
+            ("64:ff9b::a9fe:a9fe", "link-local"),
+            ("64:ff9b:1::c0a8:101", "private"),
+            ("2002:7f00:1::", "loopback"),
+            ("2002:a9fe:a9fe::1", "link-local"),
+            ("::127.0.0.1", "loopback"),
+            ("::169.254.169.254", "link-local"),
+            ("::10.0.0.1", "private"),
+            ("2001:0:7f00:1::", "loopback"),
+            ("2001:0:5db8:3a3a:0:0:80ff:fffe", "loopback"),
         ] {
             let why = refused(ip, CLOSED).unwrap_or_else(|| panic!("{ip} is open"));
             assert!(why.contains(kind), "{ip}: {why}");
@@ -229,6 +273,10 @@ mod tests {
             "100.128.0.1",
             "172.32.0.1",
             "2606:4700::1111",
+            // The same translations of a public address stay open.
+            "64:ff9b::5db8:d822",
+            "2002:5db8:d822::1",
+            "::93.184.216.34",
         ] {
             assert_eq!(refused(ip, CLOSED), None, "{ip}");
         }

@@ -67,6 +67,10 @@ impl Fetcher {
             reqwest::Client::builder()
                 // A redirect could lead past the policy: never follow one.
                 .redirect(reqwest::redirect::Policy::none())
+                // Nor a proxy from the environment (HTTP_PROXY, ALL_PROXY):
+                // through one the guarded resolver never sees the input's
+                // host, and the proxy would fetch `localhost` for us.
+                .no_proxy()
                 .timeout(policy.timeout)
                 .connect_timeout(policy.timeout.min(Duration::from_secs(10)))
                 .dns_resolver(Arc::new(resolver))

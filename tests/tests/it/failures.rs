@@ -381,6 +381,84 @@ async fn internal_addresses_are_refused_by_default_but_the_s3_endpoint_is_not() 
     consumer.shutdown(Duration::from_secs(10)).await.unwrap();
 }
 
+/// An HTTP proxy in the consumer's environment (`HTTP_PROXY`, as a shared
+/// host or a container runtime sets it) must not carry an input past the
+/// address guard: through a proxy the consumer resolves nothing, so
+/// `http://localhost:...` would be fetched by the proxy on its behalf. The
+/// fetcher ignores proxy variables: the job is refused with
+/// `input_not_allowed` as without a proxy, and the proxy is never asked for
+/// the input (the consumer's S3 client, which reaches the operator's own
+/// endpoint, may still go through it).
+#[tokio::test]
+async fn an_http_proxy_in_the_environment_does_not_carry_an_input_past_the_guard() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    // A proxy that answers every request with one JSONL line.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy = format!("http://{}", listener.local_addr().unwrap());
+    let asked = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&asked);
+    let server = tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let mut head = [0u8; 4096];
+            let n = conn.read(&mut head).await.unwrap_or(0);
+            // The consumer's own S3 client may use the proxy (the operator's
+            // endpoint); the input must not.
+            if String::from_utf8_lossy(&head[..n]).contains("/in.jsonl") {
+                counted.fetch_add(1, Ordering::SeqCst);
+            }
+            let body = "\"fetched through the proxy\"\n";
+            let _ = conn
+                .write_all(
+                    format!(
+                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    )
+                    .as_bytes(),
+                )
+                .await;
+        }
+    });
+    let d = Deployment::start().await.unwrap();
+    let _consumer = d
+        .spawn_consumer_with_env(
+            &[],
+            &[
+                ("HTTP_PROXY", &proxy),
+                ("http_proxy", &proxy),
+                ("ALL_PROXY", &proxy),
+            ],
+        )
+        .await
+        .unwrap();
+    let mut results = d.producer.subscribe_results().await.unwrap();
+    let p = &d.producer;
+    let nats = d.servers.nats.port;
+    let url = format!("http://localhost:{nats}/in.jsonl");
+    p.submit(&p.embed_job("proxied-1", vec![url_input(url)]))
+        .await
+        .unwrap();
+    let got = wait_results(&mut results, 1, Duration::from_secs(60)).await;
+    let by_id = by_job_id(got);
+    let Outcome::Error { error } = &by_id["proxied-1"].outcome else {
+        panic!("the input was fetched through the proxy")
+    };
+    assert_eq!(error.code, ErrorCode::InputNotAllowed, "{}", error.message);
+    assert!(
+        error.message.contains("localhost resolves to") && error.message.contains("loopback"),
+        "{}",
+        error.message
+    );
+    assert_eq!(
+        asked.load(Ordering::SeqCst),
+        0,
+        "the proxy was asked for the input"
+    );
+    server.abort();
+}
+
 #[tokio::test]
 async fn poison_job_is_dead_lettered_after_max_deliver_and_replays_once_fixed() {
     let d = Deployment::start_with(Settings {
