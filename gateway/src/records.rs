@@ -131,11 +131,25 @@ pub trait Owned: DeserializeOwned {
 impl Records {
     /// The record `id` when `tenant` owns it; None when absent or another's.
     pub async fn owned<T: Owned>(&self, tenant: &str, id: &str) -> Result<Option<T>> {
+        if !is_record_id(id) {
+            return Ok(None);
+        }
         Ok(self
             .get::<T>(&T::key(id))
             .await?
             .filter(|r| r.tenant() == tenant))
     }
+}
+
+/// Whether `id` can name a file or a batch: the ids the gateway mints
+/// (`file-<hex>`, `batch_<hex>`) are letters, digits, `_` and `-`. Anything
+/// else (a `.`, `*` or `>` would reach the bucket as part of a key, or a
+/// wildcard) names none, and is looked up as no record: the caller's 404.
+pub fn is_record_id(id: &str) -> bool {
+    (1..=128).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 /// One page of a list endpoint: the records under `prefix` that `keep`
@@ -181,4 +195,24 @@ pub async fn page<T: DeserializeOwned>(
     Ok(
         json!({ "object": "list", "data": data, "first_id": first, "last_id": last, "has_more": has_more }),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_record_id;
+
+    #[test]
+    fn only_what_the_gateway_mints_can_be_an_id() {
+        for id in [
+            "file-0193a1b2c3d4e5f60718293a4b5c6d7e",
+            "batch_0193a1b2c3d4e5f60718293a4b5c6d7e",
+            "x",
+        ] {
+            assert!(is_record_id(id), "{id}");
+        }
+        let long = "f".repeat(129);
+        for id in ["", "a.b", "a*b", "a>b", "file-x.*", " ", "é", long.as_str()] {
+            assert!(!is_record_id(id), "{id:?}");
+        }
+    }
 }

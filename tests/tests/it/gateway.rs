@@ -449,6 +449,44 @@ async fn bad_batch_files_fail_validation_with_their_line_numbers() {
     gateway.stop();
 }
 
+/// A file or batch id that is not one (issue #56: `*`, `.` and `>` reached
+/// the record store and answered a retryable 503, logging an ERROR) is the
+/// caller's 404, on every path that takes an id.
+#[tokio::test]
+async fn an_id_that_cannot_be_one_is_no_file_and_no_batch() {
+    let d = Deployment::start().await.unwrap();
+    let gateway = d.spawn_gateway(KEYS, &[]).await.unwrap();
+    let api = Api::new(gateway.addr);
+    // Characters a record key cannot hold (NATS subject tokens and
+    // wildcards), an empty-looking and an over-long id: each is the
+    // caller's 404 in OpenAI's shape, never a retryable 503.
+    let long = "f".repeat(300);
+    for id in ["a*b", "a.b", "a>b", "file-x.*", "%20", long.as_str()] {
+        for path in [
+            format!("/files/{id}"),
+            format!("/files/{id}/content"),
+            format!("/batches/{id}"),
+        ] {
+            let (status, body) = api.get(&path, KEY_A).await;
+            assert_eq!(status, 404, "{path}: {body}");
+            assert_eq!(body["error"]["code"], "not_found", "{path}: {body}");
+        }
+        let (status, body) = api
+            .post(&format!("/batches/{id}/cancel"), KEY_A, json!({}))
+            .await;
+        assert_eq!(status, 404, "cancel {id}: {body}");
+        let (status, body) = api
+            .send(
+                api.http.delete(format!("{}/files/{id}", api.base)),
+                Some(KEY_A),
+            )
+            .await;
+        assert_eq!(status, 404, "delete {id}: {body}");
+    }
+    let log = gateway.log();
+    assert!(!log.contains("ERROR"), "an id logged an error:\n{log}");
+}
+
 /// Each key is a tenant: another key cannot read, list or cancel the first
 /// key's files and batches; no key or an unknown one gets 401.
 #[tokio::test]
