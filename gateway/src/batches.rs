@@ -81,10 +81,18 @@ pub async fn create(
         ))
         .param("completion_window"));
     }
+    // OpenAI's limits: 16 pairs, keys of 64 characters, values of 512.
     if let Some(metadata) = &request.metadata
-        && (metadata.len() > 16 || metadata.values().any(|v| !v.is_string()))
+        && (metadata.len() > 16
+            || metadata.keys().any(|k| k.chars().count() > 64)
+            || metadata
+                .values()
+                .any(|v| v.as_str().is_none_or(|v| v.chars().count() > 512)))
     {
-        return Err(ApiError::invalid("metadata holds at most 16 string values").param("metadata"));
+        return Err(ApiError::invalid(
+            "metadata holds at most 16 pairs: keys of at most 64 characters, string values of at most 512",
+        )
+        .param("metadata"));
     }
     let mut file = files::find(&state, &tenant, &request.input_file_id).await?;
     let retry_of = request

@@ -487,6 +487,49 @@ async fn an_id_that_cannot_be_one_is_no_file_and_no_batch() {
     assert!(!log.contains("ERROR"), "an id logged an error:\n{log}");
 }
 
+/// What a client sends too much or wrongly of is the client's error in
+/// OpenAI's shape (issue #56 saw retryable 503s and plain text): batch
+/// metadata past its limits is 400 (or 413), a multipart body that is not
+/// one 400 with a JSON error.
+#[tokio::test]
+async fn oversized_and_malformed_bodies_are_the_callers_errors_in_openais_shape() {
+    let d = Deployment::start().await.unwrap();
+    let gateway = d.spawn_gateway(KEYS, &[]).await.unwrap();
+    let api = Api::new(gateway.addr);
+    let metadata: serde_json::Map<String, Value> = (0..16)
+        .map(|i| (format!("k{i}"), json!("v".repeat(100_000))))
+        .collect();
+    let (_, file) = api
+        .upload(KEY_A, &to_jsonl(&[embed_line("a", json!("text"), false)]))
+        .await;
+    let (status, body) = api
+        .post(
+            "/batches",
+            KEY_A,
+            json!({"input_file_id": file["id"], "endpoint": "/v1/embeddings",
+                   "completion_window": "24h", "metadata": metadata}),
+        )
+        .await;
+    assert!(status == 400 || status == 413, "metadata: {status} {body}");
+    assert!(body["error"]["message"].is_string(), "metadata: {body}");
+    let (status, body) = api
+        .send(
+            api.http
+                .post(format!("{}/files", api.base))
+                .header("content-type", "multipart/form-data; boundary=XYZ")
+                .body("--XYZ\r\nnot a part header\r\n\r\nx\r\n"),
+            Some(KEY_A),
+        )
+        .await;
+    assert_eq!(status, 400, "multipart: {body}");
+    assert!(body["error"]["message"].is_string(), "multipart: {body}");
+    let log = gateway.log();
+    assert!(
+        !log.contains("ERROR"),
+        "a client's error logged an ERROR:\n{log}"
+    );
+}
+
 /// Each key is a tenant: another key cannot read, list or cancel the first
 /// key's files and batches; no key or an unknown one gets 401.
 #[tokio::test]
