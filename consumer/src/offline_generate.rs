@@ -14,7 +14,8 @@ use sluice_models::generation::{Generator, MAX_TOP_LOGPROBS};
 use sluice_schemas::{GenerateParameters, Item, PromptInput, Task};
 
 use crate::engine::generate::executor::wire_finish_reason;
-use crate::engine::generate::{chat_turns, generation_params, load, wire_logprobs};
+use crate::engine::generate::logprobs::wire_logprobs;
+use crate::engine::generate::{chat_turns, generation_params, load};
 use crate::fetch;
 
 #[derive(Debug, Clone, clap::Args)]

@@ -18,6 +18,7 @@ pub mod extract;
 pub mod file_record;
 pub mod files;
 pub mod lifecycle;
+pub mod logprobs;
 pub mod metrics;
 pub mod objects;
 pub mod online;

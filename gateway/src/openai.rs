@@ -14,6 +14,8 @@ use sluice_schemas::{
     ResponseFormat, Task,
 };
 
+use crate::logprobs;
+
 /// The endpoints a batch line may call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
@@ -775,13 +777,13 @@ pub fn generation_body(
             Endpoint::ChatCompletions => json!({
                 "index": index,
                 "message": {"role": "assistant", "content": g.text, "refusal": null},
-                "logprobs": g.logprobs.as_deref().map(chat_logprobs_body),
+                "logprobs": g.logprobs.as_deref().map(logprobs::chat),
                 "finish_reason": finish_reason(g.finish_reason),
             }),
             _ => json!({
                 "index": index,
                 "text": g.text,
-                "logprobs": g.logprobs.as_deref().map(|l| completion_logprobs_body(l, 0)),
+                "logprobs": g.logprobs.as_deref().map(|l| logprobs::completion(l, 0)),
                 "finish_reason": finish_reason(g.finish_reason),
             }),
         })
@@ -789,56 +791,6 @@ pub fn generation_body(
     let mut body = envelope(endpoint, false, id, created, model, choices);
     body["usage"] = json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion});
     body
-}
-
-/// A token's logprob as chat completions and the Responses API answer it:
-/// its text, logprob and bytes, with its step's alternatives.
-pub fn token_logprob(l: &Logprob) -> Value {
-    json!({
-        "token": l.token,
-        "logprob": l.logprob,
-        "bytes": l.bytes,
-        "top_logprobs": l.top_logprobs.iter().map(|t| json!({
-            "token": t.token,
-            "logprob": t.logprob,
-            "bytes": t.bytes,
-        })).collect::<Vec<_>>(),
-    })
-}
-
-/// A chat choice's `logprobs`: one entry per generated token.
-fn chat_logprobs_body(logprobs: &[Logprob]) -> Value {
-    json!({
-        "content": logprobs.iter().map(token_logprob).collect::<Vec<_>>(),
-        "refusal": null,
-    })
-}
-
-/// A legacy completions choice's `logprobs`: parallel lists of the tokens,
-/// their logprobs, each step's alternatives keyed by text (the chosen token
-/// among them, as OpenAI's: up to `logprobs` + 1 entries) and each token's
-/// offset in characters into the completion's text (`offset`: where the
-/// first token starts, for a streamed chunk).
-fn completion_logprobs_body(logprobs: &[Logprob], offset: usize) -> Value {
-    let mut text_offset = Vec::with_capacity(logprobs.len());
-    let mut at = offset;
-    for l in logprobs {
-        text_offset.push(at);
-        at += l.token.chars().count();
-    }
-    json!({
-        "tokens": logprobs.iter().map(|l| l.token.as_str()).collect::<Vec<_>>(),
-        "token_logprobs": logprobs.iter().map(|l| l.logprob).collect::<Vec<_>>(),
-        "top_logprobs": logprobs.iter().map(|l| {
-            let mut top = Map::new();
-            for t in &l.top_logprobs {
-                top.entry(t.token.clone()).or_insert(t.logprob.into());
-            }
-            top.entry(l.token.clone()).or_insert(l.logprob.into());
-            Value::Object(top)
-        }).collect::<Vec<_>>(),
-        "text_offset": text_offset,
-    })
 }
 
 /// What one streamed chunk of a completion says about one choice.
@@ -885,7 +837,7 @@ pub fn stream_chunk(
                 Delta::Text { text, .. } => json!({"content": text}),
                 Delta::Finish(_) => json!({}),
             },
-            "logprobs": logprobs.map(|(l, _)| chat_logprobs_body(l)),
+            "logprobs": logprobs.map(|(l, _)| logprobs::chat(l)),
             "finish_reason": finish,
         }),
         _ => json!({
@@ -894,7 +846,7 @@ pub fn stream_chunk(
                 Delta::Text { text, .. } => text,
                 _ => "",
             },
-            "logprobs": logprobs.map(|(l, offset)| completion_logprobs_body(l, offset)),
+            "logprobs": logprobs.map(|(l, offset)| logprobs::completion(l, offset)),
             "finish_reason": finish,
         }),
     };

@@ -347,7 +347,7 @@ fn logprobs_list(logprobs: Option<&[Logprob]>) -> Value {
     logprobs
         .unwrap_or_default()
         .iter()
-        .map(crate::openai::token_logprob)
+        .map(crate::logprobs::token)
         .collect()
 }
 

@@ -13,6 +13,7 @@ use std::time::Instant;
 use sluice_schemas::ErrorCode;
 use tokio::sync::{mpsc, oneshot};
 
+use super::logprobs::wire_logprobs;
 use crate::error::JobError;
 use crate::telemetry::Stats;
 use sluice_models::decoder::Decoder;
@@ -186,7 +187,7 @@ pub fn spawn(
                         let mut last_text = HashMap::new();
                         let wire = |to: &StreamTo, logprobs: &[TokenLogprob]| {
                             to.logprobs
-                                .then(|| super::wire_logprobs(&tokenizer, logprobs))
+                                .then(|| wire_logprobs(&tokenizer, logprobs))
                         };
                         for (key, piece) in generator.take_streamed() {
                             if done.iter().any(|(k, _)| *k == key) {

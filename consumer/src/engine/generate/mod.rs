@@ -10,6 +10,7 @@
 //! also given the budget as its own KV cap, a second guard.
 
 pub mod executor;
+pub(crate) mod logprobs;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -23,13 +24,14 @@ use sluice_schemas::{
 use tokio::sync::{mpsc, oneshot};
 
 use self::executor::{Sequence, StreamEvent, StreamTo};
+use self::logprobs::wire_logprobs;
 use super::startup::{Started, budget_limit, device_name, open_device};
 use crate::budget::{Budget, ItemCost, JobCost};
 use crate::config::Config;
 use crate::error::JobError;
 use crate::telemetry::Stats;
 use sluice_models::decoder::{Decoder, WeightFormat};
-use sluice_models::generation::{GenerationParams, TokenLogprob};
+use sluice_models::generation::GenerationParams;
 use sluice_models::gguf_tokenizer::{ChatMessage, GgufTokenizer};
 use sluice_models::structured::{Constraint, ConstraintCompiler, OutputFormat};
 
@@ -436,43 +438,6 @@ pub(crate) fn generation_params(p: GenerateParameters, max_new_tokens: usize) ->
         constraint: None,
         logprobs: p.logprobs.map(|k| k as usize),
     }
-}
-
-/// Generated tokens' logprobs as results carry them: each id with its text
-/// and bytes, the log-probabilities floored for JSON.
-pub(crate) fn wire_logprobs(
-    tokenizer: &GgufTokenizer,
-    logprobs: &[TokenLogprob],
-) -> Vec<sluice_schemas::Logprob> {
-    let text = |id: u32| {
-        let bytes = tokenizer.decode_bytes(&[id]);
-        (String::from_utf8_lossy(&bytes).into_owned(), bytes)
-    };
-    logprobs
-        .iter()
-        .map(|l| {
-            let (token, bytes) = text(l.id);
-            sluice_schemas::Logprob {
-                id: l.id,
-                token,
-                bytes,
-                logprob: sluice_schemas::Logprob::floored(l.logprob),
-                top_logprobs: l
-                    .top
-                    .iter()
-                    .map(|&(id, logprob)| {
-                        let (token, bytes) = text(id);
-                        sluice_schemas::TopLogprob {
-                            id,
-                            token,
-                            bytes,
-                            logprob: sluice_schemas::Logprob::floored(logprob),
-                        }
-                    })
-                    .collect(),
-            }
-        })
-        .collect()
 }
 
 /// A job's chat messages as the tokenizer takes them.
