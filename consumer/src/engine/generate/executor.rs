@@ -183,15 +183,15 @@ pub fn spawn(
                 );
                 match result {
                     Ok(done) => {
-                        // A finished prompt's last text goes with how it ended.
-                        let mut last_text = HashMap::new();
+                        // A finished prompt's last piece (text and logprobs) goes with how it ended.
+                        let mut last_piece = HashMap::new();
                         let wire = |to: &StreamTo, logprobs: &[TokenLogprob]| {
                             to.logprobs
                                 .then(|| wire_logprobs(&tokenizer, logprobs))
                         };
                         for (key, piece) in generator.take_streamed() {
                             if done.iter().any(|(k, _)| *k == key) {
-                                last_text.insert(key, piece);
+                                last_piece.insert(key, piece);
                             } else if let Some(Waiter {
                                 stream: Some(to), ..
                             }) = replies.get(&key)
@@ -209,7 +209,7 @@ pub fn spawn(
                                 .fetch_add(generated.completion_tokens as u64, Ordering::Relaxed);
                             if let Some(waiter) = replies.remove(&key) {
                                 if let Some(to) = &waiter.stream {
-                                    let last = last_text.remove(&key).unwrap_or_default();
+                                    let last = last_piece.remove(&key).unwrap_or_default();
                                     let _ = to.events.send(StreamEvent::Finished {
                                         item: to.item,
                                         logprobs: wire(to, &last.logprobs),

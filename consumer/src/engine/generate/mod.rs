@@ -385,10 +385,10 @@ impl GenerateEngine {
                 "the generation thread has stopped (shutting down)",
             )
         };
+        // Each sequence's reply, and whether it asked for logprobs.
         let mut waiting = Vec::with_capacity(prepared.len());
-        let mut asked: Vec<Option<usize>> = Vec::with_capacity(prepared.len());
         for (item, (prompt, params)) in prepared.into_iter().enumerate() {
-            asked.push(params.logprobs);
+            let logprobs = params.logprobs.is_some();
             let (reply, rx) = oneshot::channel();
             self.sequences
                 .send(Sequence {
@@ -396,24 +396,20 @@ impl GenerateEngine {
                     stream: stream.as_ref().map(|events| StreamTo {
                         item,
                         events: events.clone(),
-                        logprobs: params.logprobs.is_some(),
+                        logprobs,
                     }),
                     params,
                     reply,
                 })
                 .await
                 .map_err(|_| stopped())?;
-            waiting.push(rx);
+            waiting.push((rx, logprobs));
         }
         let mut out = Vec::with_capacity(waiting.len());
-        let mut asked = asked.into_iter();
-        for rx in waiting {
+        for (rx, logprobs) in waiting {
             let g = rx.await.map_err(|_| stopped())??;
             out.push(Generation {
-                logprobs: asked
-                    .next()
-                    .flatten()
-                    .map(|_| wire_logprobs(&self.tokenizer, &g.logprobs)),
+                logprobs: logprobs.then(|| wire_logprobs(&self.tokenizer, &g.logprobs)),
                 text: g.text,
                 finish_reason: executor::wire_finish_reason(g.finish_reason),
                 prompt_tokens: g.prompt_tokens as u64,
