@@ -11,9 +11,18 @@
 //! park on a condition variable only after [`IDLE_SPIN`] without work (as
 //! llama.cpp's thread pool keeps its threads at a spinning barrier).
 //!
-//! [`Team::run`] runs one closure on every member at once, the caller being
-//! member 0, and returns when all have finished; a panic in any member is
-//! raised again in the caller. Jobs do not nest.
+//! [`Team::run`] runs one closure for every member index at once and
+//! returns when all have finished; a panic in any member is raised again in
+//! the caller. Jobs do not nest.
+//!
+//! A member index is a share of the work, not a thread: threads claim
+//! indices from one atomic word (the job's epoch and the next unclaimed
+//! index, so a thread late from the last job cannot claim in this one), the
+//! caller taking index 0 and then, like any worker, whatever is left. On a
+//! machine with more runnable threads than cores a worker may not be
+//! scheduled for milliseconds; its share is then run by whoever is free
+//! instead of being waited for, and a step never waits on a thread that has
+//! not started its part.
 
 #![allow(unsafe_code)]
 
@@ -36,14 +45,26 @@ const SPINS_BEFORE_YIELD: u32 = 1 << 12;
 /// worker has finished with it.
 type Job = *const (dyn Fn(usize) + Sync);
 
+/// Bits of [`Shared::claims`] that hold the next unclaimed member index;
+/// the bits above hold the job's epoch.
+const INDEX_BITS: u32 = 16;
+const INDEX_MASK: u64 = (1 << INDEX_BITS) - 1;
+
+fn epoch_of(claims: u64) -> u64 {
+    claims >> INDEX_BITS
+}
+
 struct Shared {
     size: usize,
-    /// Bumped once per job; workers run a job when they see it change.
-    epoch: AtomicU64,
+    /// The current job's epoch (bumped once per job) and its next unclaimed
+    /// member index, in one word: a claim is a compare-and-swap that names
+    /// the epoch, so it can only succeed for the job it was meant for.
+    claims: AtomicU64,
     /// Written by the caller only while no worker reads it (before the
     /// epoch moves, after `pending` reaches 0).
     job: UnsafeCell<Option<Job>>,
-    /// Workers still running the current job.
+    /// Member indices of the current job not yet finished, index 0 (the
+    /// caller's) excluded.
     pending: AtomicUsize,
     panicked: AtomicBool,
     shutdown: AtomicBool,
@@ -51,10 +72,13 @@ struct Shared {
     sleeping: AtomicUsize,
     park: Mutex<()>,
     wake: Condvar,
+    /// Tests hold workers here, as a busy machine's scheduler might.
+    #[cfg(test)]
+    stalled: AtomicBool,
 }
 
 // SAFETY: `job` is the only field that is not Sync; see its comment and
-// `Job`'s: writes and reads of it are ordered by `epoch` and `pending`.
+// `Job`'s: writes and reads of it are ordered by `claims` and `pending`.
 unsafe impl Sync for Shared {}
 unsafe impl Send for Shared {}
 
@@ -70,10 +94,10 @@ impl Team {
     /// A team of `size` members (at least 1): `size - 1` threads are
     /// spawned, named `sluice-team-N`.
     pub fn new(size: usize) -> std::io::Result<Team> {
-        let size = size.max(1);
+        let size = size.clamp(1, INDEX_MASK as usize);
         let shared = Arc::new(Shared {
             size,
-            epoch: AtomicU64::new(0),
+            claims: AtomicU64::new(0),
             job: UnsafeCell::new(None),
             pending: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
@@ -81,14 +105,16 @@ impl Team {
             sleeping: AtomicUsize::new(0),
             park: Mutex::new(()),
             wake: Condvar::new(),
+            #[cfg(test)]
+            stalled: AtomicBool::new(false),
         });
         let mut workers = Vec::with_capacity(size - 1);
-        for member in 1..size {
+        for thread in 1..size {
             let shared = Arc::clone(&shared);
             workers.push(
                 std::thread::Builder::new()
-                    .name(format!("sluice-team-{member}"))
-                    .spawn(move || work(&shared, member))?,
+                    .name(format!("sluice-team-{thread}"))
+                    .spawn(move || work(&shared))?,
             );
         }
         Ok(Team {
@@ -103,10 +129,12 @@ impl Team {
         self.shared.size
     }
 
-    /// Runs `job(member)` for every member `0..size` at once (the caller
-    /// runs member 0) and returns when all have returned. A panic in any
+    /// Runs `job(member)` for every member `0..size` at once and returns
+    /// when all have returned; each index runs exactly once, on whichever
+    /// thread claims it (the caller runs index 0 first). A panic in any
     /// member panics here, after the others have finished. `job` must not
-    /// call `run` on the same team.
+    /// call `run` on the same team, and its members must not wait on one
+    /// another (one thread may run several of them in turn).
     pub fn run(&self, job: &(dyn Fn(usize) + Sync)) {
         let shared = &*self.shared;
         if shared.size == 1 {
@@ -115,20 +143,26 @@ impl Team {
         }
         let _one_at_a_time = self.running.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: no worker reads `job` now (the last job's `pending`
-        // reached 0 before its `run` returned), and this `run` waits for
-        // every worker before returning, so the erased lifetime outlives
-        // every use.
+        // reached 0 before its `run` returned, and no claim of that job can
+        // succeed any more), and this `run` waits for every claimed member
+        // before returning, so the erased lifetime outlives every use.
         unsafe {
             let erased: Job = std::mem::transmute::<&(dyn Fn(usize) + Sync), Job>(job);
             *shared.job.get() = Some(erased);
         }
         shared.pending.store(shared.size - 1, Ordering::SeqCst);
-        shared.epoch.fetch_add(1, Ordering::SeqCst);
+        let epoch = epoch_of(shared.claims.load(Ordering::Relaxed)) + 1;
+        // Index 0 is the caller's, claimed with the publication.
+        shared
+            .claims
+            .store((epoch << INDEX_BITS) | 1, Ordering::SeqCst);
         if shared.sleeping.load(Ordering::SeqCst) > 0 {
             let _guard = shared.park.lock().unwrap_or_else(|e| e.into_inner());
             shared.wake.notify_all();
         }
         let mine = catch_unwind(AssertUnwindSafe(|| job(0)));
+        // What no worker has started yet, the caller runs itself.
+        run_claimed(shared, epoch, job);
         wait_until(|| shared.pending.load(Ordering::Acquire) == 0);
         // SAFETY: every worker has finished with the job.
         unsafe { *shared.job.get() = None };
@@ -168,7 +202,38 @@ fn wait_until(done: impl Fn() -> bool) {
     }
 }
 
-fn work(shared: &Shared, member: usize) {
+/// Claims the job `epoch`'s unclaimed member indices one at a time and
+/// runs each, until none is left (or the job is no longer `epoch`).
+fn run_claimed(shared: &Shared, epoch: u64, job: &(dyn Fn(usize) + Sync)) {
+    while let Some(member) = claim(shared, epoch) {
+        if catch_unwind(AssertUnwindSafe(|| job(member))).is_err() {
+            shared.panicked.store(true, Ordering::SeqCst);
+        }
+        shared.pending.fetch_sub(1, Ordering::Release);
+    }
+}
+
+/// The next unclaimed member index of job `epoch`, now this thread's.
+fn claim(shared: &Shared, epoch: u64) -> Option<usize> {
+    let mut claims = shared.claims.load(Ordering::Acquire);
+    loop {
+        let next = (claims & INDEX_MASK) as usize;
+        if epoch_of(claims) != epoch || next >= shared.size {
+            return None;
+        }
+        match shared.claims.compare_exchange_weak(
+            claims,
+            claims + 1,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => return Some(next),
+            Err(now) => claims = now,
+        }
+    }
+}
+
+fn work(shared: &Shared) {
     let mut seen = 0u64;
     loop {
         let mut idle_since = Instant::now();
@@ -177,7 +242,7 @@ fn work(shared: &Shared, member: usize) {
             if shared.shutdown.load(Ordering::Acquire) {
                 return;
             }
-            let epoch = shared.epoch.load(Ordering::Acquire);
+            let epoch = epoch_of(shared.claims.load(Ordering::Acquire));
             if epoch != seen {
                 seen = epoch;
                 break;
@@ -193,7 +258,7 @@ fn work(shared: &Shared, member: usize) {
             }
             let mut guard = shared.park.lock().unwrap_or_else(|e| e.into_inner());
             shared.sleeping.fetch_add(1, Ordering::SeqCst);
-            while shared.epoch.load(Ordering::SeqCst) == seen
+            while epoch_of(shared.claims.load(Ordering::SeqCst)) == seen
                 && !shared.shutdown.load(Ordering::SeqCst)
             {
                 guard = shared.wake.wait(guard).unwrap_or_else(|e| e.into_inner());
@@ -203,15 +268,25 @@ fn work(shared: &Shared, member: usize) {
             idle_since = Instant::now();
             spins = 0;
         }
-        // SAFETY: the epoch moved, so the caller stored this job before it
-        // (SeqCst/Acquire) and will not clear it until `pending` is 0.
-        let job = unsafe { (*shared.job.get()).map(|j| &*j) };
-        if let Some(job) = job
-            && catch_unwind(AssertUnwindSafe(|| job(member))).is_err()
-        {
-            shared.panicked.store(true, Ordering::SeqCst);
+        #[cfg(test)]
+        while shared.stalled.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(1));
         }
-        shared.pending.fetch_sub(1, Ordering::Release);
+        // Claim before reading the job: a claim of epoch `seen` succeeds
+        // only while that job is published and unfinished (its `pending`
+        // cannot reach 0 before this claimed member is done).
+        while let Some(member) = claim(shared, seen) {
+            // SAFETY: the claim (Acquire) saw the caller's publication, which
+            // the job's store precedes, and the caller will not clear the job
+            // until `pending` is 0, which waits for this member.
+            let job = unsafe { (*shared.job.get()).map(|j| &*j) };
+            if let Some(job) = job
+                && catch_unwind(AssertUnwindSafe(|| job(member))).is_err()
+            {
+                shared.panicked.store(true, Ordering::SeqCst);
+            }
+            shared.pending.fetch_sub(1, Ordering::Release);
+        }
     }
 }
 
@@ -318,6 +393,37 @@ mod tests {
                 assert!(counts.iter().all(|c| c.load(Ordering::Relaxed) == 1));
             }
         }
+    }
+
+    #[test]
+    fn a_job_does_not_wait_for_workers_that_are_not_running() {
+        let team = Arc::new(Team::new(4).unwrap());
+        team.shared.stalled.store(true, Ordering::SeqCst);
+        let (done, finished) = std::sync::mpsc::channel();
+        let caller = {
+            let team = Arc::clone(&team);
+            std::thread::spawn(move || {
+                let me = std::thread::current().id();
+                let ran: Vec<Mutex<Option<std::thread::ThreadId>>> =
+                    (0..4).map(|_| Mutex::new(None)).collect();
+                for _ in 0..100 {
+                    team.run(&|m| *take(&ran[m]) = Some(std::thread::current().id()));
+                }
+                let by_caller = ran.iter().filter(|r| *take(r) == Some(me)).count();
+                let _ = done.send(by_caller);
+            })
+        };
+        // Workers stalled until the jobs are done: the caller ran every share.
+        let by_caller = finished.recv_timeout(Duration::from_secs(30));
+        team.shared.stalled.store(false, Ordering::SeqCst);
+        assert_eq!(by_caller, Ok(4), "the caller waited on stalled workers");
+        caller.join().unwrap();
+        // Released, the workers take their shares again.
+        let ran = AtomicUsize::new(0);
+        team.run(&|_| {
+            ran.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(ran.load(Ordering::Relaxed), 4);
     }
 
     #[test]
