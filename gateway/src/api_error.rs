@@ -66,6 +66,16 @@ impl ApiError {
         .code("file_too_large")
     }
 
+    /// A request body that stopped arriving (`bounds::BodyStalled`).
+    pub fn stalled(stall: &crate::bounds::BodyStalled) -> ApiError {
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            format!("The request body stopped arriving: {stall}."),
+        )
+        .code("request_timeout")
+    }
+
     /// A failure of ours (NATS or S3): logged in full under an error id,
     /// answered 503 (so the SDKs retry it) with a stable message naming the
     /// id. The cause's text never reaches the client: it can name internal

@@ -115,6 +115,19 @@ pub struct Config {
     #[arg(long, env = "SLUICE_ONLINE_STREAM_IDLE_SECS", default_value_t = 120)]
     pub online_stream_idle_secs: u64,
 
+    /// Connections served at once; one more is answered 503 with
+    /// `Retry-After` and closed.
+    #[arg(long, env = "SLUICE_GATEWAY_MAX_CONNECTIONS", default_value_t = 4096)]
+    pub max_connections: usize,
+    /// How long a request's headers may take to arrive, in seconds, and how
+    /// long a kept-alive connection may wait for its next request.
+    #[arg(long, env = "SLUICE_GATEWAY_HEADER_TIMEOUT_SECS", default_value_t = 10)]
+    pub header_timeout_secs: u64,
+    /// A request body (an upload included) that sends no bytes for this
+    /// many seconds is answered 408 (an upload's parts are removed).
+    #[arg(long, env = "SLUICE_GATEWAY_BODY_IDLE_SECS", default_value_t = 30)]
+    pub body_idle_secs: u64,
+
     #[command(flatten)]
     pub otlp: sluice_connect::otlp::OtlpArgs,
 
@@ -131,6 +144,15 @@ impl Config {
         Duration::from_millis(self.driver_interval_ms)
     }
 
+    /// The HTTP server's bounds.
+    pub fn bounds(&self) -> crate::bounds::Bounds {
+        crate::bounds::Bounds {
+            max_connections: self.max_connections,
+            header_timeout: Duration::from_secs(self.header_timeout_secs),
+            body_idle: Duration::from_secs(self.body_idle_secs),
+        }
+    }
+
     /// Checks the knobs together; the error names the knob.
     pub fn validate(&self) -> Result<()> {
         self.deployment.validate()?;
@@ -145,6 +167,12 @@ impl Config {
         }
         if self.online_stream_idle_secs == 0 {
             bail!("--online-stream-idle-secs must be at least 1");
+        }
+        if self.max_connections == 0 {
+            bail!("--max-connections must be at least 1");
+        }
+        if self.header_timeout_secs == 0 || self.body_idle_secs == 0 {
+            bail!("--header-timeout-secs and --body-idle-secs must be at least 1");
         }
         if let Some(secs) = self.max_queue_wait_secs
             && !(secs > 0.0 && secs <= 86_400.0)

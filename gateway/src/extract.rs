@@ -1,7 +1,8 @@
 //! Request bodies parsed the one way every handler takes them: a body that
 //! cannot be read or parsed is answered in OpenAI's error shape
 //! ([`ApiError`], 400 `invalid_request_error`; 413 past the size limit),
-//! never axum's plain-text rejection, which the SDKs cannot read.
+//! never axum's plain-text rejection, which the SDKs cannot read; a body
+//! that stopped arriving is 408.
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
@@ -9,6 +10,7 @@ use axum::http::StatusCode;
 use serde::de::DeserializeOwned;
 
 use crate::api_error::ApiError;
+use crate::bounds::BodyStalled;
 
 /// A JSON body read as `T`.
 pub struct OpenAiJson<T>(pub T);
@@ -39,6 +41,8 @@ where
                     "The request body is larger than the gateway accepts.",
                 )
                 .code("request_too_large")
+            } else if let Some(stall) = BodyStalled::in_chain(&e) {
+                ApiError::stalled(stall)
             } else {
                 ApiError::invalid(format!(
                     "The request body could not be read: {}",

@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 
 use crate::api_error::ApiError;
 use crate::auth::Tenant;
+use crate::bounds::BodyStalled;
 use crate::driver::sweep;
 use crate::file_record::{FileRecord, new_file_id};
 use crate::lifecycle;
@@ -34,70 +35,43 @@ pub async fn find(state: &AppState, tenant: &str, id: &str) -> Result<FileRecord
         .ok_or_else(|| ApiError::not_found("file", id))
 }
 
+/// The most bytes a form field other than `file` may hold (`purpose`,
+/// `expires_after[...]`): a few words each.
+pub const MAX_FORM_FIELD_BYTES: usize = 256;
+
+/// Bytes a multipart body may carry beyond its file (boundaries, headers,
+/// the small fields).
+pub const FORM_OVERHEAD_BYTES: u64 = 64 * 1024;
+
+/// The form's fields, read as they come; the file streams to S3.
+#[derive(Default)]
+struct Form {
+    purpose: Option<String>,
+    anchor: Option<String>,
+    seconds: Option<String>,
+    file: Option<FileRecord>,
+}
+
 pub async fn upload(
     State(state): State<AppState>,
     Tenant(tenant): Tenant,
-    mut form: Multipart,
+    mut multipart: Multipart,
 ) -> Result<Json<Value>, ApiError> {
-    let mut purpose: Option<String> = None;
-    let mut anchor: Option<String> = None;
-    let mut seconds: Option<String> = None;
-    let mut stored: Option<FileRecord> = None;
-    let bad_form = |e: axum::extract::multipart::MultipartError| {
-        ApiError::invalid(format!("the multipart body could not be read: {e}"))
-    };
-    while let Some(mut field) = form.next_field().await.map_err(bad_form)? {
-        match field.name() {
-            Some("purpose") => purpose = Some(field.text().await.map_err(bad_form)?),
-            Some("expires_after[anchor]") => {
-                anchor = Some(field.text().await.map_err(bad_form)?);
-            }
-            Some("expires_after[seconds]") => {
-                seconds = Some(field.text().await.map_err(bad_form)?);
-            }
-            Some("file") => {
-                if stored.is_some() {
-                    return Err(ApiError::invalid("give one `file`").param("file"));
-                }
-                let id = new_file_id();
-                let filename = field.file_name().unwrap_or("upload.jsonl").to_string();
-                let mut writer = ObjectWriter::new(&state.s3, state.bucket(), &state.file_key(&id));
-                loop {
-                    let chunk = match field.chunk().await {
-                        Ok(Some(c)) => c,
-                        Ok(None) => break,
-                        Err(e) => {
-                            writer.abort().await;
-                            return Err(bad_form(e));
-                        }
-                    };
-                    if writer.len() + chunk.len() as u64 > state.config.max_file_bytes {
-                        writer.abort().await;
-                        return Err(ApiError::too_large(format!(
-                            "the file is larger than the limit of {} bytes",
-                            state.config.max_file_bytes
-                        ))
-                        .param("file"));
-                    }
-                    if let Err(e) = writer.write(&chunk).await {
-                        writer.abort().await;
-                        return Err(e.into());
-                    }
-                }
-                let bytes = writer.finish().await?;
-                stored = Some(FileRecord {
-                    id,
-                    tenant: tenant.clone(),
-                    filename,
-                    purpose: String::new(),
-                    bytes,
-                    created_at: now(),
-                    expires_at: None,
-                });
-            }
-            _ => {} // other fields are ignored
+    let mut form = Form::default();
+    if let Err(e) = read_form(&state, &tenant, &mut multipart, &mut form).await {
+        // A file already stored by an earlier field has no record yet:
+        // nothing would ever find it again.
+        if let Some(file) = &form.file {
+            let _ = objects::delete(&state.s3, state.bucket(), &state.file_key(&file.id)).await;
         }
+        return Err(e);
     }
+    let Form {
+        purpose,
+        anchor,
+        seconds,
+        file: stored,
+    } = form;
     let Some(mut file) = stored else {
         return Err(ApiError::invalid("the form has no `file` field").param("file"));
     };
@@ -127,9 +101,116 @@ pub async fn upload(
         return Err(refused);
     }
     file.purpose = purpose;
-    state.records.put(&FileRecord::key(&file.id), &file).await?;
+    if let Err(e) = state.records.put(&FileRecord::key(&file.id), &file).await {
+        let _ = objects::delete(&state.s3, state.bucket(), &state.file_key(&file.id)).await;
+        return Err(e.into());
+    }
     tracing::info!(file = file.id, tenant, bytes = file.bytes, "file uploaded");
     Ok(Json(file.to_api()))
+}
+
+/// Reads `multipart` into `form`, streaming the file to S3. On an error,
+/// `form.file` is whatever was stored before it (the caller removes it).
+async fn read_form(
+    state: &AppState,
+    tenant: &str,
+    multipart: &mut Multipart,
+    form: &mut Form,
+) -> Result<(), ApiError> {
+    while let Some(mut field) = multipart.next_field().await.map_err(bad_form)? {
+        match field.name() {
+            Some("purpose") => form.purpose = Some(small_field(field, "purpose").await?),
+            Some("expires_after[anchor]") => {
+                form.anchor = Some(small_field(field, "expires_after").await?);
+            }
+            Some("expires_after[seconds]") => {
+                form.seconds = Some(small_field(field, "expires_after").await?);
+            }
+            Some("file") => {
+                if form.file.is_some() {
+                    return Err(ApiError::invalid("give one `file`").param("file"));
+                }
+                let id = new_file_id();
+                let filename = field.file_name().unwrap_or("upload.jsonl").to_string();
+                let mut writer = ObjectWriter::new(&state.s3, state.bucket(), &state.file_key(&id));
+                loop {
+                    let chunk = match field.chunk().await {
+                        Ok(Some(c)) => c,
+                        Ok(None) => break,
+                        Err(e) => {
+                            writer.abort().await;
+                            return Err(bad_form(e));
+                        }
+                    };
+                    if writer.len() + chunk.len() as u64 > state.config.max_file_bytes {
+                        writer.abort().await;
+                        return Err(ApiError::too_large(format!(
+                            "the file is larger than the limit of {} bytes",
+                            state.config.max_file_bytes
+                        ))
+                        .param("file"));
+                    }
+                    if let Err(e) = writer.write(&chunk).await {
+                        writer.abort().await;
+                        return Err(e.into());
+                    }
+                }
+                let bytes = writer.finish().await?;
+                form.file = Some(FileRecord {
+                    id,
+                    tenant: tenant.to_string(),
+                    filename,
+                    purpose: String::new(),
+                    bytes,
+                    created_at: now(),
+                    expires_at: None,
+                });
+            }
+            _ => {} // other fields are ignored (skipped, not kept)
+        }
+    }
+    Ok(())
+}
+
+/// A small text field, refused past [`MAX_FORM_FIELD_BYTES`] without
+/// reading (or echoing) the rest.
+async fn small_field(
+    mut field: axum::extract::multipart::Field<'_>,
+    param: &'static str,
+) -> Result<String, ApiError> {
+    let mut bytes = Vec::new();
+    while let Some(chunk) = field.chunk().await.map_err(bad_form)? {
+        if bytes.len() + chunk.len() > MAX_FORM_FIELD_BYTES {
+            return Err(ApiError::invalid(format!(
+                "the form field `{}` is longer than {MAX_FORM_FIELD_BYTES} bytes",
+                field.name().unwrap_or(param)
+            ))
+            .param(param));
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    String::from_utf8(bytes).map_err(|_| {
+        ApiError::invalid(format!(
+            "the form field `{}` is not UTF-8 text",
+            field.name().unwrap_or(param)
+        ))
+        .param(param)
+    })
+}
+
+/// A multipart body that cannot be read, answered as the caller's error:
+/// 408 when it stopped arriving, 413 past the size limit, else 400.
+fn bad_form(e: axum::extract::multipart::MultipartError) -> ApiError {
+    if let Some(stall) = BodyStalled::in_chain(&e) {
+        ApiError::stalled(stall)
+    } else if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::too_large("the multipart body is larger than the gateway accepts")
+    } else {
+        ApiError::invalid(format!(
+            "the multipart body could not be read: {}",
+            e.body_text()
+        ))
+    }
 }
 
 #[derive(Deserialize)]

@@ -12,6 +12,7 @@ pub mod api_error;
 pub mod auth;
 pub mod batch_record;
 pub mod batches;
+pub mod bounds;
 pub mod config;
 pub mod driver;
 pub mod extract;
@@ -43,11 +44,19 @@ use state::AppState;
 
 /// The HTTP API.
 pub fn router(state: AppState) -> Router {
+    // An upload's body: the file, up to its limit, and the form around it.
+    let upload_limit = usize::try_from(
+        state
+            .config
+            .max_file_bytes
+            .saturating_add(files::FORM_OVERHEAD_BYTES),
+    )
+    .unwrap_or(usize::MAX);
     Router::new()
         .route(
             "/v1/files",
             post(files::upload)
-                .layer(DefaultBodyLimit::disable())
+                .layer(DefaultBodyLimit::max(upload_limit))
                 .get(files::list),
         )
         .route("/v1/files/{id}", get(files::retrieve).delete(files::delete))
@@ -223,19 +232,9 @@ pub async fn start(config: Config) -> Result<Gateway> {
     });
     let driver = driver::spawn(state.clone());
     let sweeper = driver::sweep::spawn(state.clone());
+    let bounds = state.config.bounds();
     let app = router(state);
-    // No Nagle: a streamed answer is many small writes, each of which
-    // should leave at once rather than wait for the previous one's ACK.
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "cannot set TCP_NODELAY on a connection");
-        }
-    });
-    let server = tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(error = %e, "the HTTP server stopped");
-        }
-    });
+    let server = tokio::spawn(bounds::serve(listener, app, bounds));
     tracing::info!(%addr, "sluice-gateway listening");
     Ok(Gateway {
         addr,

@@ -4,6 +4,7 @@
 mod answer_once;
 mod architecture;
 mod auth;
+mod bounds;
 mod cli;
 mod deploy_files;
 mod device_check;

@@ -1,0 +1,302 @@
+//! What one client can hold of the gateway (`gateway/src/bounds.rs`,
+//! `files.rs`'s form limits), each written as the attack: a form field of
+//! 100 MB, two files in one form, an upload that stalls, headers that never
+//! end, and more connections than the gateway serves.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use sluice_tests::deploy::{Deployment, GatewayProcess};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const KEYS: &str = "team-a:sk-team-a-bounds\n";
+const KEY_A: &str = "sk-team-a-bounds";
+const BOUNDARY: &str = "sluice-bounds-7f3a";
+
+/// A response read off a raw connection: the status and the JSON body (or
+/// `Null`), with its headers lower-cased.
+struct Answer {
+    status: u16,
+    headers: String,
+    body: Value,
+    body_bytes: usize,
+}
+
+/// Reads one HTTP/1.1 response with a `content-length` off `tcp`, within
+/// `limit`; `None` when the connection closed (or the time ran out) first.
+async fn read_answer(tcp: &mut (impl AsyncReadExt + Unpin), limit: Duration) -> Option<Answer> {
+    let read = async {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 64 * 1024];
+        loop {
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0);
+                if buf.len() >= end + 4 + length {
+                    let status = head.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+                    let body = &buf[end + 4..end + 4 + length];
+                    return Some(Answer {
+                        status,
+                        headers: head,
+                        body: serde_json::from_slice(body).unwrap_or(Value::Null),
+                        body_bytes: length,
+                    });
+                }
+            }
+            match tcp.read(&mut chunk).await {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    };
+    tokio::time::timeout(limit, read).await.ok().flatten()
+}
+
+/// `POST /v1/files` on a raw connection: the head, then `parts` written one
+/// after another (write errors ignored: the gateway may answer and close
+/// before the body ends), then the answer, read concurrently.
+async fn post_form(
+    gateway: &GatewayProcess,
+    content_length: usize,
+    parts: Vec<Vec<u8>>,
+    stall_after: bool,
+) -> Option<Answer> {
+    let tcp = TcpStream::connect(gateway.addr).await.unwrap();
+    let (mut reader, mut writer) = tcp.into_split();
+    let head = format!(
+        "POST /v1/files HTTP/1.1\r\nhost: {}\r\nauthorization: Bearer {KEY_A}\r\n\
+         content-type: multipart/form-data; boundary={BOUNDARY}\r\ncontent-length: {content_length}\r\n\r\n",
+        gateway.addr
+    );
+    let writing = tokio::spawn(async move {
+        writer.write_all(head.as_bytes()).await?;
+        for part in parts {
+            writer.write_all(&part).await?;
+        }
+        if stall_after {
+            // Hold the connection open without sending more.
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        }
+        Ok::<_, std::io::Error>(writer)
+    });
+    let answer = read_answer(&mut reader, Duration::from_secs(30)).await;
+    writing.abort();
+    answer
+}
+
+fn field_head(name: &str, filename: Option<&str>) -> Vec<u8> {
+    let filename = filename.map_or(String::new(), |f| format!("; filename=\"{f}\""));
+    format!("--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"{name}\"{filename}\r\n\r\n")
+        .into_bytes()
+}
+
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// A 100 MB `purpose` field was read whole into memory (peak 893 MiB for
+/// 300 MB) and echoed back in the 400. Now: refused after 256 bytes, the
+/// answer short, the gateway's memory flat.
+#[tokio::test]
+async fn a_huge_form_field_is_refused_without_being_held_or_echoed() {
+    let d = Deployment::start().await.unwrap();
+    let gateway = d.spawn_gateway(KEYS, &[]).await.unwrap();
+    let pid = gateway.pid().unwrap();
+    let before = peak_rss_kib(pid);
+    let field = 100 << 20;
+    let mut parts = vec![field_head("purpose", None)];
+    parts.extend((0..field / (1 << 20)).map(|_| vec![b'x'; 1 << 20]));
+    let length = parts.iter().map(Vec::len).sum::<usize>() + 64;
+    let answer = post_form(&gateway, length, parts, false).await.unwrap();
+    assert_eq!(answer.status, 400, "{}", answer.body);
+    assert_eq!(answer.body["error"]["param"], "purpose", "{}", answer.body);
+    assert!(
+        answer.body_bytes < 1024,
+        "the refusal echoed {} bytes",
+        answer.body_bytes
+    );
+    let grew_mib = (peak_rss_kib(pid) - before) / 1024;
+    assert!(
+        grew_mib < 32,
+        "the gateway's peak memory grew {grew_mib} MiB"
+    );
+    assert!(d.keys_under("gateway/files/").await.unwrap().is_empty());
+}
+
+/// A second `file` field was refused, but the first stayed in S3 with no
+/// record, where nothing would ever find (or sweep) it.
+#[tokio::test]
+async fn a_form_with_two_files_leaves_no_object_behind() {
+    let d = Deployment::start().await.unwrap();
+    let gateway = d.spawn_gateway(KEYS, &[]).await.unwrap();
+    let line = b"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/embeddings\", \"body\": {\"model\": \"m\", \"input\": \"x\"}}\n";
+    let mut body = field_head("purpose", None);
+    body.extend_from_slice(b"batch\r\n");
+    for name in ["one.jsonl", "two.jsonl"] {
+        body.extend(field_head("file", Some(name)));
+        body.extend_from_slice(line);
+        body.extend_from_slice(b"\r\n");
+    }
+    body.extend(format!("--{BOUNDARY}--\r\n").into_bytes());
+    let answer = post_form(&gateway, body.len(), vec![body], false)
+        .await
+        .unwrap();
+    assert_eq!(answer.status, 400, "{}", answer.body);
+    assert_eq!(answer.body["error"]["param"], "file", "{}", answer.body);
+    let left = d.keys_under("gateway/files/").await.unwrap();
+    assert!(left.is_empty(), "objects left behind: {left:?}");
+}
+
+/// An upload that stalls with its connection open kept its parts (and a
+/// task) for as long as the client liked; a JSON body that stalls held its
+/// request. Now both are answered 408 after `--body-idle-secs`, in
+/// OpenAI's shape, and the upload's parts are removed.
+#[tokio::test]
+async fn a_stalled_body_is_answered_408_and_an_uploads_parts_removed() {
+    let d = Deployment::start().await.unwrap();
+    let gateway = d
+        .spawn_gateway(KEYS, &["--body-idle-secs=2"])
+        .await
+        .unwrap();
+    // More than one part (8 MiB) of the file, then nothing.
+    let mut parts = vec![field_head("purpose", None), b"batch\r\n".to_vec()];
+    parts.push(field_head("file", Some("big.jsonl")));
+    parts.extend((0..10).map(|_| vec![b' '; 1 << 20]));
+    let started = Instant::now();
+    let answer = post_form(&gateway, 64 << 20, parts, true).await;
+    let answer = answer.expect("the stalled upload was held past 30 s");
+    assert_eq!(answer.status, 408, "{}", answer.body);
+    assert_eq!(answer.body["error"]["code"], "request_timeout");
+    assert!(started.elapsed() < Duration::from_secs(20));
+    let s3 = d.servers.s3.client();
+    let uploads = s3
+        .list_multipart_uploads()
+        .bucket(&d.bucket)
+        .prefix("gateway/files/")
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        uploads.uploads().is_empty(),
+        "parts left: {:?}",
+        uploads.uploads()
+    );
+    assert!(d.keys_under("gateway/files/").await.unwrap().is_empty());
+
+    let tcp = TcpStream::connect(gateway.addr).await.unwrap();
+    let (mut reader, mut writer) = tcp.into_split();
+    let head = format!(
+        "POST /v1/embeddings HTTP/1.1\r\nhost: {}\r\nauthorization: Bearer {KEY_A}\r\n\
+         content-type: application/json\r\ncontent-length: 100\r\n\r\n{{\"model\": ",
+        gateway.addr
+    );
+    writer.write_all(head.as_bytes()).await.unwrap();
+    let answer = read_answer(&mut reader, Duration::from_secs(20))
+        .await
+        .expect("the stalled JSON body was held past 20 s");
+    assert_eq!(answer.status, 408, "{}", answer.body);
+    assert_eq!(answer.body["error"]["type"], "invalid_request_error");
+    drop(writer);
+    let log = gateway.log();
+    assert!(
+        !log.contains("ERROR"),
+        "a client's stall logged an ERROR:\n{log}"
+    );
+}
+
+/// Headers that never end (slow-loris) and a kept-alive connection that
+/// never sends its next request were held for as long as the client liked.
+/// Now each is closed after `--header-timeout-secs`.
+#[tokio::test]
+async fn headers_that_never_end_and_idle_connections_are_closed() {
+    let d = Deployment::start().await.unwrap();
+    let gateway = d
+        .spawn_gateway(KEYS, &["--header-timeout-secs=2"])
+        .await
+        .unwrap();
+    let mut slow = TcpStream::connect(gateway.addr).await.unwrap();
+    slow.write_all(b"GET /v1/files HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .unwrap();
+    let mut idle = TcpStream::connect(gateway.addr).await.unwrap();
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let first = read_answer(&mut idle, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(first.status, 200);
+    for (what, tcp) in [
+        ("slow headers", &mut slow),
+        ("an idle keep-alive", &mut idle),
+    ] {
+        let closed = tokio::time::timeout(Duration::from_secs(15), async {
+            let mut buf = [0u8; 1024];
+            // Whatever the gateway says (a 408 or nothing), it then closes.
+            while matches!(tcp.read(&mut buf).await, Ok(n) if n > 0) {}
+        })
+        .await;
+        assert!(closed.is_ok(), "{what} was held past 15 s");
+    }
+}
+
+/// 3,000 half-open connections were all held, each a task and buffers.
+/// Now one past `--max-connections` is answered 503 with `Retry-After` and
+/// closed, and a slot freed is served again.
+#[tokio::test]
+async fn connections_past_the_cap_are_answered_503_with_retry_after() {
+    let d = Deployment::start().await.unwrap();
+    let gateway = d
+        .spawn_gateway(KEYS, &["--max-connections=4"])
+        .await
+        .unwrap();
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(TcpStream::connect(gateway.addr).await.unwrap());
+    }
+    // The gateway accepts the four before it sees the fifth.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut extra = TcpStream::connect(gateway.addr).await.unwrap();
+    let _ = extra
+        .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await;
+    let answer = read_answer(&mut extra, Duration::from_secs(10))
+        .await
+        .expect("the connection past the cap got no answer");
+    assert_eq!(answer.status, 503, "{}", answer.body);
+    assert!(
+        answer.headers.contains("retry-after: 1"),
+        "{}",
+        answer.headers
+    );
+    assert_eq!(answer.body["error"]["code"], "too_many_connections");
+    drop(held);
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut tcp = TcpStream::connect(gateway.addr).await.unwrap();
+        tcp.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let status = read_answer(&mut tcp, Duration::from_secs(5))
+            .await
+            .map(|a| a.status);
+        if status == Some(200) {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "a freed slot was not served again: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
