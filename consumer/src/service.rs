@@ -148,7 +148,10 @@ pub async fn start(config: Config) -> anyhow::Result<Consumer> {
         },
         results: ResultPublisher { nats: nats.clone() },
         status: StatusStore::new(stream_binding.status.clone()),
-        dead_letters: DeadLetters { js },
+        dead_letters: DeadLetters {
+            js,
+            max_payload: nats.server_info().max_payload,
+        },
         stats: Arc::clone(&stats),
         in_flight: Arc::clone(&in_flight),
         max_deliver: stream_binding.max_deliver,

@@ -82,6 +82,38 @@ impl Producer {
             .with_context(|| format!("dead letter {seq} is not valid"))
     }
 
+    /// The original job message of a dead letter: carried in it, or, for
+    /// one too large to carry, read from the object it names.
+    pub async fn dead_letter_payload(&self, dlq_seq: u64, letter: &DeadLetter) -> Result<Vec<u8>> {
+        let Some(object) = &letter.payload_object else {
+            return base64::engine::general_purpose::STANDARD
+                .decode(&letter.payload_base64)
+                .with_context(|| format!("dead letter {dlq_seq} has an invalid payload"));
+        };
+        let got = self
+            .s3
+            .get_object()
+            .bucket(&object.bucket)
+            .key(&object.key)
+            .send()
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot read dead letter {dlq_seq}'s payload from s3://{}/{}: {}",
+                    object.bucket,
+                    object.key,
+                    aws_sdk_s3::error::DisplayErrorContext(e)
+                )
+            })?;
+        let bytes = got.body.collect().await.with_context(|| {
+            format!(
+                "cannot read dead letter {dlq_seq}'s payload from s3://{}/{}",
+                object.bucket, object.key
+            )
+        })?;
+        Ok(bytes.into_bytes().to_vec())
+    }
+
     /// Republishes a dead letter's job to its original subject with a new
     /// message id (the duplicate window would drop the old one), re-signing
     /// URL inputs that name their object when `refresh_urls` is set, and
@@ -92,9 +124,7 @@ impl Producer {
         letter: &DeadLetter,
         refresh_urls: bool,
     ) -> Result<Replayed> {
-        let payload = base64::engine::general_purpose::STANDARD
-            .decode(&letter.payload_base64)
-            .with_context(|| format!("dead letter {dlq_seq} has an invalid payload"))?;
+        let payload = self.dead_letter_payload(dlq_seq, letter).await?;
         let mut refreshed_urls = 0;
         // One parse: a job with a deadline goes back with the time it has
         // left as its TTL (one whose deadline has passed would only expire

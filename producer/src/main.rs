@@ -7,7 +7,6 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use base64::Engine;
 use clap::{Parser, Subcommand};
 use sluice_producer::batch::{self, GatewayClient};
 use sluice_producer::dlq::Filter;
@@ -602,11 +601,13 @@ async fn dlq(p: &Producer, cmd: DlqCommand, json: bool) -> Result<ExitCode> {
         DlqCommand::Show { seq } => {
             let l = p.dead_letter(seq).await?;
             println!("{}", serde_json::to_string_pretty(&l)?);
-            if !json
-                && let Ok(bytes) =
-                    base64::engine::general_purpose::STANDARD.decode(&l.payload_base64)
-            {
-                println!("original payload:\n{}", String::from_utf8_lossy(&bytes));
+            if !json {
+                match p.dead_letter_payload(seq, &l).await {
+                    Ok(bytes) => {
+                        println!("original payload:\n{}", String::from_utf8_lossy(&bytes))
+                    }
+                    Err(e) => eprintln!("sluice: {e:#}"),
+                }
             }
             Ok(ExitCode::SUCCESS)
         }

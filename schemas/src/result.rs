@@ -404,6 +404,12 @@ pub struct DeadLetter {
     /// The original message's headers, name to values.
     #[serde(default)]
     pub headers: BTreeMap<String, Vec<String>>,
-    /// The original payload, base64 (standard alphabet, padded).
+    /// The original payload, base64 (standard alphabet, padded); empty when
+    /// it is kept in `payload_object` instead.
     pub payload_base64: String,
+    /// Where the original payload is kept when it is too large to carry
+    /// here (its base64 would pass the server's max payload): an object in
+    /// the consumer's output bucket, kept beside the dead letter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload_object: Option<crate::ObjectRef>,
 }

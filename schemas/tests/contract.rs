@@ -388,8 +388,18 @@ fn every_rust_value_validates_and_round_trips() {
         dead_lettered_at: datetime!(2026-11-29 17:00:02 UTC),
         headers: BTreeMap::from([("Nats-Msg-Id".to_string(), vec!["x".to_string()])]),
         payload_base64: "bm90IGpzb24=".into(),
+        payload_object: None,
     };
     round_trip(&dlq, &letter);
+    let by_reference = DeadLetter {
+        payload_base64: String::new(),
+        payload_object: Some(ObjectRef {
+            bucket: "sluice".into(),
+            key: "outputs/dead-letters/9.job".into(),
+        }),
+        ..letter
+    };
+    round_trip(&dlq, &by_reference);
 }
 
 #[test]

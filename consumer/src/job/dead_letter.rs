@@ -109,7 +109,7 @@ pub async fn give_up(
         return Ok(());
     }
     if dead_letter {
-        let letter = DeadLetter {
+        let mut letter = DeadLetter {
             version: VERSION,
             job_id: job_id.clone(),
             error: error.info(),
@@ -131,7 +131,19 @@ pub async fn give_up(
                 })
                 .unwrap_or_default(),
             payload_base64: base64::engine::general_purpose::STANDARD.encode(original.payload),
+            payload_object: None,
         };
+        if !shared.dead_letters.fits(&letter) {
+            // Too large to carry: kept beside the letter, never lost (an
+            // error here leaves the message in the stream, to try again).
+            letter.payload_object = Some(
+                shared
+                    .outputs
+                    .keep_dead_letter_payload(d.stream_sequence, original.payload)
+                    .await?,
+            );
+            letter.payload_base64.clear();
+        }
         let task = d.task.map(Task::as_str).unwrap_or("unknown");
         shared
             .dead_letters

@@ -50,9 +50,21 @@ impl ResultPublisher {
 
 pub struct DeadLetters {
     pub js: jetstream::Context,
+    /// The server's max payload: a dead letter must fit in one message.
+    pub max_payload: usize,
 }
 
+/// Room a dead letter's headers take beside its payload, with margin.
+const HEADER_ROOM: usize = 1024;
+
 impl DeadLetters {
+    /// Whether `letter`, as it stands, fits in one message: a job near the
+    /// server's max payload does not once its payload is base64 (4/3 the
+    /// bytes), and is then kept by reference (`payload_object`).
+    pub fn fits(&self, letter: &DeadLetter) -> bool {
+        serde_json::to_vec(letter).is_ok_and(|bytes| bytes.len() + HEADER_ROOM <= self.max_payload)
+    }
+
     /// Publishes a dead letter and waits for the stream to store it. The
     /// message id (the job message's stream sequence: one message is given
     /// up on once) makes a retry idempotent, a redelivery's included, within

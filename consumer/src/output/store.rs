@@ -15,7 +15,7 @@ use std::time::Duration;
 use aws_sdk_s3::presigning::PresigningConfig;
 use aws_sdk_s3::primitives::ByteStream;
 use sha2::{Digest, Sha256};
-use sluice_schemas::{ErrorCode, Generation, Output, OutputOptions, S3Output};
+use sluice_schemas::{ErrorCode, Generation, ObjectRef, Output, OutputOptions, S3Output};
 
 use crate::error::JobError;
 use sluice_schemas::npy;
@@ -192,6 +192,37 @@ impl OutputStore {
             shape,
             url,
         }))
+    }
+
+    /// Keeps a job message's payload that is too large to carry in its
+    /// dead letter, at `<prefix>dead-letters/<stream sequence>.job` (one
+    /// message is given up on once, so a retry writes the same object).
+    pub async fn keep_dead_letter_payload(
+        &self,
+        stream_sequence: u64,
+        payload: &[u8],
+    ) -> Result<ObjectRef, JobError> {
+        let key = format!("{}dead-letters/{stream_sequence}.job", self.prefix);
+        self.s3
+            .put_object()
+            .bucket(&self.bucket)
+            .key(&key)
+            .content_type("application/json")
+            .body(ByteStream::from(payload.to_vec()))
+            .send()
+            .await
+            .map_err(|e| {
+                let message = format!(
+                    "keeping a dead letter's payload at s3://{}/{key}: {}",
+                    self.bucket,
+                    aws_sdk_s3::error::DisplayErrorContext(&e)
+                );
+                JobError::caused_by(ErrorCode::StorageUnavailable, message, e)
+            })?;
+        Ok(ObjectRef {
+            bucket: self.bucket.clone(),
+            key,
+        })
     }
 
     async fn presign_get(&self, key: &str, secs: u32) -> Result<String, JobError> {

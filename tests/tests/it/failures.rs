@@ -522,6 +522,83 @@ async fn poison_job_is_dead_lettered_after_max_deliver_and_replays_once_fixed() 
     consumer.shutdown(Duration::from_secs(10)).await.unwrap();
 }
 
+/// A job between ~780 KB and 1 MB that fails for good could not be
+/// dead-lettered (its base64 in the letter passed the server's max
+/// payload): its status stayed `running` for ever and nobody was answered.
+/// Now its payload is kept in S3 and the letter names it: the job is
+/// answered, recorded `failed`, shown and replayed byte for byte.
+#[tokio::test]
+async fn a_job_too_large_to_carry_in_its_dead_letter_is_dead_lettered_by_reference() {
+    let d = Deployment::start().await.unwrap();
+    let consumer = d.start_consumer(&["--max-items-per-job=50"]).await.unwrap();
+    let mut results = d.producer.subscribe_results().await.unwrap();
+    // 60 items (more than the consumer takes: refused for good) of 15 KB.
+    let items: Vec<serde_json::Value> = (0..60)
+        .map(|i| format!("{i} {}", "word ".repeat(3_000)).into())
+        .collect();
+    let job = d.producer.embed_job("big-1", vec![Input::Inline { items }]);
+    let bytes = job.to_bytes();
+    let max_payload = d.producer.nats.server_info().max_payload;
+    assert!(
+        bytes.len() < max_payload && bytes.len() * 4 / 3 > max_payload,
+        "the job ({} bytes) fits a message but not as base64 ({max_payload})",
+        bytes.len()
+    );
+    d.producer.submit(&job).await.unwrap();
+
+    let (r, error) = tokio::time::timeout(Duration::from_secs(60), next_error(&mut results))
+        .await
+        .expect("the job was never answered");
+    assert_eq!(r.job_id.as_deref(), Some("big-1"));
+    assert_eq!(error.code, ErrorCode::TooManyItems);
+    assert_eq!(
+        d.producer.status("big-1").await.unwrap().unwrap().state,
+        JobState::Failed
+    );
+    let letters = d.producer.dead_letters(&Filter::default()).await.unwrap();
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    let (seq, letter) = &letters[0];
+    assert_eq!(letter.job_id.as_deref(), Some("big-1"));
+    assert!(letter.payload_base64.is_empty());
+    let object = letter.payload_object.as_ref().expect("no payload object");
+    assert_eq!(object.bucket, d.bucket);
+    assert_eq!(
+        d.producer.dead_letter_payload(*seq, letter).await.unwrap(),
+        bytes,
+        "the kept payload is the job as published"
+    );
+    let shown = d
+        .cli(
+            &["dlq", "show", &seq.to_string()],
+            None,
+            Duration::from_secs(60),
+        )
+        .await;
+    assert_eq!(shown.code, Some(0), "{shown:?}");
+    assert!(shown.stdout.contains("\"payload_object\""), "{shown:?}");
+    assert!(shown.stdout.contains("original payload:\n{"), "{shown:?}");
+
+    // Replayed byte for byte: it fails again the same way, and is
+    // dead-lettered again (a second letter), still answered.
+    let replayed = d.producer.replay(*seq, letter, false).await.unwrap();
+    let (_, again) = tokio::time::timeout(Duration::from_secs(60), next_error(&mut results))
+        .await
+        .expect("the replay was never answered");
+    assert_eq!(again.code, ErrorCode::TooManyItems);
+    let letters = d.producer.dead_letters(&Filter::default()).await.unwrap();
+    assert_eq!(letters.len(), 2, "{letters:?}");
+    let (seq2, letter2) = &letters[1];
+    assert_eq!(letter2.stream_sequence, replayed.stream_sequence);
+    assert_eq!(
+        d.producer
+            .dead_letter_payload(*seq2, letter2)
+            .await
+            .unwrap(),
+        bytes
+    );
+    consumer.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
 #[tokio::test]
 async fn cancelled_jobs_are_not_run() {
     let d = Deployment::start().await.unwrap();
