@@ -18,6 +18,7 @@ pub mod driver;
 pub mod extract;
 pub mod file_record;
 pub mod files;
+pub mod job_errors;
 pub mod lifecycle;
 pub mod logprobs;
 pub mod metrics;

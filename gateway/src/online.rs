@@ -388,7 +388,8 @@ fn job_error(job_id: &str, start_by: &StartBy, error: &sluice_schemas::ErrorInfo
     } else {
         "invalid_request_error"
     };
-    ApiError::new(status, kind, error.message.clone()).code(error.code.as_str())
+    let message = crate::job_errors::for_client(job_id, error.code, &error.message);
+    ApiError::new(status, kind, message).code(error.code.as_str())
 }
 
 fn read_result(message: &async_nats::Message) -> Result<JobResult, ApiError> {

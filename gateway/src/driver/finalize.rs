@@ -186,7 +186,7 @@ async fn write_files(state: &AppState, batch: &BatchRecord, ending: Ending) -> R
                 let error = RequestError {
                     status: openai::http_status(code),
                     code: code.as_str(),
-                    message,
+                    message: crate::job_errors::for_client(&job_id, code, &message).into_owned(),
                     param: None,
                 };
                 let line = openai::output_line(&request_id, &custom_id, error.status, error.body());

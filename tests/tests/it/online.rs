@@ -195,6 +195,68 @@ async fn the_openai_sdk_calls_the_online_endpoints_through_the_queue() {
     assert_eq!(r.status().as_u16(), 400);
 }
 
+/// A failure of ours reached the online caller in the consumer's own words:
+/// the S3 SDK's text, naming the output bucket and the storage endpoint. Now the caller is told the code and a stable sentence naming
+/// the job; the detail stays in the logs.
+#[tokio::test]
+async fn a_failure_of_ours_reaches_the_caller_without_its_internal_detail() {
+    let mut d = Deployment::start_with(sluice_producer::provision::Settings {
+        max_deliver: 2,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let _consumer = d
+        .start_consumer(&[
+            "--inline-output-max-bytes=0",
+            "--retry-base-ms=100",
+            "--retry-max-ms=200",
+        ])
+        .await
+        .unwrap();
+    let gateway = d.start_gateway(KEYS, &[]).await.unwrap();
+    // S3 goes away under the running consumer: its output write fails (an
+    // online answer needs nothing else of S3).
+    d.servers.s3.stop();
+    let r = reqwest::Client::new()
+        .post(format!("http://{}/v1/embeddings", gateway.addr))
+        .bearer_auth(KEY)
+        .header("content-type", "application/json")
+        .body(json!({"model": "all-minilm-l6-v2", "input": "kept nowhere"}).to_string())
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let answer: Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+    assert_eq!(status, 500, "{answer}");
+    assert_eq!(answer["error"]["code"], "storage_unavailable", "{answer}");
+    assert_eq!(answer["error"]["type"], "server_error", "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap();
+    let endpoint = format!("127.0.0.1:{}", d.servers.s3.port);
+    for secret in [d.bucket.as_str(), endpoint.as_str(), "s3://", "outputs/"] {
+        assert!(
+            !message.contains(secret),
+            "the answer names {secret}: {message}"
+        );
+    }
+    assert!(
+        message.contains("try again") && message.contains("(job "),
+        "{message}"
+    );
+    // The job's record keeps the detail, for the operator.
+    let job_id = message
+        .split("(job ")
+        .nth(1)
+        .and_then(|rest| rest.split(';').next())
+        .unwrap();
+    let status = d.producer.status(job_id).await.unwrap().unwrap();
+    assert_eq!(status.state, JobState::Failed);
+    assert!(
+        status.error.unwrap().message.contains(&d.bucket),
+        "the record lost the detail"
+    );
+}
+
 /// A request whose deadline passes while its job waits (no consumer runs)
 /// is answered 504, and its job is cancelled: a consumer that starts later
 /// never runs it.
