@@ -28,8 +28,10 @@ a = client.files.create(file=("a.jsonl", lines), purpose="batch", expires_after=
 b = client.files.create(file=("b.jsonl", lines), purpose="batch", expires_after=soon)
 c = client.files.create(file=("c.jsonl", lines), purpose="batch")
 on_b = client.batches.create(input_file_id=b.id, endpoint="/v1/embeddings", completion_window="24h")
+# Long enough for phase 3 to read the output before it expires, on a
+# loaded machine too (it expired under the script once at 3 s).
 on_c = client.batches.create(input_file_id=c.id, endpoint="/v1/embeddings", completion_window="24h",
-                             output_expires_after=soon)
+                             output_expires_after={"anchor": "created_at", "seconds": 20})
 out = {"a": a.model_dump(), "b": b.model_dump(), "c": c.model_dump(), "on_b": on_b.id, "on_c": on_c.id}
 try:
     client.files.create(file=("d.jsonl", lines), purpose="batch", expires_after={"anchor": "created_at", "seconds": 0})
@@ -69,7 +71,8 @@ from openai import OpenAI
 client = OpenAI()
 ids = json.loads(sys.argv[1])
 out = {}
-for name in ("on_b", "on_c"):
+# on_c first: its output expires 20 s after it is written.
+for name in ("on_c", "on_b"):
     b = client.batches.retrieve(ids[name])
     deadline = time.time() + 120
     while b.status not in ("completed", "failed", "expired", "cancelled") and time.time() < deadline:
@@ -172,7 +175,7 @@ async fn expired_files_answer_404_and_go_while_a_running_batchs_input_stays() {
     }
     assert_eq!(
         ended["on_c"]["expires_at"].as_i64().unwrap(),
-        ended["on_c"]["created_at"].as_i64().unwrap() + 3
+        ended["on_c"]["created_at"].as_i64().unwrap() + 20
     );
     assert_eq!(
         ended["on_b"]["expires_at"].as_i64().unwrap(),
@@ -181,11 +184,11 @@ async fn expired_files_answer_404_and_go_while_a_running_batchs_input_stays() {
     // Ended: b's input goes at the next sweeps, and so does on_c's output
     // once it expired; the chunks' inputs and outputs went at the end.
     let output_c = object(&ended["on_c"]["output"]);
-    let until = tokio::time::Instant::now() + Duration::from_secs(30);
+    let until = tokio::time::Instant::now() + Duration::from_secs(60);
     while exists(object(&up["b"]["id"])).await || exists(output_c.clone()).await {
         assert!(
             tokio::time::Instant::now() < until,
-            "an ended batch's expired input or expired output is still there after 30 s"
+            "an ended batch's expired input or expired output is still there after 60 s"
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
