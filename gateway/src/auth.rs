@@ -14,6 +14,10 @@ use sluice_schemas::Secret;
 
 use crate::api_error::ApiError;
 
+/// What the shipped examples put where a key goes: refused as a key, so
+/// an example copied as is never serves anyone.
+pub const PLACEHOLDER: &str = "change-me";
+
 /// Key digests to tenant names. Keys are kept only as SHA-256 digests, so a
 /// lookup compares digests, not the secrets themselves.
 #[derive(Clone, Default)]
@@ -78,6 +82,13 @@ impl Keys {
         }
         if key.len() < 8 || key.chars().any(char::is_whitespace) {
             bail!("the key of tenant {tenant} must be 8 or more characters without spaces");
+        }
+        if key.to_ascii_lowercase().contains(PLACEHOLDER) {
+            bail!(
+                "the key of tenant {tenant} is a placeholder (it contains `{PLACEHOLDER}`), \
+                 which anyone who read the example knows; generate one, e.g. \
+                 `openssl rand -hex 32`"
+            );
         }
         if self
             .tenants
@@ -160,6 +171,12 @@ mod tests {
         assert!(format!("{:#}", err("bad tenant:sk-aaaaaaaa")).contains("letters, digits"));
         assert!(format!("{:#}", err("a:sk-aaaaaaaa,b:sk-aaaaaaaa")).contains("twice"));
         assert!(format!("{:#}", err("nocolon")).contains("TENANT:KEY"));
+        for placeholder in ["local:sk-local-change-me", "team-a:Change-Me-team-a-key"] {
+            assert!(
+                format!("{:#}", err(placeholder)).contains("is a placeholder"),
+                "{placeholder}"
+            );
+        }
         assert!(format!("{:#}", Keys::load(None, None).unwrap_err()).contains("no API keys"));
     }
 }

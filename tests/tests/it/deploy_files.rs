@@ -2,6 +2,7 @@
 //! Compose specification, every Kubernetes manifest against Kubernetes'
 //! schemas (strict: unknown fields fail), and the KEDA ScaledObject against
 //! deploy/kubernetes/schemas/. A typo'd copy of each fails, so the checks bite.
+//! No shipped file holds a gateway key the gateway would take.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -266,4 +267,41 @@ async fn the_production_cluster_file_forms_a_cluster_that_syncs_before_it_acks()
         .await
         .unwrap();
     assert_eq!(ack.sequence, 1);
+}
+
+/// The compose file served `local:sk-local-change-me` on every interface and
+/// the Kubernetes manifest shipped `team-a:change-me-team-a-key` in a
+/// Secret: keys anyone who read the repository could use. Every
+/// `SLUICE_GATEWAY_KEYS` a shipped file sets is now either a variable the
+/// operator must set or a placeholder the gateway refuses.
+#[test]
+fn no_shipped_file_holds_a_gateway_key_the_gateway_would_take() {
+    let root = repo_root();
+    let mut seen = 0;
+    for file in [
+        "docker-compose.yml",
+        "deploy/kubernetes/gateway.yaml",
+        "deploy/kubernetes/secret.example.yaml",
+    ] {
+        let text = std::fs::read_to_string(root.join(file)).unwrap();
+        for line in text.lines() {
+            let Some((_, value)) = line.split_once("SLUICE_GATEWAY_KEYS:") else {
+                continue;
+            };
+            seen += 1;
+            let value = value.trim().trim_matches('"');
+            if value.starts_with("${") {
+                assert!(value.contains(":?"), "{file}: {value} has a default");
+                continue;
+            }
+            let loaded =
+                sluice_gateway::auth::Keys::load(None, Some(&sluice_schemas::Secret::new(value)));
+            let refused = loaded.map(|_| ()).unwrap_err();
+            assert!(
+                format!("{refused:#}").contains("is a placeholder"),
+                "{file}: {value}: {refused:#}"
+            );
+        }
+    }
+    assert_eq!(seen, 2, "the files set SLUICE_GATEWAY_KEYS twice");
 }
