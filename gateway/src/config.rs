@@ -120,8 +120,10 @@ pub struct Config {
     #[arg(long, env = "SLUICE_GATEWAY_MAX_CONNECTIONS", default_value_t = 4096)]
     pub max_connections: usize,
     /// How long a request's headers may take to arrive, in seconds, and how
-    /// long a kept-alive connection may wait for its next request.
-    #[arg(long, env = "SLUICE_GATEWAY_HEADER_TIMEOUT_SECS", default_value_t = 10)]
+    /// long a kept-alive connection may wait for its next request (longer
+    /// than the usual client pools keep an idle connection, so a client
+    /// rarely sends on a connection the gateway is closing).
+    #[arg(long, env = "SLUICE_GATEWAY_HEADER_TIMEOUT_SECS", default_value_t = 30)]
     pub header_timeout_secs: u64,
     /// A request body (an upload included) that sends no bytes for this
     /// many seconds is answered 408 (an upload's parts are removed).
