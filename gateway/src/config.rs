@@ -88,7 +88,9 @@ pub struct Config {
     /// from its expiry): covers a batch created from it just before.
     #[arg(long, env = "SLUICE_EXPIRY_GRACE_SECS", default_value_t = 300)]
     pub expiry_grace_secs: u64,
-    /// Lifetime of the presigned URLs of chunk inputs.
+    /// Longest lifetime of the presigned URLs of chunk inputs, in seconds;
+    /// a URL lives no longer than its job can run (the batch's window end,
+    /// plus 5 minutes).
     #[arg(long, env = "SLUICE_PRESIGN_SECS", default_value_t = 7 * 24 * 3600)]
     pub presign_secs: u64,
 

@@ -58,6 +58,28 @@ pub async fn split(state: &AppState, batch: &BatchRecord, chunk: &Chunk) -> Resu
     Ok(())
 }
 
+/// How long past a job's deadline its input's URL stays valid: a fetch
+/// that starts just before the deadline (the consumer checks it before it
+/// fetches) still finishes.
+pub const PRESIGN_PAST_DEADLINE: Duration = Duration::from_secs(300);
+
+/// The lifetime of a chunk input's presigned URL: `--presign-secs`, but no
+/// longer than the job can run (its deadline, the batch's window end, and
+/// [`PRESIGN_PAST_DEADLINE`]); a URL that outlives its job is a key to the
+/// tenant's data for whoever saw the job message.
+pub fn presign_lifetime(
+    now: time::OffsetDateTime,
+    deadline: Option<time::OffsetDateTime>,
+    max_secs: u64,
+) -> Duration {
+    let max = Duration::from_secs(max_secs);
+    let Some(deadline) = deadline else {
+        return max;
+    };
+    let left = Duration::try_from(deadline - now).unwrap_or(Duration::ZERO);
+    max.min(left + PRESIGN_PAST_DEADLINE)
+}
+
 /// Publishes the job `job_id` (the chunk's own, or one of its lines' after
 /// a split) unless it already has a status record.
 pub async fn publish(
@@ -71,22 +93,22 @@ pub async fn publish(
     }
     let task = chunks::chunk_task(&chunk.job_id);
     let key = state.chunk_key(job_id);
+    let now = time::OffsetDateTime::now_utc();
+    let deadline = time::OffsetDateTime::from_unix_timestamp(batch.expires_at).ok();
+    if deadline.is_some_and(|d| d <= now) {
+        // The window ended: the job would only expire in the queue. Without
+        // a record, `progress` stops it and counts its lines as not run.
+        return Ok(());
+    }
+    let lifetime = presign_lifetime(now, deadline, state.config.presign_secs);
     let presigned = state
         .s3
         .get_object()
         .bucket(state.bucket())
         .key(&key)
-        .presigned(PresigningConfig::expires_in(Duration::from_secs(
-            state.config.presign_secs,
-        ))?)
+        .presigned(PresigningConfig::expires_in(lifetime)?)
         .await
         .with_context(|| format!("presigning {key}"))?;
-    let deadline = time::OffsetDateTime::from_unix_timestamp(batch.expires_at).ok();
-    if deadline.is_some_and(|d| d <= time::OffsetDateTime::now_utc()) {
-        // The window ended: the job would only expire in the queue. Without
-        // a record, `progress` stops it and counts its lines as not run.
-        return Ok(());
-    }
     let job = Job {
         version: VERSION,
         id: job_id.to_string(),
@@ -138,4 +160,31 @@ pub async fn publish(
     )
     .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use time::macros::datetime;
+
+    #[test]
+    fn a_urls_lifetime_ends_soon_after_its_jobs_deadline() {
+        let now = datetime!(2026-12-07 00:00 UTC);
+        let week = 7 * 24 * 3600;
+        let table = [
+            // (deadline, --presign-secs, lifetime in seconds)
+            (Some(now + time::Duration::hours(24)), week, 24 * 3600 + 300),
+            (Some(now + time::Duration::minutes(10)), week, 600 + 300),
+            (Some(now + time::Duration::hours(24)), 3600, 3600),
+            (Some(now - time::Duration::minutes(1)), week, 300),
+            (None, week, week),
+        ];
+        for (deadline, max, secs) in table {
+            assert_eq!(
+                presign_lifetime(now, deadline, max),
+                Duration::from_secs(secs),
+                "{deadline:?} {max}"
+            );
+        }
+    }
 }

@@ -530,6 +530,52 @@ async fn oversized_and_malformed_bodies_are_the_callers_errors_in_openais_shape(
     );
 }
 
+/// A chunk job's input URL was presigned for 7 days whatever the batch's
+/// window: whoever saw the job message (any NATS client, before #56's
+/// roles) could read the tenant's batch input for a week. Now it lives no
+/// longer than the job can run: the window's end and 5 minutes.
+#[tokio::test]
+async fn a_chunk_inputs_url_lives_no_longer_than_its_job_can_run() {
+    let d = Deployment::start().await.unwrap();
+    let gateway = d.start_gateway(KEYS, &[]).await.unwrap();
+    let api = Api::new(gateway.addr);
+    api.batch(
+        KEY_A,
+        &to_jsonl(&[embed_line("a", json!("text"), false)]),
+        "24h",
+    )
+    .await;
+    // No consumer: the chunk job waits in the stream.
+    let stream = d
+        .producer
+        .js
+        .get_stream(&d.topology.job_stream)
+        .await
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(60);
+    let job = loop {
+        if let Ok(msg) = stream.get_raw_message(1).await {
+            break sluice_schemas::Job::decode(&msg.payload).unwrap().job;
+        }
+        assert!(Instant::now() < until, "no chunk job after 60 s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let sluice_schemas::Input::Url { url, .. } = &job.inputs[0] else {
+        panic!("{:?}", job.inputs)
+    };
+    let expires: u64 = url
+        .split(['?', '&'])
+        .find_map(|p| p.strip_prefix("X-Amz-Expires="))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        expires <= 24 * 3600 + 300,
+        "the URL lives {expires} s, past its job's 24 h window"
+    );
+    assert!(expires >= 24 * 3600 - 60, "the URL lives {expires} s");
+}
+
 /// Each key is a tenant: another key cannot read, list or cancel the first
 /// key's files and batches; no key or an unknown one gets 401.
 #[tokio::test]
