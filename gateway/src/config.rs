@@ -88,6 +88,11 @@ pub struct Config {
     /// from its expiry): covers a batch created from it just before.
     #[arg(long, env = "SLUICE_EXPIRY_GRACE_SECS", default_value_t = 300)]
     pub expiry_grace_secs: u64,
+    /// Where the consumers write job outputs under `--bucket` (their
+    /// `--output-prefix`): the gateway reads and deletes a job's output only
+    /// at `<prefix><job id>.`, whatever its status record or result says.
+    #[arg(long, env = "SLUICE_OUTPUT_PREFIX", default_value = "outputs/")]
+    pub output_prefix: String,
     /// Longest lifetime of the presigned URLs of chunk inputs, in seconds;
     /// a URL lives no longer than its job can run (the batch's window end,
     /// plus 5 minutes).

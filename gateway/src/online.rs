@@ -300,7 +300,7 @@ pub async fn answer(
     }
     match result.outcome {
         Outcome::Ok { output } => {
-            let outputs = read_output(&state, output).await?;
+            let outputs = read_output(&state, &job_id, output).await?;
             Ok(Json(match outputs {
                 Outputs::Vectors { dim, values, .. } => {
                     let rows: Vec<&[f32]> = values.chunks(dim.max(1)).collect();
@@ -602,7 +602,7 @@ impl Relay {
                 self.error(&error);
             }
             Outcome::Ok { output } => {
-                let generations = match read_output(&self.state, output).await {
+                let generations = match read_output(&self.state, &self.job_id, output).await {
                     Ok(Outputs::Generations(g)) => g,
                     Ok(Outputs::Vectors { .. } | Outputs::Scores { .. }) => Vec::new(),
                     Err(e) => {
@@ -851,7 +851,7 @@ fn deadline_secs(state: &AppState, headers: &HeaderMap) -> Result<f64, ApiError>
 
 /// The job's output: inline in its result, or read from S3 when it was too
 /// large to travel inline.
-async fn read_output(state: &AppState, output: Output) -> Result<Outputs, ApiError> {
+async fn read_output(state: &AppState, job_id: &str, output: Output) -> Result<Outputs, ApiError> {
     Ok(match output {
         Output::Inline { scores, .. } if !scores.is_empty() => Outputs::Scores {
             values: scores,
@@ -869,6 +869,6 @@ async fn read_output(state: &AppState, output: Output) -> Result<Outputs, ApiErr
         Output::Inline { generations, .. } => Outputs::Generations(generations),
         // Boxed: the S3 read's future is large, and it would otherwise be
         // part of every waiting request's future (their memory, each).
-        Output::S3(o) => Box::pin(outputs::read_output(state, &o, Vec::new())).await?,
+        Output::S3(o) => Box::pin(outputs::read_output(state, job_id, &o, Vec::new())).await?,
     })
 }

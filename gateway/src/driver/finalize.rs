@@ -273,7 +273,7 @@ impl LineJobs {
                 .as_ref()
                 .map(|u| u.item_tokens.clone())
                 .unwrap_or_default();
-            let outputs = read_output(state, output, tokens).await?;
+            let outputs = read_output(state, job_id, output, tokens).await?;
             self.answers = Some((job_id.to_string(), Answers { outputs, next: 0 }));
         }
         let (_, answers) = self.answers.as_mut().context("loaded")?;

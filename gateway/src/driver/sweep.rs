@@ -99,7 +99,16 @@ pub async fn remove_chunk_objects(state: &AppState, batch: &BatchRecord) -> Resu
         }
         for job in jobs {
             if let Some(output) = state.statuses.view(&job).await?.and_then(|r| r.output) {
-                objects::delete(&state.s3, &output.bucket, &output.key).await?;
+                if crate::outputs::is_job_output(state, &job, &output) {
+                    objects::delete(&state.s3, &output.bucket, &output.key).await?;
+                } else {
+                    tracing::warn!(
+                        job,
+                        bucket = output.bucket,
+                        key = output.key,
+                        "a chunk job's record names an output that is not where the consumers write its outputs; not deleted"
+                    );
+                }
             }
             objects::delete(&state.s3, state.bucket(), &state.chunk_key(&job)).await?;
         }
