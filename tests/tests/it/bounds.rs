@@ -260,12 +260,29 @@ async fn connections_past_the_cap_are_answered_503_with_retry_after() {
         .spawn_gateway(KEYS, &["--max-connections=4"])
         .await
         .unwrap();
+    // Four kept-alive connections, each proven to hold a slot by an answer
+    // (a slot may still be held for a moment by the harness's readiness
+    // probe, whose close the gateway has not yet seen: then a connection is
+    // refused, and another tried).
     let mut held = Vec::new();
-    for _ in 0..4 {
-        held.push(TcpStream::connect(gateway.addr).await.unwrap());
+    let until = Instant::now() + Duration::from_secs(30);
+    while held.len() < 4 {
+        let mut tcp = TcpStream::connect(gateway.addr).await.unwrap();
+        tcp.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        match read_answer(&mut tcp, Duration::from_secs(10)).await {
+            Some(a) if a.status == 200 => held.push(tcp),
+            other => {
+                assert!(
+                    Instant::now() < until,
+                    "4 connections were not served in 30 s: {:?}",
+                    other.map(|a| a.status)
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
     }
-    // The gateway accepts the four before it sees the fifth.
-    tokio::time::sleep(Duration::from_millis(300)).await;
     let mut extra = TcpStream::connect(gateway.addr).await.unwrap();
     let _ = extra
         .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
