@@ -162,23 +162,7 @@ impl OutputStore {
         let sha256 = hex::encode(Sha256::digest(&body));
         let key = self.output_key(of, format);
         let bytes = body.len() as u64;
-        self.s3
-            .put_object()
-            .bucket(&self.bucket)
-            .key(&key)
-            .content_type(content_type)
-            .metadata("sha256", &sha256)
-            .body(ByteStream::from(body))
-            .send()
-            .await
-            .map_err(|e| {
-                let message = format!(
-                    "writing s3://{}/{key}: {}",
-                    self.bucket,
-                    aws_sdk_s3::error::DisplayErrorContext(&e)
-                );
-                JobError::caused_by(ErrorCode::StorageUnavailable, message, e)
-            })?;
+        self.write(&key, body, content_type, Some(&sha256)).await?;
         let url = match presign_get_secs {
             Some(secs) => Some(self.presign_get(&key, secs).await?),
             None => None,
@@ -203,26 +187,41 @@ impl OutputStore {
         payload: &[u8],
     ) -> Result<ObjectRef, JobError> {
         let key = format!("{}dead-letters/{stream_sequence}.job", self.prefix);
+        self.write(&key, payload.to_vec(), "application/json", None)
+            .await?;
+        Ok(ObjectRef {
+            bucket: self.bucket.clone(),
+            key,
+        })
+    }
+
+    /// Puts `body` at `key` in the output bucket (with its SHA-256 as
+    /// metadata when given); a failure is `storage_unavailable`.
+    async fn write(
+        &self,
+        key: &str,
+        body: Vec<u8>,
+        content_type: &str,
+        sha256: Option<&str>,
+    ) -> Result<(), JobError> {
         self.s3
             .put_object()
             .bucket(&self.bucket)
-            .key(&key)
-            .content_type("application/json")
-            .body(ByteStream::from(payload.to_vec()))
+            .key(key)
+            .content_type(content_type)
+            .set_metadata(sha256.map(|h| [("sha256".to_string(), h.to_string())].into()))
+            .body(ByteStream::from(body))
             .send()
             .await
             .map_err(|e| {
                 let message = format!(
-                    "keeping a dead letter's payload at s3://{}/{key}: {}",
+                    "writing s3://{}/{key}: {}",
                     self.bucket,
                     aws_sdk_s3::error::DisplayErrorContext(&e)
                 );
                 JobError::caused_by(ErrorCode::StorageUnavailable, message, e)
             })?;
-        Ok(ObjectRef {
-            bucket: self.bucket.clone(),
-            key,
-        })
+        Ok(())
     }
 
     async fn presign_get(&self, key: &str, secs: u32) -> Result<String, JobError> {
