@@ -265,74 +265,51 @@ pub struct JobCost {
     pub per_item: ItemCost,
 }
 
-/// What an item costs, by task.
-#[derive(Debug, Clone)]
-pub enum ItemCost {
-    /// A text: its ids while it waits, its vector (and the `.npy` copy).
-    Embed { dim: u64, max_tokens_per_item: u64 },
-    /// A (query, document) pair: its ids and token types while it waits,
-    /// its score.
-    Rerank { max_tokens_per_item: u64 },
-    /// A prompt: the KV cache of its whole sequence, its ids and its text.
-    Generate {
-        kv_bytes_per_token: u64,
-        max_prompt_tokens: u64,
-        max_new_tokens: u64,
-    },
+/// What an item can cost, in its task's own work units (tokens for every
+/// task today) and the bytes they hold. Each task's start-up fills it in;
+/// the arithmetic below is the same for all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ItemCost {
+    /// The most units one item can take (the model's token limit; a
+    /// prompt's `max_prompt_tokens + max_new_tokens`).
+    pub max_units: u64,
+    /// Where an item's units are bounded by its input bytes: how many it
+    /// can take beyond one per byte (a tokenizer's special tokens). `None`
+    /// where they are not (a chat template, generated tokens).
+    pub units_beyond_bytes: Option<u64>,
+    /// Bytes each unit holds while the job runs (its id and batch copy; a
+    /// sequence token's KV cache).
+    pub bytes_per_unit: u64,
+    /// Bytes each item holds beyond its units (its vector and its `.npy`
+    /// copy; its score).
+    pub bytes_per_item: u64,
 }
 
 impl JobCost {
-    /// Bytes per token held while a job waits: its id, and the batch
-    /// copy of it.
-    const PER_TOKEN: u64 = 8;
-    /// Bytes per item beyond its vector: bookkeeping and channel messages.
+    /// Bytes per item beyond what its task counts: bookkeeping and channel
+    /// messages.
     const PER_ITEM: u64 = 256;
-    /// generate: bytes per sequence token beyond its KV cache: the id, the
-    /// text it decodes to (a token is rarely over 16 bytes) and the output's
-    /// JSON copy of that text.
-    const PER_GENERATED_TOKEN: u64 = 8 + 2 * 16;
 
     /// The most a job can hold before its inputs are read: the raw input and
     /// its parsed copy, and every item at the longest the input allows.
     pub fn worst_bytes(&self) -> u64 {
         // A JSONL item takes at least 3 bytes ("" and a newline).
         let items = self.max_items.min(self.max_input_bytes / 3 + 1);
-        let tokens = match self.per_item {
-            // Every embed item carries two special tokens.
-            ItemCost::Embed {
-                max_tokens_per_item,
-                ..
-            } => (items * max_tokens_per_item).min(self.max_input_bytes + 2 * items),
-            // A pair carries up to four (RoBERTa's `<s> q </s></s> d </s>`).
-            ItemCost::Rerank {
-                max_tokens_per_item,
-            } => (items * max_tokens_per_item).min(self.max_input_bytes + 4 * items),
-            // A prompt may grow by its chat template, and then generates.
-            ItemCost::Generate {
-                max_prompt_tokens,
-                max_new_tokens,
-                ..
-            } => items * (max_prompt_tokens + max_new_tokens),
+        let at_most = items * self.per_item.max_units;
+        let units = match self.per_item.units_beyond_bytes {
+            Some(extra) => at_most.min(self.max_input_bytes + extra * items),
+            None => at_most,
         };
-        3 * self.max_input_bytes + self.actual_bytes(items, tokens)
+        3 * self.max_input_bytes + self.actual_bytes(items, units)
     }
 
-    /// What a job holds once tokenized. embed: `tokens` are the items' ids,
-    /// plus vectors; rerank: the pairs' ids and token types, plus scores;
-    /// generate: `tokens` are the sequences' whole lengths
-    /// (`prompt + max_new_tokens` each), each with its KV cache.
-    pub fn actual_bytes(&self, items: u64, tokens: u64) -> u64 {
-        match self.per_item {
-            ItemCost::Embed { dim, .. } => {
-                tokens * Self::PER_TOKEN + items * (2 * 4 * dim + Self::PER_ITEM)
-            }
-            ItemCost::Rerank { .. } => {
-                tokens * 2 * Self::PER_TOKEN + items * (2 * 4 + Self::PER_ITEM)
-            }
-            ItemCost::Generate {
-                kv_bytes_per_token, ..
-            } => tokens * (kv_bytes_per_token + Self::PER_GENERATED_TOKEN) + items * Self::PER_ITEM,
-        }
+    /// What a job holds once its items are counted in units (embed: the
+    /// items' token ids, plus vectors; rerank: the pairs' ids and token
+    /// types, plus scores; generate: the sequences' whole lengths,
+    /// `prompt + max_new_tokens` each, each with its KV cache).
+    pub fn actual_bytes(&self, items: u64, units: u64) -> u64 {
+        units * self.per_item.bytes_per_unit
+            + items * (self.per_item.bytes_per_item + Self::PER_ITEM)
     }
 }
 
@@ -340,6 +317,43 @@ impl JobCost {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// A job at its worst holds its input three times over, and each item
+    /// at the most units its task allows, or its bytes allow where they
+    /// bound its units.
+    #[test]
+    fn a_job_at_its_worst() {
+        let cost = |max_input_bytes, max_items, units_beyond_bytes| JobCost {
+            max_input_bytes,
+            max_items,
+            per_item: ItemCost {
+                max_units: 500,
+                units_beyond_bytes,
+                bytes_per_unit: 8,
+                bytes_per_item: 100,
+            },
+        };
+        let item = 100 + JobCost::PER_ITEM;
+        // (input bytes, items, units beyond bytes) -> worst bytes
+        let table = [
+            // 10 items of at most 500 units, but 1000 bytes bound them to 1020
+            ((1000, 10, Some(2)), 3000 + 1020 * 8 + 10 * item),
+            // unbounded by bytes: every item at its longest
+            ((1000, 10, None), 3000 + 5000 * 8 + 10 * item),
+            // bytes bound the items too: 30 bytes hold at most 11 items
+            ((30, 1000, None), 90 + 11 * 500 * 8 + 11 * item),
+            // few items, many bytes: the units' own limit
+            ((100_000, 2, Some(2)), 300_000 + 1000 * 8 + 2 * item),
+        ];
+        for ((bytes, items, beyond), worst) in table {
+            assert_eq!(
+                cost(bytes, items, beyond).worst_bytes(),
+                worst,
+                "{bytes} bytes, {items} items, {beyond:?}"
+            );
+        }
+        assert_eq!(cost(1000, 10, None).actual_bytes(3, 40), 40 * 8 + 3 * item);
+    }
 
     #[test]
     fn reservations_never_exceed_the_limit() {

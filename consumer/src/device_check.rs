@@ -26,8 +26,8 @@ use candle_core::{Device, Tensor};
 
 use crate::budget::device_headroom_bytes;
 use crate::config::ModelConfig;
-use crate::engine::encoder::{l2_normalize, load_encoder};
 use crate::memory::MemoryProbe;
+use crate::task::encoder::{l2_normalize, load_encoder};
 use sluice_models::decoder::{Decoder, Segment, WeightFormat};
 
 /// Where the bundle keeps each part (`scripts/device-bundle` writes them).
@@ -188,7 +188,7 @@ pub fn run(args: &DeviceCheckArgs) -> anyhow::Result<DeviceReport> {
     // Embeddings.
     let loaded = load_encoder(&model, sluice_schemas::Task::Embed)?;
     let probe = MemoryProbe::for_device(&loaded.device);
-    let device = crate::engine::startup::device_name(&loaded.device);
+    let device = crate::task::startup::device_name(&loaded.device);
     let headroom = device_headroom_bytes(&loaded.device)?;
     let budget = (headroom as f64 * args.memory_fraction) as u64;
     let memory_kind = if probe.has_device() {
@@ -257,7 +257,7 @@ pub fn run(args: &DeviceCheckArgs) -> anyhow::Result<DeviceReport> {
     let scratch = tempfile_dir()?;
     let gguf = scratch.join("llama-random.gguf");
     write_random_llama(&args.bundle.join(BUNDLE_LLAMA_HEADER), &gguf, 0x5eed)?;
-    let candle_device = crate::engine::startup::open_device(&model)?;
+    let candle_device = crate::task::startup::open_device(&model)?;
     let (llama, _) = Decoder::load(&gguf, WeightFormat::AsStored, &candle_device)?;
     let headroom = device_headroom_bytes(&candle_device)?;
     let budget = (headroom as f64 * args.memory_fraction) as u64;

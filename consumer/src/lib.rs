@@ -2,14 +2,17 @@
 //! ARCHITECTURE.md at the repository root for the whole map):
 //!
 //! ```text
-//! admission -> job::pipeline -> fetch -> engine::encoder -> output -> job::settle
-//! (pull within     (one task per    (inputs)  (tokenize, batch  (S3 or    (status, result,
-//!  the budget)      job)                       by tokens, run)   inline)   ack / retry / DLQ)
+//! admission -> job::pipeline -> fetch -> task -> output -> job::settle
+//! (pull within     (one tokio task  (inputs)  (the job's   (S3 or    (status, result,
+//!  the budget)      per job)                   task runs)   inline)   ack / retry / DLQ)
 //! ```
 //!
-//! A `--task generate` process takes the same path with `engine::generate`
-//! (prompts tokenized and checked, then the generation thread's continuous
-//! batching over the llama model) in place of `engine::encoder`.
+//! `task` is the one place that knows what a task is: each task is a
+//! folder behind the [`task::TaskEngine`] trait (`task::encoder` serves
+//! embed and rerank, batching items of many jobs by token sum;
+//! `task::generate` continuous-batches sequences over the llama model), and
+//! `task::start` is the registry from the configured task to its start-up.
+//! The pipeline, admission and the budget name no task.
 //!
 //! `main` parses a [`Config`] and calls [`run`]; tests call [`start`].
 
@@ -18,7 +21,6 @@ pub mod alloc;
 pub mod budget;
 pub mod config;
 pub mod device_check;
-pub mod engine;
 pub mod error;
 pub mod fetch;
 pub mod heartbeat;
@@ -33,6 +35,7 @@ pub mod output;
 pub mod recycle;
 pub mod service;
 pub mod shared;
+pub mod task;
 pub mod telemetry;
 
 use std::time::Duration;

@@ -10,9 +10,9 @@ use sluice_schemas::{Item, Task};
 use tokio::sync::mpsc;
 
 use crate::config::ModelConfig;
-use crate::engine::encoder::batcher::{BatchItem, Queue};
-use crate::engine::encoder::{EncoderInputs, EncoderItem, LoadedModel, l2_normalize, load_encoder};
 use crate::fetch;
+use crate::task::encoder::batcher::{BatchItem, Queue};
+use crate::task::encoder::{EncoderInputs, EncoderItem, LoadedModel, l2_normalize, load_encoder};
 use sluice_schemas::npy;
 
 #[derive(Debug, Clone, clap::Args)]

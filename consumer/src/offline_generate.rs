@@ -13,10 +13,10 @@ use sluice_models::decoder::WeightFormat;
 use sluice_models::generation::{Generator, MAX_TOP_LOGPROBS};
 use sluice_schemas::{GenerateParameters, Item, PromptInput, Task};
 
-use crate::engine::generate::executor::wire_finish_reason;
-use crate::engine::generate::logprobs::wire_logprobs;
-use crate::engine::generate::{chat_turns, generation_params, load};
 use crate::fetch;
+use crate::task::generate::executor::wire_finish_reason;
+use crate::task::generate::logprobs::wire_logprobs;
+use crate::task::generate::{chat_turns, generation_params, load};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct GenerateArgs {

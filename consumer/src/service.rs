@@ -14,16 +14,16 @@ use sluice_schemas::{Priority, Task, Topology};
 use tokio::sync::watch;
 
 use crate::admission::{Admission, InFlightCap, PullPlan, Queues, TenantQueues, TenantShares};
-use crate::budget::{Budget, ItemCost, JobCost};
+use crate::budget::Budget;
 use crate::config::Config;
-use crate::engine::startup::Started;
 use crate::fetch::{FetchPolicy, Fetcher};
 use crate::in_flight::InFlight;
 use crate::output::{DeadLetters, OutputStore, ResultPublisher};
 use crate::shared::{JobLimits, ModelRoute, Shared};
+use crate::task::startup::{Pacing, Started};
 use crate::telemetry::otlp::OtlpMetrics;
 use crate::telemetry::{Stats, Tracing};
-use crate::{engine, http, job};
+use crate::{http, job, task};
 use sluice_status::StatusStore;
 
 /// A running consumer. Drop does not stop it: call [`Consumer::shutdown`].
@@ -85,10 +85,11 @@ pub async fn start(config: Config) -> anyhow::Result<Consumer> {
         engine,
         model_thread: executor,
         cost,
+        pacing,
         budget,
         device,
         memory,
-    } = engine::start(&config, &stats, &tracing)?;
+    } = task::start(&config, &stats, &tracing)?;
     memory.sample_in_background();
 
     let nats = sluice_connect::connect_nats(
@@ -191,7 +192,7 @@ pub async fn start(config: Config) -> anyhow::Result<Consumer> {
         .await
         .with_context(|| format!("cannot listen on {} (--http-addr)", config.http_addr))?;
 
-    let plan = pull_plan(&config, task, &recycle, &shared.cost);
+    let plan = pull_plan(&config, &recycle, pacing);
     let admission = tokio::spawn(Admission::new(shared, queues, budget.clone(), plan).run(stop_rx));
     Ok(Consumer {
         stats,
@@ -458,47 +459,18 @@ async fn queues(
     })
 }
 
-/// Admission's knobs from the config.
-fn pull_plan(
-    config: &Config,
-    task: Task,
-    recycle: &crate::recycle::RecycleLimits,
-    cost: &JobCost,
-) -> PullPlan {
-    // embed and rerank batch items by token sum under one in-flight cap.
-    let batched = task != Task::Generate;
-    // The tokens per item the encoder runs with (the flag's, or its own).
-    let item_tokens = match cost.per_item {
-        ItemCost::Embed {
-            max_tokens_per_item,
-            ..
-        }
-        | ItemCost::Rerank {
-            max_tokens_per_item,
-        } => max_tokens_per_item,
-        ItemCost::Generate { .. } => 0,
-    };
+/// Admission's knobs from the config and the task's pacing.
+fn pull_plan(config: &Config, recycle: &crate::recycle::RecycleLimits, pacing: Pacing) -> PullPlan {
     PullPlan {
         max_messages: config.pull_max_messages,
         expires: Duration::from_millis(config.pull_expires_ms),
         job_limit: recycle.after_jobs,
-        in_flight_cap: batched.then(|| InFlightCap {
-            tokens: match config.max_tokens_in_flight {
-                0 => 2 * config.model.max_batch_tokens,
-                n => n,
-            } as u64,
-            per_job: item_tokens,
+        in_flight_cap: pacing.in_flight.map(|units| InFlightCap {
+            tokens: units.cap,
+            per_job: units.per_job,
         }),
-        tenant_quantum: if batched {
-            config.model.max_batch_tokens as u64
-        } else {
-            config.generate.max_step_tokens as u64
-        },
-        job_estimate: if batched {
-            item_tokens
-        } else {
-            config.generate.max_new_tokens as u64
-        },
+        tenant_quantum: pacing.tenant_quantum,
+        job_estimate: pacing.job_estimate,
     }
 }
 

@@ -8,10 +8,10 @@ use async_nats::jetstream;
 use sluice_schemas::Topology;
 
 use crate::budget::JobCost;
-use crate::engine::Engine;
 use crate::fetch::Fetcher;
 use crate::in_flight::InFlight;
 use crate::output::{DeadLetters, OutputStore, ResultPublisher};
+use crate::task::engine::TaskEngine;
 use crate::telemetry::{Stats, Tracing};
 use sluice_status::StatusStore;
 
@@ -54,7 +54,7 @@ pub struct Shared {
     pub limits: JobLimits,
     pub cost: JobCost,
     pub fetcher: Fetcher,
-    pub engine: Engine,
+    pub engine: Box<dyn TaskEngine>,
     /// Outputs: inline, or S3 objects.
     pub outputs: OutputStore,
     /// Results on each job's reply subject.

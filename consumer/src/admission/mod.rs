@@ -5,7 +5,7 @@
 //! Each round ([`Admission::round`]):
 //!
 //! 1. **Plan** ([`PullPlan::round`]): stop at the recycle job limit; hold
-//!    back while the embed in-flight cap is full.
+//!    back while the in-flight cap of a batching task is full.
 //! 2. **Reserve** one job's worst case, waiting for room, then as many more
 //!    as the budget has room for (up to `--pull-max-messages`).
 //! 3. **Busy round** ([`Admission::busy_round`]): ask the levels in

@@ -19,7 +19,8 @@ pub struct PullPlan {
     pub expires: Duration,
     /// Jobs this process takes in all before it recycles (`recycle.rs`).
     pub job_limit: Option<u64>,
-    /// Embed: take no more jobs while those taken hold this many tokens.
+    /// A task whose items of many jobs share batches (the task's
+    /// `Pacing`): take no more jobs while those taken hold this many tokens.
     pub in_flight_cap: Option<InFlightCap>,
     /// While several tenants have jobs at a level, one pull asks a tenant
     /// for about this many tokens' worth of jobs.

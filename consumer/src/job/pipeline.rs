@@ -1,5 +1,5 @@
 //! One job from pull to settle: decode, check, mark it running, fetch its
-//! inputs, prepare and run its items on the engine, write the output, then
+//! inputs, run its items on the task's engine (which writes the output), then
 //! settle (answer, ack or retry or dead-letter).
 
 use std::sync::Arc;
@@ -9,10 +9,10 @@ use std::time::Instant;
 use async_nats::jetstream;
 use opentelemetry::KeyValue;
 use sluice_schemas::names::headers;
-use sluice_schemas::{ErrorCode, Item, JobState, Output, StatusRecord, Timings, Usage, ValidJob};
+use sluice_schemas::{ErrorCode, JobState, StatusRecord, Timings, ValidJob};
 use sluice_status::Start;
 use time::OffsetDateTime;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 use super::cancel::CancelWatch;
 use super::delivery::{
@@ -20,13 +20,10 @@ use super::delivery::{
 };
 use super::settle::{Done, Finished, settle};
 use crate::budget::Reservation;
-use crate::engine::Engine;
-use crate::engine::encoder::{EncoderEngine, EncoderInputs, Prepared, l2_normalize};
-use crate::engine::generate::GenerateEngine;
 use crate::error::JobError;
-use crate::output::JobStream;
 use crate::output::store::OutputOf;
 use crate::shared::{ModelRoute, Shared};
+use crate::task::engine::JobRun;
 use crate::telemetry::JobTrace;
 
 /// Handles one delivered job message; `reservation` is the budget it was
@@ -115,10 +112,6 @@ pub async fn handle(
     shared
         .stats
         .record_queue_wait(delivery.priority, timings.queue.unwrap_or(0.0) / 1e3);
-    if let Engine::Generate(_) = &shared.engine {
-        // (embed counts its tokens item by item as the batches finish)
-        shared.stats.add_tenant_tokens(&delivery.tenant, tokens);
-    }
     settle(&shared, msg, delivery, outcome, timings, trace).await;
     tokens
 }
@@ -182,11 +175,12 @@ async fn process(
             ));
         }
     }
-    // A generate job watches for a cancel from before it is marked running,
-    // so one stored after that is seen (embed jobs are short: they finish).
-    let mut cancel = match &shared.engine {
-        Engine::Generate(_) => CancelWatch::subscribe(shared, &job.id).await,
-        Engine::Encoder(_) => CancelWatch::none(),
+    // A job of a task that runs long watches for a cancel from before it is
+    // marked running, so one stored after that is seen.
+    let mut cancel = if shared.engine.cancellable() {
+        CancelWatch::subscribe(shared, &job.id).await
+    } else {
+        CancelWatch::none()
     };
     // Mark it running unless it is already final: a compare-and-swap, so a
     // stale redelivery can never turn a finished job back into a running one.
@@ -228,224 +222,40 @@ async fn process(
         ));
     }
 
-    let (output, usage) = match &shared.engine {
-        Engine::Encoder(engine) => {
-            run_encoder(
-                shared,
-                engine,
-                &job,
-                fetched.items,
-                reservation,
-                timings,
-                trace,
-                delivery,
-            )
-            .await?
+    let nats = shared.js.client();
+    let run = JobRun {
+        job: &job,
+        of: OutputOf {
+            job_id: &job.id,
+            stream_sequence: delivery.stream_sequence,
+            attempt: delivery.attempt,
+        },
+        attempt: delivery.attempt,
+        tenant: &delivery.tenant,
+        reservation,
+        timings,
+        trace,
+        cost: &shared.cost,
+        outputs: &shared.outputs,
+        in_flight: &shared.in_flight,
+        stats: &shared.stats,
+        nats: &nats,
+        topology: &shared.topology,
+    };
+    let ran = shared.engine.run(run, fetched.items);
+    let (output, usage) = tokio::select! {
+        biased;
+        () = cancel.cancelled() => {
+            // Dropping the run frees what the job holds (the task's
+            // `cancellable` promises it); nothing is written.
+            return Err(JobError::new(
+                ErrorCode::Cancelled,
+                "the job was cancelled while it ran; its generation stopped",
+            ));
         }
-        Engine::Generate(engine) => {
-            let generate = run_generate(
-                shared,
-                engine,
-                &job,
-                fetched.items,
-                reservation,
-                timings,
-                trace,
-                delivery,
-            );
-            tokio::select! {
-                biased;
-                () = cancel.cancelled() => {
-                    // Dropping the generation frees its sequences before the
-                    // generation thread's next step; nothing is written.
-                    return Err(JobError::new(
-                        ErrorCode::Cancelled,
-                        "the job was cancelled while it ran; its generation stopped",
-                    ));
-                }
-                generated = generate => generated?,
-            }
-        }
+        ran = ran => ran?,
     };
     Ok(Finished::Done(Box::new(Done { output, usage })))
-}
-
-/// embed or rerank: tokenize, batch, gather vectors (rerank: scores),
-/// write the output.
-#[allow(clippy::too_many_arguments)]
-async fn run_encoder(
-    shared: &Shared,
-    engine: &EncoderEngine,
-    job: &sluice_schemas::Job,
-    items: Vec<Item>,
-    reservation: &mut Reservation,
-    timings: &mut Timings,
-    trace: &JobTrace,
-    delivery: &Delivery,
-) -> Result<(Output, Usage), JobError> {
-    let of = output_of(job, delivery);
-    let started = Instant::now();
-    let Prepared {
-        items: tokenized,
-        mut usage,
-    } = engine
-        .prepare(
-            items,
-            job.parameters.truncate(),
-            job.parameters.prompt_name.as_deref(),
-        )
-        .await?;
-    if !job.output.item_tokens() {
-        usage.item_tokens = Vec::new();
-    }
-    timings.tokenize = Some(started.elapsed().as_secs_f64() * 1e3);
-    trace.stage_with(
-        "tokenize",
-        started,
-        Instant::now(),
-        vec![
-            KeyValue::new("sluice.items", usage.items as i64),
-            KeyValue::new("sluice.tokens", usage.tokens as i64),
-        ],
-    );
-    let _in_flight = shared.in_flight.tokenized(usage.tokens);
-    // The real cost is known now: give back the rest of the worst case.
-    reservation.shrink_to(shared.cost.actual_bytes(usage.items, usage.tokens));
-
-    let served = |tokens| shared.stats.add_tenant_tokens(&delivery.tenant, tokens);
-    let vectors = engine.run(tokenized, timings, trace, served).await?;
-    let started = Instant::now();
-    let output = match engine.inputs {
-        EncoderInputs::Texts { normalize, .. } => {
-            let vectors = if job.parameters.normalize.unwrap_or(normalize) {
-                vectors.into_iter().map(l2_normalize).collect()
-            } else {
-                vectors
-            };
-            shared
-                .outputs
-                .store_embeddings(of, vectors, engine.dim, &job.output)
-                .await?
-        }
-        EncoderInputs::Pairs => {
-            let scores = vectors
-                .iter()
-                .map(|v| v.first().copied())
-                .collect::<Option<Vec<f32>>>()
-                .ok_or_else(|| JobError::new(ErrorCode::Internal, "bug: a pair got no score"))?;
-            shared.outputs.store_scores(of, scores, &job.output).await?
-        }
-    };
-    record_write(timings, trace, started, &output);
-    Ok((output, usage))
-}
-
-/// generate: tokenize and check the prompts, reserve their KV caches (the
-/// reservation shrinks from the worst case to them), generate (a job that
-/// set `output.stream` publishes its text meanwhile), write.
-#[allow(clippy::too_many_arguments)]
-async fn run_generate(
-    shared: &Shared,
-    engine: &GenerateEngine,
-    job: &sluice_schemas::Job,
-    items: Vec<Item>,
-    reservation: &mut Reservation,
-    timings: &mut Timings,
-    trace: &JobTrace,
-    delivery: &Delivery,
-) -> Result<(Output, Usage), JobError> {
-    let of = output_of(job, delivery);
-    let started = Instant::now();
-    let prepared = engine.prepare(items, &job.parameters).await?;
-    timings.tokenize = Some(started.elapsed().as_secs_f64() * 1e3);
-    let prompt_tokens: u64 = prepared.iter().map(|(ids, _)| ids.len() as u64).sum();
-    let sequence_tokens: u64 = prepared
-        .iter()
-        .map(|(ids, p)| (ids.len() + p.max_new_tokens) as u64)
-        .sum();
-    let items = prepared.len() as u64;
-    trace.stage_with(
-        "tokenize",
-        started,
-        Instant::now(),
-        vec![
-            KeyValue::new("sluice.items", items as i64),
-            KeyValue::new("sluice.tokens", prompt_tokens as i64),
-        ],
-    );
-    let _in_flight = shared.in_flight.tokenized(prompt_tokens);
-    reservation.shrink_to(shared.cost.actual_bytes(items, sequence_tokens));
-
-    let started = Instant::now();
-    let generations = if job.output.stream() {
-        let (events, received) = mpsc::unbounded_channel();
-        let stream = JobStream {
-            nats: shared.js.client(),
-            subject: shared.topology.stream_subject(&job.id),
-            job_id: job.id.clone(),
-            attempt: delivery.attempt,
-            queue_ms: timings.queue,
-            stats: Arc::clone(&shared.stats),
-        };
-        // The stream's last messages go out before the result does.
-        let (generated, ()) = tokio::join!(
-            engine.generate(prepared, Some(events)),
-            stream.forward(received)
-        );
-        generated?
-    } else {
-        engine.generate(prepared, None).await?
-    };
-    timings.inference = Some(started.elapsed().as_secs_f64() * 1e3);
-    trace.stage_with(
-        "inference",
-        started,
-        Instant::now(),
-        vec![KeyValue::new("sluice.sequences", items as i64)],
-    );
-    let usage = Usage {
-        items,
-        tokens: prompt_tokens,
-        truncated_items: 0,
-        completion_tokens: generations.iter().map(|g| g.completion_tokens).sum(),
-        item_tokens: if job.output.item_tokens() {
-            generations.iter().map(|g| g.prompt_tokens).collect()
-        } else {
-            Vec::new()
-        },
-    };
-    let started = Instant::now();
-    let output = shared
-        .outputs
-        .store_generations(of, generations, &job.output)
-        .await?;
-    record_write(timings, trace, started, &output);
-    Ok((output, usage))
-}
-
-/// The delivery this output belongs to (it names the object).
-fn output_of<'a>(job: &'a sluice_schemas::Job, delivery: &Delivery) -> OutputOf<'a> {
-    OutputOf {
-        job_id: &job.id,
-        stream_sequence: delivery.stream_sequence,
-        attempt: delivery.attempt,
-    }
-}
-
-fn record_write(timings: &mut Timings, trace: &JobTrace, started: Instant, output: &Output) {
-    timings.write = Some(started.elapsed().as_secs_f64() * 1e3);
-    trace.stage_with(
-        "write",
-        started,
-        Instant::now(),
-        vec![KeyValue::new(
-            "sluice.output",
-            match output {
-                Output::S3(_) => "s3",
-                Output::Inline { .. } => "inline",
-            },
-        )],
-    );
 }
 
 /// A job that names another model than the one its subject carries: on a

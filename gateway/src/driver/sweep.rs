@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use super::line_job;
+use super::chunks::line_job;
 use crate::batch_record::{BatchRecord, ChunkState};
 use crate::file_record::FileRecord;
 use crate::lifecycle::{self, Sweep};

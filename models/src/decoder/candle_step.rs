@@ -7,9 +7,9 @@
 use candle_core::{D, Device, Tensor};
 
 use super::config::{Activation, DecoderConfig, RopeLayout};
+use super::kv::{KvLayers, Segment};
 use super::rope::Ropes;
 use super::weights::Block;
-use super::{KvLayers, Segment};
 use crate::ModelError;
 
 /// The blocks over `x`, the step's embeddings `[tokens, hidden]`; returns

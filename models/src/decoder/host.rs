@@ -16,9 +16,9 @@ use sluice_kernels::quantized::{BlockType, StackedMatrix};
 use sluice_kernels::team::Team;
 
 use super::config::{Activation, DecoderConfig, RopeLayout};
+use super::kv::{KvLayers, Segment};
 use super::rope::Ropes;
 use super::weights::{Block, Linear};
-use super::{KvLayers, Segment};
 use crate::ModelError;
 
 /// A block as the host step runs it.

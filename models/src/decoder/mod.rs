@@ -23,6 +23,7 @@
 mod candle_step;
 pub mod config;
 mod host;
+mod kv;
 mod rope;
 mod weights;
 
@@ -34,6 +35,8 @@ use candle_core::{DType, Device, Tensor};
 
 pub use candle_step::argmax;
 pub use config::{Activation, Architecture, ConfigError, DecoderConfig, RopeLayout};
+use kv::KvLayers;
+pub use kv::{KvCache, Segment};
 pub use weights::WeightFormat;
 
 use super::ModelError;
@@ -72,42 +75,6 @@ pub struct Decoder {
     /// How the matrices ended up held (`auto` resolved).
     weights: WeightFormat,
     device: Device,
-}
-
-/// One sequence's keys and values for every layer, allocated once for the
-/// most tokens it may ever hold (prompt + max_new_tokens), which is exactly
-/// what its budget reservation covered.
-pub struct KvCache {
-    layers: KvLayers,
-    len: usize,
-    capacity: usize,
-}
-
-/// Per layer: keys and values, each `[kv_heads, capacity, head_dim]`, as
-/// plain buffers (host step) or tensors (candle step).
-enum KvLayers {
-    Host(Vec<(Vec<f32>, Vec<f32>)>),
-    Tensors(Vec<(Tensor, Tensor)>),
-}
-
-impl KvCache {
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
-}
-
-/// A sequence's part in one forward step: its cache and the tokens to add.
-pub struct Segment<'a, C = KvCache> {
-    pub cache: &'a mut C,
-    pub tokens: &'a [u32],
 }
 
 /// A GGUF that cannot be opened or read, naming the file.

@@ -9,7 +9,7 @@
 //! crate's top-level modules, then the children of each folder module), no
 //! module uses, directly or through its siblings, a sibling that uses it
 //! back. A module is its whole subtree here: `job::settle` naming
-//! `crate::engine::encoder::EncoderEngine` is an edge `job -> engine` at the top
+//! `crate::task::encoder::EncoderEngine` is an edge `job -> task` at the top
 //! and nothing inside `job/`. A folder's own file (`mod.rs`) is one more node
 //! among its children, `(mod)`: a child that names the folder's own items
 //! while the folder's file names that child is a cycle too, so shared types
@@ -17,7 +17,8 @@
 //! (`super::delivery::Delivery`), not through the folder's re-exports.
 //!
 //! References are read from `crate::`, `super::` and `self::` paths outside
-//! comments, `use` groups expanded. A path that names no module of the crate
+//! comments, and from a folder's file naming a child without `self::`
+//! (`executor::spawn(..)`), `use` groups expanded. A path that names no module of the crate
 //! (a re-export) counts as its longest module prefix.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -172,6 +173,51 @@ fn referenced_paths(module: &[String], text: &str) -> Vec<Vec<String>> {
     out
 }
 
+/// Every path a folder's own file names through one of its children
+/// without `self::` (`executor::spawn(..)` in `encoder/mod.rs`), made
+/// absolute.
+fn child_paths(
+    module: &[String],
+    text: &str,
+    modules: &BTreeMap<Vec<String>, String>,
+) -> Vec<Vec<String>> {
+    let code = code_only(text);
+    let chars: Vec<char> = code.chars().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        let word = chars[i].is_alphabetic() || chars[i] == '_';
+        let starts = i == 0
+            || !(chars[i - 1].is_alphanumeric() || chars[i - 1] == '_' || chars[i - 1] == ':');
+        if !(word && starts) {
+            i += 1;
+            continue;
+        }
+        let mut end = i;
+        while end < chars.len() && (chars[end].is_alphanumeric() || chars[end] == '_') {
+            end += 1;
+        }
+        let ident: String = chars[i..end].iter().collect();
+        let names_child = chars[end..].iter().take(2).collect::<String>() == "::" && {
+            let mut child = module.to_vec();
+            child.push(ident.clone());
+            modules.contains_key(&child)
+        };
+        if !names_child || matches!(ident.as_str(), "crate" | "super" | "self") {
+            i = end;
+            continue;
+        }
+        let (paths, after) = parse_tree(&chars, i);
+        for p in paths {
+            let mut full = module.to_vec();
+            full.extend(p);
+            out.push(full);
+        }
+        i = after.max(end);
+    }
+    out
+}
+
 /// Parses `a::b::{c, d::{e}}` (or a bare `{c, d}`) from `at`: the paths,
 /// and where it ended.
 fn parse_tree(s: &[char], mut at: usize) -> (Vec<Vec<String>>, usize) {
@@ -249,7 +295,9 @@ fn cycles(modules: &BTreeMap<Vec<String>, String>) -> Vec<(String, Vec<String>)>
     // parent -> child -> children it names
     let mut graphs: BTreeMap<Vec<String>, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
     for (module, text) in modules {
-        for path in referenced_paths(module, text) {
+        let mut paths = referenced_paths(module, text);
+        paths.extend(child_paths(module, text, modules));
+        for path in paths {
             let Some(target) = resolve(modules, &path) else {
                 continue;
             };
@@ -493,6 +541,12 @@ fn the_cycle_check_finds_cycles() {
             "m::n",
             "pub struct N;\n#[cfg(test)]\nmod tests { use super::*; }",
         ),
+        // A folder's file naming its child without `self::` is an edge too
+        // (`o::p::run`), and a foreign crate's path (`std::`) is none.
+        m("o", "pub struct O; fn f() { p::run(); std::mem::drop(1); }"),
+        m("o::p", "use super::O; pub fn run() {}"),
+        m("q", "fn f() { r::go() }"),
+        m("q::r", "pub fn go() { std::process::exit(0) }"),
     ]
     .into_iter()
     .collect();
@@ -506,6 +560,7 @@ fn the_cycle_check_finds_cycles() {
             ),
             ("d".to_string(), vec!["e".to_string(), "f".to_string()]),
             ("h".to_string(), vec![OWN.to_string(), "i".to_string()]),
+            ("o".to_string(), vec![OWN.to_string(), "p".to_string()]),
         ]
     );
 }

@@ -1,18 +1,20 @@
-//! What both tasks' start-up shares: the device, the budget's size, and
+//! What every task's start-up shares: the device, the budget's size, and
 //! what start-up hands the rest of the consumer.
 
 use candle_core::Device;
 
+use super::engine::TaskEngine;
 use crate::budget::{Budget, JobCost, device_headroom_bytes};
 use crate::config::{Config, DeviceKind, ModelConfig};
 use crate::memory::MemoryProbe;
 
-/// What the task-specific half of start-up hands the rest.
-pub struct Started<E> {
-    pub engine: E,
+/// What a task's start-up hands the rest of the consumer.
+pub struct Started {
+    pub engine: Box<dyn TaskEngine>,
     /// The thread that owns the model (the executor, or the generation thread).
     pub model_thread: std::thread::JoinHandle<()>,
     pub cost: JobCost,
+    pub pacing: Pacing,
     pub budget: Budget,
     /// The device's name for logs and status, e.g. `cpu` or `cuda:0`.
     pub device: String,
@@ -20,18 +22,25 @@ pub struct Started<E> {
     pub memory: MemoryProbe,
 }
 
-impl<E> Started<E> {
-    /// The same, with the engine wrapped (in `super::Engine`).
-    pub fn map_engine<F>(self, f: impl FnOnce(E) -> F) -> Started<F> {
-        Started {
-            engine: f(self.engine),
-            model_thread: self.model_thread,
-            cost: self.cost,
-            budget: self.budget,
-            device: self.device,
-            memory: self.memory,
-        }
-    }
+/// How admission paces a task's jobs, in the task's units.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pacing {
+    /// Where items of many jobs share batches, the units they may hold in
+    /// flight (admission holds a job back past the cap); `None` where the
+    /// task paces its own work (generate's step takes what fits).
+    pub in_flight: Option<InFlightUnits>,
+    /// A tenant's quantum in the fair share: what one batch or step takes.
+    pub tenant_quantum: u64,
+    /// What a job is charged to its priority level before its real units
+    /// are known.
+    pub job_estimate: u64,
+}
+
+/// The cap on units in flight, and what an untokenized job counts against it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InFlightUnits {
+    pub cap: u64,
+    pub per_job: u64,
 }
 
 /// Opens the configured device.

@@ -10,6 +10,7 @@
 
 pub mod batcher;
 pub mod executor;
+mod job;
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -21,7 +22,7 @@ use sluice_schemas::{ErrorCode, Item, Task, Timings, Usage};
 use tokio::sync::mpsc;
 
 use self::batcher::{BatchItem, ItemOutcome};
-use super::startup::{Started, budget_limit, device_name, open_device};
+use super::startup::{InFlightUnits, Pacing, Started, budget_limit, device_name, open_device};
 use crate::budget::{Budget, ItemCost, JobCost};
 use crate::config::{Config, ModelConfig};
 use crate::error::JobError;
@@ -60,6 +61,29 @@ impl EncoderInputs {
         match self {
             EncoderInputs::Texts { .. } => Task::Embed,
             EncoderInputs::Pairs => Task::Rerank,
+        }
+    }
+
+    /// What an item costs, in tokens: a token's id and its batch copy (a
+    /// pair's token also has its type); a text's vector and its `.npy` copy
+    /// of `dim` floats each, or a pair's score. A text carries two special
+    /// tokens beyond its bytes, a pair up to four (RoBERTa's
+    /// `<s> q </s></s> d </s>`).
+    pub fn item_cost(&self, dim: u64, max_tokens_per_item: u64) -> ItemCost {
+        const TOKEN_ID_BYTES: u64 = 8;
+        match self {
+            EncoderInputs::Texts { .. } => ItemCost {
+                max_units: max_tokens_per_item,
+                units_beyond_bytes: Some(2),
+                bytes_per_unit: TOKEN_ID_BYTES,
+                bytes_per_item: 2 * 4 * dim,
+            },
+            EncoderInputs::Pairs => ItemCost {
+                max_units: max_tokens_per_item,
+                units_beyond_bytes: Some(4),
+                bytes_per_unit: 2 * TOKEN_ID_BYTES,
+                bytes_per_item: 2 * 4,
+            },
         }
     }
 }
@@ -143,11 +167,7 @@ pub fn load_encoder(config: &ModelConfig, task: Task) -> anyhow::Result<LoadedMo
 
 /// embed or rerank: load the model, size and check the budget, warm up,
 /// start the batcher and the executor thread.
-pub fn start(
-    config: &Config,
-    stats: &Arc<Stats>,
-    tracing: &Tracing,
-) -> anyhow::Result<Started<EncoderEngine>> {
+pub fn start(config: &Config, stats: &Arc<Stats>, tracing: &Tracing) -> anyhow::Result<Started> {
     let loaded = load_encoder(&config.model, config.task())?;
     let device = device_name(&loaded.device);
     let model = loaded.model;
@@ -161,15 +181,9 @@ pub fn start(
     let cost = JobCost {
         max_input_bytes: config.max_input_bytes,
         max_items: config.max_items_per_job(),
-        per_item: match loaded.inputs {
-            EncoderInputs::Texts { .. } => ItemCost::Embed {
-                dim: dim as u64,
-                max_tokens_per_item: model.max_tokens_per_item() as u64,
-            },
-            EncoderInputs::Pairs => ItemCost::Rerank {
-                max_tokens_per_item: model.max_tokens_per_item() as u64,
-            },
-        },
+        per_item: loaded
+            .inputs
+            .item_cost(dim as u64, model.max_tokens_per_item() as u64),
     };
     let worst_job = cost.worst_bytes();
     if activation + worst_job > limit {
@@ -232,10 +246,23 @@ pub fn start(
         inputs: loaded.inputs,
         batcher: item_tx,
     };
+    let max_tokens_per_item = cost.per_item.max_units;
+    let pacing = Pacing {
+        in_flight: Some(InFlightUnits {
+            cap: match config.max_tokens_in_flight {
+                0 => 2 * config.model.max_batch_tokens,
+                n => n,
+            } as u64,
+            per_job: max_tokens_per_item,
+        }),
+        tenant_quantum: config.model.max_batch_tokens as u64,
+        job_estimate: max_tokens_per_item,
+    };
     Ok(Started {
-        engine,
+        engine: Box::new(engine),
         model_thread: executor,
         cost,
+        pacing,
         budget,
         memory: crate::memory::MemoryProbe::for_device(&loaded.device),
         device,

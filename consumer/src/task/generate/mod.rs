@@ -10,7 +10,9 @@
 //! also given the budget as its own KV cap, a second guard.
 
 pub mod executor;
+mod job;
 pub(crate) mod logprobs;
+pub mod stream;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -25,7 +27,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use self::executor::{Sequence, StreamEvent, StreamTo};
 use self::logprobs::wire_logprobs;
-use super::startup::{Started, budget_limit, device_name, open_device};
+use super::startup::{Pacing, Started, budget_limit, device_name, open_device};
 use crate::budget::{Budget, ItemCost, JobCost};
 use crate::config::Config;
 use crate::error::JobError;
@@ -119,7 +121,7 @@ pub fn load(
 /// budget (one step's activations plus one job at its worst), warm up with
 /// the longest prompt chunk over the longest context, start the generation
 /// thread.
-pub fn start(config: &Config, stats: &Arc<Stats>) -> anyhow::Result<Started<GenerateEngine>> {
+pub fn start(config: &Config, stats: &Arc<Stats>) -> anyhow::Result<Started> {
     let g = &config.generate;
     let device = open_device(&config.model).context("cannot open the device")?;
     let (llama, tokenizer) = load(
@@ -146,11 +148,10 @@ pub fn start(config: &Config, stats: &Arc<Stats>) -> anyhow::Result<Started<Gene
     let cost = JobCost {
         max_input_bytes: config.max_input_bytes,
         max_items: config.max_items_per_job(),
-        per_item: ItemCost::Generate {
-            kv_bytes_per_token: llama.config.kv_bytes_per_token(),
-            max_prompt_tokens: g.max_prompt_tokens as u64,
-            max_new_tokens: g.max_new_tokens as u64,
-        },
+        per_item: item_cost(
+            llama.config.kv_bytes_per_token(),
+            (g.max_prompt_tokens + g.max_new_tokens) as u64,
+        ),
     };
     let worst_job = cost.worst_bytes();
     if activation + worst_job > limit {
@@ -236,9 +237,14 @@ pub fn start(config: &Config, stats: &Arc<Stats>) -> anyhow::Result<Started<Gene
         },
     };
     Ok(Started {
-        engine,
+        engine: Box::new(engine),
         model_thread: executor,
         cost,
+        pacing: Pacing {
+            in_flight: None,
+            tenant_quantum: g.max_step_tokens as u64,
+            job_estimate: g.max_new_tokens as u64,
+        },
         budget,
         memory: crate::memory::MemoryProbe::for_device(&device),
         device: device_name(&device),
@@ -417,6 +423,19 @@ impl GenerateEngine {
             });
         }
         Ok(out)
+    }
+}
+
+/// What a prompt costs, in the tokens of its whole sequence (a prompt may
+/// grow by its chat template, so its bytes do not bound them): each
+/// token's KV cache, its id, the text it decodes to (a token is rarely over
+/// 16 bytes) and the output's JSON copy of that text.
+fn item_cost(kv_bytes_per_token: u64, max_sequence_tokens: u64) -> ItemCost {
+    ItemCost {
+        max_units: max_sequence_tokens,
+        units_beyond_bytes: None,
+        bytes_per_unit: kv_bytes_per_token + 8 + 2 * 16,
+        bytes_per_item: 0,
     }
 }
 

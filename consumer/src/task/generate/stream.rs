@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use sluice_schemas::{StreamChunk, StreamUsage, VERSION};
 use tokio::sync::mpsc;
 
-use crate::engine::generate::executor::StreamEvent;
+use super::executor::StreamEvent;
 use crate::telemetry::Stats;
 
 /// Where one job's stream goes and what its messages carry.
