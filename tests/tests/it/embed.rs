@@ -224,7 +224,7 @@ async fn truncation_off_refuses_long_items_with_a_clear_code() {
             items: vec!["short".into(), long.into()],
         }],
     );
-    job.parameters.truncate = Some(false);
+    job.parameters.encoder.truncate = Some(false);
     d.producer.submit(&job).await.unwrap();
     let (_, error) = next_error(&mut results).await;
     assert_eq!(error.code, sluice_schemas::ErrorCode::ItemTooLong);
@@ -342,8 +342,8 @@ async fn a_job_names_the_prompt_its_texts_are_embedded_with() {
                 items: texts.clone(),
             }],
         );
-        job.parameters.prompt_name = prompt.map(str::to_string);
-        job.parameters.normalize = Some(false);
+        job.parameters.embed.prompt_name = prompt.map(str::to_string);
+        job.parameters.embed.normalize = Some(false);
         job
     };
     for (id, prompt) in [

@@ -61,7 +61,7 @@ async fn embed(
                 items: texts.iter().map(|t| t.clone().into()).collect(),
             }],
         );
-        job.parameters.normalize = *normalize;
+        job.parameters.embed.normalize = *normalize;
         d.producer.submit(&job).await.unwrap();
     }
     let results = wait_results(&mut results, jobs.len(), Duration::from_secs(120)).await;

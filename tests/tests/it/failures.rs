@@ -229,7 +229,7 @@ async fn each_bad_input_gets_its_code_a_result_and_a_dead_letter() {
             items: vec!["word ".repeat(400).into()],
         }],
     );
-    long.parameters.truncate = Some(false);
+    long.parameters.encoder.truncate = Some(false);
     jobs.push((long, ErrorCode::ItemTooLong));
     let many: Vec<serde_json::Value> = (0..60).map(|i| format!("item {i}").into()).collect();
     jobs.push((

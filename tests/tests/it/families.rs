@@ -25,7 +25,7 @@ fn job(d: &Deployment, id: &str, model: &str, item: serde_json::Value, max_new: 
         vec![Input::Inline { items: vec![item] }],
     );
     job.model = model.into();
-    job.parameters.max_new_tokens = Some(max_new);
+    job.parameters.generate.max_new_tokens = Some(max_new);
     job
 }
 

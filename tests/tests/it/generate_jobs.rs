@@ -61,7 +61,7 @@ async fn generate_and_embed_consumers_each_take_their_own_jobs() {
             json!({"messages": [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]}),
         ],
     );
-    chat.parameters.max_new_tokens = Some(32);
+    chat.parameters.generate.max_new_tokens = Some(32);
     p.submit(&chat).await.unwrap();
     // Three prompts from a presigned JSONL, each with its own parameters;
     // their text is over the inline limit, so the output goes to S3.
@@ -77,7 +77,7 @@ async fn generate_and_embed_consumers_each_take_their_own_jobs() {
     let input = p.upload_input("gen-3.jsonl", body).await.unwrap();
     let mut batch = p.job(Task::Generate, "gen-3", vec![input]);
     batch.model = MODEL.into();
-    batch.parameters.max_new_tokens = Some(40);
+    batch.parameters.generate.max_new_tokens = Some(40);
     p.submit(&batch).await.unwrap();
     // An embed job at the same time: the embed consumer answers it.
     p.submit(&p.embed_job(
@@ -178,7 +178,7 @@ async fn generate_and_embed_consumers_each_take_their_own_jobs() {
             json!({"messages": [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]}),
         ],
     );
-    again.parameters.max_new_tokens = Some(32);
+    again.parameters.generate.max_new_tokens = Some(32);
     p.submit(&again).await.unwrap();
     let r = wait_results(&mut results, 1, Duration::from_secs(120))
         .await
@@ -212,7 +212,7 @@ async fn bad_prompts_and_parameters_get_clear_codes_and_dead_letters() {
         "--max-prompt-tokens",
     ));
     let mut too_many_new = generate_job(&d, "too-many-new", vec![json!("hi")]);
-    too_many_new.parameters.max_new_tokens = Some(100);
+    too_many_new.parameters.generate.max_new_tokens = Some(100);
     cases.push((
         too_many_new,
         ErrorCode::InvalidParameters,
@@ -237,7 +237,7 @@ async fn bad_prompts_and_parameters_get_clear_codes_and_dead_letters() {
         "item 0: max_new_tokens is 33",
     ));
     let mut truncate = generate_job(&d, "embed-param", vec![json!("hi")]);
-    truncate.parameters.truncate = Some(true);
+    truncate.parameters.encoder.truncate = Some(true);
     cases.push((truncate, ErrorCode::InvalidParameters, "`truncate`"));
     cases.push((
         generate_job(&d, "text-item", vec![json!({"text": "an embed item"})]),
@@ -339,7 +339,7 @@ async fn generate_flood_stays_inside_the_kv_budget() {
                 json!({"messages": [{"role": "user", "content": format!("Name a color number {i}.")}]}),
             ],
         );
-        job.parameters.max_new_tokens = Some(12);
+        job.parameters.generate.max_new_tokens = Some(12);
         p.submit(&job).await.unwrap();
     }
     // One step's activations (~67 MB at the defaults below) plus room for
@@ -476,10 +476,10 @@ async fn a_gguf_consumer_answers_to_its_own_name() {
     let mut results = d.producer.subscribe_results().await.unwrap();
     let mut own = generate_job(&d, "own-name", vec![json!("Say hi.")]);
     own.model = "gemma-3-270m".into();
-    own.parameters.max_new_tokens = Some(2);
+    own.parameters.generate.max_new_tokens = Some(2);
     d.producer.submit(&own).await.unwrap();
     let mut other = generate_job(&d, "other-name", vec![json!("Say hi.")]);
-    other.parameters.max_new_tokens = Some(2);
+    other.parameters.generate.max_new_tokens = Some(2);
     d.producer.submit(&other).await.unwrap();
     let got = wait_results(&mut results, 2, Duration::from_secs(120)).await;
     let by_id: HashMap<_, _> = got

@@ -67,9 +67,9 @@ async fn rerank_jobs_score_pairs_as_sentence_transformers_and_bad_ones_fail_alon
     let mut to_s3 = rerank_job("scores-s3", items.clone());
     to_s3.output.always_s3 = Some(true);
     let mut uncut = rerank_job("uncut", items.clone());
-    uncut.parameters.truncate = Some(false);
+    uncut.parameters.encoder.truncate = Some(false);
     let mut normalized = rerank_job("normalized", items.clone());
-    normalized.parameters.normalize = Some(true);
+    normalized.parameters.embed.normalize = Some(true);
     let jobs = [
         rerank_job("scores", items.clone()),
         to_s3,

@@ -629,7 +629,7 @@ async fn make_job(
                     items: vec![json!("word ".repeat(600))],
                 }],
             );
-            job.parameters.truncate = Some(false);
+            job.parameters.encoder.truncate = Some(false);
             job
         }
         Kind::Embed | Kind::Deadline | Kind::Cancelled => {
@@ -638,7 +638,7 @@ async fn make_job(
     };
     if kind.task() == Task::Generate {
         job.model = GENERATE_MODEL.into();
-        job.parameters.max_new_tokens = Some(6);
+        job.parameters.generate.max_new_tokens = Some(6);
     }
     if kind == Kind::Deadline {
         job.deadline = Some(time::OffsetDateTime::now_utc() + time::Duration::seconds(4));

@@ -35,7 +35,7 @@ impl TaskEngine for EncoderEngine {
                 .prepare(
                     items,
                     job.parameters.truncate(),
-                    job.parameters.prompt_name.as_deref(),
+                    job.parameters.embed.prompt_name.as_deref(),
                 )
                 .await?;
             if !job.output.item_tokens() {
@@ -54,7 +54,7 @@ impl TaskEngine for EncoderEngine {
             let started = Instant::now();
             let output = match &self.inputs {
                 EncoderInputs::Texts { normalize, .. } => {
-                    let vectors = if job.parameters.normalize.unwrap_or(*normalize) {
+                    let vectors = if job.parameters.embed.normalize.unwrap_or(*normalize) {
                         vectors.into_iter().map(l2_normalize).collect()
                     } else {
                         vectors

@@ -264,7 +264,7 @@ impl GenerateEngine {
     /// Resolves each prompt's parameters (its own, else the job's, else the
     /// consumer's defaults) and checks them against the limits.
     fn plan(&self, items: Vec<Item>, job: &Parameters) -> Result<Vec<Planned>, JobError> {
-        let defaults = job.generate();
+        let defaults = &job.generate;
         items
             .into_iter()
             .enumerate()
@@ -275,7 +275,7 @@ impl GenerateEngine {
                         format!("item {i} is not a prompt"),
                     ));
                 };
-                let mut p = prompt.parameters.or(&defaults);
+                let mut p = prompt.parameters.or(defaults);
                 p.check().map_err(|m| {
                     JobError::new(ErrorCode::InvalidParameters, format!("item {i}: {m}"))
                 })?;
