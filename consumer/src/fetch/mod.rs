@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use self::addresses::{GuardedResolver, Lookup, NotAllowed, Reach, SystemLookup, refusal};
 
-use sluice_schemas::{ErrorCode, Input, Item, JsonlError, Task, truncate_for_message};
+use serde_json::Value;
+use sluice_schemas::{ErrorCode, Input, InputFormat, Item, JsonlError, Task, truncate_for_message};
 
 use crate::error::JobError;
 
@@ -43,6 +44,24 @@ pub struct Fetcher {
 pub struct FetchedItems {
     pub items: Vec<Item>,
     pub bytes: u64,
+}
+
+/// One of a job's inputs, read: what its task parses into items.
+#[derive(Debug)]
+pub enum InputBody<'a> {
+    /// Items carried in the job message itself.
+    Inline(&'a [Value]),
+    /// A downloaded object, in the format its job names.
+    Object(Downloaded),
+}
+
+/// A downloaded object: its bytes, and what its server said they are.
+#[derive(Debug)]
+pub struct Downloaded {
+    pub bytes: Vec<u8>,
+    /// The `Content-Type` the server answered, if any.
+    pub content_type: Option<String>,
+    pub format: InputFormat,
 }
 
 impl Fetcher {
@@ -83,41 +102,55 @@ impl Fetcher {
         })
     }
 
-    /// All items of a job's inputs, in order, within `max_items`.
+    /// All items of a job's inputs, in order, within `max_items`, read as
+    /// `task` reads JSONL and inline items.
     pub async fn items(
         &self,
         task: Task,
         inputs: &[Input],
         max_items: u64,
     ) -> Result<FetchedItems, JobError> {
+        self.read(inputs, |i, body, out| {
+            read_input(task, i, body, out, max_items)
+        })
+        .await
+    }
+
+    /// Reads a job's inputs in order: each URL's object downloaded (within
+    /// `--max-input-bytes` in all) and handed to `read` with its index, as
+    /// is each inline list, before the next is fetched.
+    pub async fn read(
+        &self,
+        inputs: &[Input],
+        mut read: impl FnMut(usize, InputBody<'_>, &mut FetchedItems) -> Result<(), JobError>,
+    ) -> Result<FetchedItems, JobError> {
         let mut out = FetchedItems::default();
         for (i, input) in inputs.iter().enumerate() {
-            match input {
-                Input::Inline { items } => {
-                    for (j, v) in items.iter().enumerate() {
-                        let item = Item::from_value(task, v.clone()).map_err(|m| {
-                            JobError::new(
-                                ErrorCode::InputInvalid,
-                                format!("inputs[{i}].items[{j}]: {m}"),
-                            )
-                        })?;
-                        out.items.push(item);
-                        check_count(&out, max_items)?;
-                    }
-                }
-                Input::Url { url, .. } => {
+            let body = match input {
+                Input::Inline { items } => InputBody::Inline(items),
+                Input::Url { url, format, .. } => {
                     let remaining = self.policy.max_bytes.saturating_sub(out.bytes);
-                    let body = self.download(i, url, remaining).await?;
-                    out.bytes += body.len() as u64;
-                    parse_jsonl(task, i, &body, &mut out.items, max_items)?;
+                    let (bytes, content_type) = self.download(i, url, remaining).await?;
+                    out.bytes += bytes.len() as u64;
+                    InputBody::Object(Downloaded {
+                        bytes,
+                        content_type,
+                        format: *format,
+                    })
                 }
-            }
+            };
+            read(i, body, &mut out)?;
         }
         Ok(out)
     }
 
-    /// Downloads one input of at most `cap` bytes.
-    async fn download(&self, index: usize, url: &str, cap: u64) -> Result<Vec<u8>, JobError> {
+    /// Downloads one input of at most `cap` bytes, with its content type.
+    async fn download(
+        &self,
+        index: usize,
+        url: &str,
+        cap: u64,
+    ) -> Result<(Vec<u8>, Option<String>), JobError> {
         let shown = redact_url(url);
         let parsed = url::Url::parse(url).map_err(|e| {
             JobError::new(
@@ -169,6 +202,11 @@ impl Fetcher {
         if let Some(len) = resp.content_length().filter(|&len| len > cap) {
             return Err(too_large(len.to_string()));
         }
+        let content_type = resp
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
         let mut body = Vec::new();
         while let Some(chunk) = resp.chunk().await.map_err(|e| {
             transient(format!(
@@ -181,7 +219,7 @@ impl Fetcher {
             }
             body.extend_from_slice(&chunk);
         }
-        Ok(body)
+        Ok((body, content_type))
     }
 
     /// The client that may fetch `url` (the listed one for a listed or
@@ -267,6 +305,37 @@ fn not_allowed_in(e: &reqwest::Error) -> Option<String> {
         source = err.source();
     }
     None
+}
+
+/// Input `index`'s items as a task of JSONL lines and inline entries
+/// reads them (`Item::from_value`), added to `out` within `max_items`.
+pub fn read_input(
+    task: Task,
+    index: usize,
+    input: InputBody<'_>,
+    out: &mut FetchedItems,
+    max_items: u64,
+) -> Result<(), JobError> {
+    match input {
+        InputBody::Inline(items) => {
+            for (j, v) in items.iter().enumerate() {
+                let item = Item::from_value(task, v.clone()).map_err(|m| {
+                    JobError::new(
+                        ErrorCode::InputInvalid,
+                        format!("inputs[{index}].items[{j}]: {m}"),
+                    )
+                })?;
+                out.items.push(item);
+                check_count(out, max_items)?;
+            }
+            Ok(())
+        }
+        InputBody::Object(object) => match object.format {
+            InputFormat::Jsonl => {
+                parse_jsonl(task, index, &object.bytes, &mut out.items, max_items)
+            }
+        },
+    }
 }
 
 fn check_count(out: &FetchedItems, max_items: u64) -> Result<(), JobError> {
@@ -380,7 +449,7 @@ mod tests {
                 let _ = conn
                     .write_all(
                         format!(
-                            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                            "HTTP/1.1 200 OK\r\ncontent-type: application/jsonl\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
                             body.len()
                         )
                         .as_bytes(),
@@ -454,6 +523,43 @@ mod tests {
             }
             Ok(_) => panic!("fetched; expected a refusal naming {words:?}"),
         }
+    }
+
+    /// An object comes back as its bytes with the content type its server
+    /// gave, for its task to read; inline items as they are.
+    #[tokio::test]
+    async fn inputs_come_back_as_bytes_with_their_content_type() {
+        let port = serve_one_line().await;
+        let f = fetcher(&[format!("127.0.0.1:{port}")], &[]);
+        let inputs = [
+            Input::Inline {
+                items: vec![serde_json::json!("inline")],
+            },
+            Input::Url {
+                url: format!("http://127.0.0.1:{port}/in.jsonl"),
+                format: sluice_schemas::InputFormat::Jsonl,
+                object: None,
+            },
+        ];
+        let mut seen = Vec::new();
+        let items = f
+            .read(&inputs, |i, body, out| {
+                if let InputBody::Object(object) = &body {
+                    seen.push((i, object.bytes.clone(), object.content_type.clone()));
+                }
+                read_input(Task::Embed, i, body, out, 10)
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            seen,
+            vec![(1, b"\"hello\"\n".to_vec(), Some("application/jsonl".into()))]
+        );
+        assert_eq!(
+            items.items,
+            vec![Item::Text("inline".into()), Item::Text("hello".into())]
+        );
+        assert_eq!(items.bytes, 8);
     }
 
     #[tokio::test]

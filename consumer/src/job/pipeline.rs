@@ -206,7 +206,11 @@ async fn process(
     let started = Instant::now();
     let fetched = shared
         .fetcher
-        .items(task, &job.inputs, limits.max_items_per_job)
+        .read(&job.inputs, |i, input, out| {
+            shared
+                .engine
+                .read_input(i, input, out, limits.max_items_per_job)
+        })
         .await?;
     timings.fetch = Some(started.elapsed().as_secs_f64() * 1e3);
     trace.stage_with(

@@ -10,6 +10,7 @@ use sluice_schemas::{Item, Job, Output, Task, Timings, Topology, Usage};
 
 use crate::budget::{JobCost, Reservation};
 use crate::error::JobError;
+use crate::fetch::{FetchedItems, InputBody};
 use crate::in_flight::InFlight;
 use crate::output::OutputStore;
 use crate::output::store::OutputOf;
@@ -27,6 +28,20 @@ pub trait TaskEngine: Send + Sync {
     /// run long); the pipeline then drops [`TaskEngine::run`]'s future on
     /// a cancel, which must free what the job holds.
     fn cancellable(&self) -> bool;
+
+    /// Reads one of a job's inputs (`index`, in order) into `out`'s items,
+    /// within `max_items`. By default as JSONL lines and inline entries of
+    /// the task's item (`Item::from_value`); a task whose input is one
+    /// binary object (an audio file, an image) reads its bytes here instead.
+    fn read_input(
+        &self,
+        index: usize,
+        input: InputBody<'_>,
+        out: &mut FetchedItems,
+        max_items: u64,
+    ) -> Result<(), JobError> {
+        crate::fetch::read_input(self.task(), index, input, out, max_items)
+    }
 
     /// Runs one job's items: prepare them, shrink `job.reservation` to
     /// what they really cost, run the model, write the output; counts the
