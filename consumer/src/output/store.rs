@@ -15,16 +15,25 @@ use std::time::Duration;
 use aws_sdk_s3::presigning::PresigningConfig;
 use aws_sdk_s3::primitives::ByteStream;
 use sha2::{Digest, Sha256};
-use sluice_schemas::{ErrorCode, Generation, ObjectRef, Output, OutputOptions, S3Output};
+use sluice_schemas::{ErrorCode, ObjectRef, Output, OutputOptions, S3Output};
 
 use crate::error::JobError;
-use sluice_schemas::npy;
 
 pub struct OutputStore {
     pub s3: aws_sdk_s3::Client,
     pub bucket: String,
     pub prefix: String,
     pub inline_max_bytes: u64,
+}
+
+/// A task's output as the object it becomes in S3.
+pub struct OutputObject {
+    pub body: Vec<u8>,
+    /// The key's extension and the result's `format` (`npy`, `jsonl`).
+    pub format: &'static str,
+    pub content_type: &'static str,
+    /// The array's shape, for an `.npy`; empty for JSONL.
+    pub shape: Vec<u64>,
 }
 
 /// Which delivery of which job an output belongs to: it names the object.
@@ -66,104 +75,31 @@ impl OutputStore {
         }
     }
 
-    /// Puts the vectors inline when small (unless the job asked for S3),
-    /// else into S3 as `.npy`.
-    pub async fn store_embeddings(
-        &self,
-        of: OutputOf<'_>,
-        vectors: Vec<Vec<f32>>,
-        dim: usize,
-        options: &OutputOptions,
-    ) -> Result<Output, JobError> {
-        let raw_bytes = (vectors.len() * dim * 4) as u64;
-        if raw_bytes <= self.inline_max_bytes && !options.always_s3() {
-            return Ok(Output::embeddings(vectors));
-        }
-        let rows = vectors.len() as u64;
-        let body = npy::encode_f32(&vectors, dim);
-        drop(vectors);
-        self.put(
-            of,
-            body,
-            "npy",
-            "application/octet-stream",
-            vec![rows, dim as u64],
-            options.presign_get_secs,
-        )
-        .await
+    /// Whether an output of `bytes` travels inline in the result: it is
+    /// small (`--inline-max-bytes`) and its job did not ask for S3.
+    pub fn fits_inline(&self, bytes: u64, options: &OutputOptions) -> bool {
+        bytes <= self.inline_max_bytes && !options.always_s3()
     }
 
-    /// Puts the scores inline when small (unless the job asked for S3),
-    /// else into S3 as `.npy` of shape `[items]`.
-    pub async fn store_scores(
+    /// Writes this delivery's output object and describes it (with a
+    /// presigned GET where the job asked for one).
+    pub async fn put(
         &self,
         of: OutputOf<'_>,
-        scores: Vec<f32>,
+        object: OutputObject,
         options: &OutputOptions,
     ) -> Result<Output, JobError> {
-        if (scores.len() * 4) as u64 <= self.inline_max_bytes && !options.always_s3() {
-            return Ok(Output::scores(scores));
-        }
-        let items = scores.len() as u64;
-        let body = npy::encode_f32_vector(&scores);
-        drop(scores);
-        self.put(
-            of,
+        let OutputObject {
             body,
-            "npy",
-            "application/octet-stream",
-            vec![items],
-            options.presign_get_secs,
-        )
-        .await
-    }
-
-    /// Puts the generations inline when their JSON is small (unless the job
-    /// asked for S3), else into S3 as JSONL (one generation object per line,
-    /// in item order).
-    pub async fn store_generations(
-        &self,
-        of: OutputOf<'_>,
-        generations: Vec<Generation>,
-        options: &OutputOptions,
-    ) -> Result<Output, JobError> {
-        let mut body = Vec::new();
-        for g in &generations {
-            serde_json::to_writer(&mut body, g).map_err(|e| {
-                JobError::new(ErrorCode::Internal, format!("encoding a generation: {e}"))
-            })?;
-            body.push(b'\n');
-        }
-        if body.len() as u64 <= self.inline_max_bytes && !options.always_s3() {
-            return Ok(Output::generations(generations));
-        }
-        drop(generations);
-        self.put(
-            of,
-            body,
-            "jsonl",
-            "application/x-ndjson",
-            Vec::new(),
-            options.presign_get_secs,
-        )
-        .await
-    }
-
-    /// Writes this delivery's output object and describes it.
-    async fn put(
-        &self,
-        of: OutputOf<'_>,
-        body: Vec<u8>,
-        format: &str,
-        content_type: &str,
-        shape: Vec<u64>,
-        presign_get_secs: Option<u32>,
-    ) -> Result<Output, JobError> {
+            format,
+            content_type,
+            shape,
+        } = object;
         let sha256 = hex::encode(Sha256::digest(&body));
         let key = self.output_key(of, format);
         let bytes = body.len() as u64;
         self.write(&key, body, content_type, Some(&sha256)).await?;
-        let url = match presign_get_secs {
+        let url = match options.presign_get_secs {
             Some(secs) => Some(self.presign_get(&key, secs).await?),
             None => None,
         };

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use sluice_schemas::{ErrorCode, Item, Task};
 
+use super::output::{store_embeddings, store_scores};
 use super::{EncoderEngine, EncoderInputs, Prepared, l2_normalize};
 use crate::error::JobError;
 use crate::task::engine::{JobRun, Ran, TaskEngine};
@@ -59,9 +60,7 @@ impl TaskEngine for EncoderEngine {
                     } else {
                         vectors
                     };
-                    run.outputs
-                        .store_embeddings(run.of, vectors, self.dim, &job.output)
-                        .await?
+                    store_embeddings(run.outputs, run.of, vectors, self.dim, &job.output).await?
                 }
                 EncoderInputs::Pairs => {
                     let scores = vectors
@@ -71,9 +70,7 @@ impl TaskEngine for EncoderEngine {
                         .ok_or_else(|| {
                             JobError::new(ErrorCode::Internal, "bug: a pair got no score")
                         })?;
-                    run.outputs
-                        .store_scores(run.of, scores, &job.output)
-                        .await?
+                    store_scores(run.outputs, run.of, scores, &job.output).await?
                 }
             };
             run.written(started, &output);

@@ -11,6 +11,7 @@
 pub mod batcher;
 pub mod executor;
 mod job;
+mod output;
 
 use std::collections::HashSet;
 use std::sync::Arc;

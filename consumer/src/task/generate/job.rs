@@ -11,6 +11,7 @@ use sluice_schemas::{Item, Task, Usage};
 use tokio::sync::mpsc;
 
 use super::GenerateEngine;
+use super::output::store_generations;
 use super::stream::JobStream;
 use crate::task::engine::{JobRun, Ran, TaskEngine};
 
@@ -84,10 +85,7 @@ impl TaskEngine for GenerateEngine {
                 },
             };
             let started = Instant::now();
-            let output = run
-                .outputs
-                .store_generations(run.of, generations, &job.output)
-                .await?;
+            let output = store_generations(run.outputs, run.of, generations, &job.output).await?;
             run.written(started, &output);
             // A job's tokens count to its tenant once it is done.
             run.stats

@@ -12,6 +12,7 @@
 pub mod executor;
 mod job;
 pub(crate) mod logprobs;
+mod output;
 pub mod stream;
 
 use std::path::{Path, PathBuf};

@@ -1,0 +1,36 @@
+//! The generate task's output: the generations inline when their JSON is
+//! small, else JSONL in S3 (one generation object per line, in item order).
+
+use sluice_schemas::{ErrorCode, Generation, Output, OutputOptions};
+
+use crate::error::JobError;
+use crate::output::OutputStore;
+use crate::output::store::{OutputObject, OutputOf};
+
+/// Puts the generations inline when their JSON is small (unless the job
+/// asked for S3), else into S3 as JSONL.
+pub async fn store_generations(
+    store: &OutputStore,
+    of: OutputOf<'_>,
+    generations: Vec<Generation>,
+    options: &OutputOptions,
+) -> Result<Output, JobError> {
+    let mut body = Vec::new();
+    for g in &generations {
+        serde_json::to_writer(&mut body, g).map_err(|e| {
+            JobError::new(ErrorCode::Internal, format!("encoding a generation: {e}"))
+        })?;
+        body.push(b'\n');
+    }
+    if store.fits_inline(body.len() as u64, options) {
+        return Ok(Output::generations(generations));
+    }
+    drop(generations);
+    let object = OutputObject {
+        body,
+        format: "jsonl",
+        content_type: "application/x-ndjson",
+        shape: Vec::new(),
+    };
+    store.put(of, object, options).await
+}
