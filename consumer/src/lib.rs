@@ -8,7 +8,7 @@
 //! ```
 //!
 //! `task` is the one place that knows what a task is: each task is a
-//! folder behind the [`task::TaskEngine`] trait (`task::encoder` serves
+//! folder behind the [`task::engine::TaskEngine`] trait (`task::encoder` serves
 //! embed and rerank, batching items of many jobs by token sum;
 //! `task::generate` continuous-batches sequences over the llama model), and
 //! `task::start` is the registry from the configured task to its start-up.

@@ -10,7 +10,7 @@ use anyhow::Context;
 use candle_core::Device;
 use serde::Serialize;
 use sluice_models::decoder::WeightFormat;
-use sluice_models::generation::{Generator, MAX_TOP_LOGPROBS};
+use sluice_models::decoder::generation::{Generator, MAX_TOP_LOGPROBS};
 use sluice_schemas::{GenerateParameters, Item, PromptInput, Task};
 
 use crate::fetch;

@@ -1,4 +1,4 @@
-//! f32 kernels for the CPU encoder (`sluice-models`' `bert.rs`) on
+//! f32 kernels for the CPU encoder (`sluice-models`' `encoder/packed.rs`) on
 //! x86-64 with AVX2 + FMA or AVX-512:
 //!
 //! - [`PackedLinear`]: `y = x W^T + b`, a blocked matrix product (6 x 2

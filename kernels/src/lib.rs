@@ -1,5 +1,5 @@
 //! sluice's CPU kernels, apart from the models that use them (`sluice-models`'
-//! `bert.rs` and `llama.rs`).
+//! `encoder/packed.rs` and `decoder/`).
 //!
 //! - `cpu`: the instruction-set level, chosen once per process at run time
 //!   (`SLUICE_CPU_KERNELS` may lower it, never raise it).

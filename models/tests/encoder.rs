@@ -8,14 +8,16 @@ mod common;
 
 use candle_core::Device;
 use common::{cosine, min_cosine, minilm_reference, norm};
-use sluice_models::pooling::Pooling;
-use sluice_models::{EmbeddingModel, ForwardChoice, MiniLm, TextTokenizer, encoder_kernels};
+use sluice_models::encoder::pooling::Pooling;
+use sluice_models::{
+    EmbeddingModel, ForwardChoice, SentenceEncoder, TextTokenizer, encoder_kernels,
+};
 
 const MAX_TOKENS: usize = 256;
 
-fn load(choice: ForwardChoice) -> MiniLm {
+fn load(choice: ForwardChoice) -> SentenceEncoder {
     let dir = common::models_dir().join("all-minilm-l6-v2");
-    MiniLm::load_with(&dir, Device::Cpu, MAX_TOKENS, choice).unwrap()
+    SentenceEncoder::load_with(&dir, Device::Cpu, MAX_TOKENS, choice).unwrap()
 }
 
 fn reference_ids() -> (Vec<Vec<u32>>, Vec<Vec<f32>>) {
@@ -259,7 +261,8 @@ fn every_pooling_mode_matches_sentence_transformers() {
         let batch: Vec<&[u32]> = ids.iter().map(Vec::as_slice).collect();
         let expected = &reference.modes[mode];
         for choice in [ForwardChoice::Packed, ForwardChoice::Candle] {
-            let model = MiniLm::load_with(dir.path(), Device::Cpu, MAX_TOKENS, choice).unwrap();
+            let model =
+                SentenceEncoder::load_with(dir.path(), Device::Cpu, MAX_TOKENS, choice).unwrap();
             assert_eq!(model.pooling(), pooling);
             let got = model.embed(&batch).unwrap();
             let worst = min_cosine(&got, expected);
@@ -305,7 +308,8 @@ fn every_pooling_mode_matches_sentence_transformers() {
 #[test]
 fn more_tokens_than_the_model_was_made_for_is_refused() {
     let dir = pooled_model_dir("mean_tokens");
-    let err = match MiniLm::load_with(dir.path(), Device::Cpu, 512, ForwardChoice::Packed) {
+    let err = match SentenceEncoder::load_with(dir.path(), Device::Cpu, 512, ForwardChoice::Packed)
+    {
         Err(e) => e.to_string(),
         Ok(_) => panic!("loaded 512 tokens per item over a 256-token model"),
     };
@@ -355,7 +359,7 @@ fn every_family_matches_sentence_transformers_on_random_weights() {
             ForwardChoice::Candle,
             ForwardChoice::FastestBf16,
         ] {
-            let model = MiniLm::load_with(&dir, Device::Cpu, max, choice).unwrap();
+            let model = SentenceEncoder::load_with(&dir, Device::Cpu, max, choice).unwrap();
             // bf16 layers where the CPU has them (else that choice is the
             // f32 forward again: skipped), held to the 0.999.
             let bf16 = model.forward_name().ends_with("-bf16");
@@ -433,7 +437,7 @@ fn a_prompt_is_embedded_with_the_text() {
             "{a} and {b} make no difference: min cosine {farthest}"
         );
     }
-    let model = MiniLm::load_with(&dir, Device::Cpu, 128, ForwardChoice::Packed).unwrap();
+    let model = SentenceEncoder::load_with(&dir, Device::Cpu, 128, ForwardChoice::Packed).unwrap();
     let err = model
         .prompts()
         .apply(Some("doc"), vec!["x".into()])
@@ -451,13 +455,13 @@ fn a_prompt_is_embedded_with_the_text() {
 fn the_default_token_limit_is_the_models_own() {
     let fixtures = common::repo_root().join("tests/fixtures/encoders");
     assert_eq!(
-        MiniLm::max_tokens_of(&fixtures.join("bert-mean-f16-prompts")).unwrap(),
+        SentenceEncoder::max_tokens_of(&fixtures.join("bert-mean-f16-prompts")).unwrap(),
         128,
         "sentence_bert_config.json's max_seq_length"
     );
     let minilm = common::models_dir().join("all-minilm-l6-v2");
     assert_eq!(
-        MiniLm::max_tokens_of(&minilm).unwrap(),
+        SentenceEncoder::max_tokens_of(&minilm).unwrap(),
         sluice_models::DEFAULT_MAX_TOKENS,
         "no limit declared: the default"
     );
@@ -472,11 +476,11 @@ fn the_default_token_limit_is_the_models_own() {
         )
         .unwrap();
         assert_eq!(
-            MiniLm::max_tokens_of(dir.path()).unwrap(),
+            SentenceEncoder::max_tokens_of(dir.path()).unwrap(),
             expected,
             "the tokenizer's model_max_length {declared}, 512 positions"
         );
     }
-    let model = MiniLm::load(dir.path(), Device::Cpu, None, Default::default()).unwrap();
+    let model = SentenceEncoder::load(dir.path(), Device::Cpu, None, Default::default()).unwrap();
     assert_eq!(model.max_tokens_per_item(), 512);
 }

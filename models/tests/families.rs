@@ -15,8 +15,8 @@ use std::path::PathBuf;
 
 use candle_core::Device;
 use serde::Deserialize;
+use sluice_models::decoder::generation::{GenerationParams, Generator, token_logprob};
 use sluice_models::decoder::{Decoder, Segment, StepChoice, WeightFormat};
-use sluice_models::generation::{GenerationParams, Generator, token_logprob};
 
 #[derive(Deserialize)]
 struct Reference {
@@ -157,7 +157,7 @@ fn every_family_and_tensor_type_matches_llama_cpp() {
 
 /// One of the real GGUFs `scripts/setup` unpacks, by file name, with its
 /// weights as stored (the consumer's default).
-fn load_real(name: &str) -> (Decoder, sluice_models::gguf_tokenizer::GgufTokenizer) {
+fn load_real(name: &str) -> (Decoder, sluice_models::tokenizer::gguf::GgufTokenizer) {
     let dir = match name {
         n if n.starts_with("gemma") => "gemma3-270m",
         n if n.starts_with("SmolLM2") => "smollm2",

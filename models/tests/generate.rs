@@ -12,9 +12,9 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use candle_core::{Device, Tensor};
+use sluice_models::decoder::generation::{FinishReason, GenerationParams, Generator};
 use sluice_models::decoder::{Decoder, Segment, StepChoice, WeightFormat, argmax};
-use sluice_models::generation::{FinishReason, GenerationParams, Generator};
-use sluice_models::gguf_tokenizer::{ChatMessage, GgufTokenizer};
+use sluice_models::tokenizer::gguf::{ChatMessage, GgufTokenizer};
 
 fn gguf() -> PathBuf {
     common::models_dir().join("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -78,7 +78,7 @@ fn generate_together(
     prompts: &[Vec<u32>],
     params: &GenerationParams,
     max_step_tokens: usize,
-) -> Vec<sluice_models::generation::Generated> {
+) -> Vec<sluice_models::decoder::generation::Generated> {
     generate_with(model(), prompts, params, max_step_tokens)
 }
 
@@ -87,7 +87,7 @@ fn generate_with(
     prompts: &[Vec<u32>],
     params: &GenerationParams,
     max_step_tokens: usize,
-) -> Vec<sluice_models::generation::Generated> {
+) -> Vec<sluice_models::decoder::generation::Generated> {
     let mut generator = Generator::new(llama, tokenizer, max_step_tokens);
     for (i, p) in prompts.iter().enumerate() {
         generator.add(i, p.clone(), params.clone()).unwrap();

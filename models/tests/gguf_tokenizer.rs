@@ -17,7 +17,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
-use sluice_models::gguf_tokenizer::{ChatMessage, ChatTemplate, GgufTokenizer, TemplateTokens};
+use sluice_models::tokenizer::gguf::{ChatMessage, ChatTemplate, GgufTokenizer, TemplateTokens};
 
 fn vocab_dir() -> PathBuf {
     common::models_dir().join("llama.cpp/vocab")

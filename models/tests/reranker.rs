@@ -10,7 +10,7 @@ mod common;
 
 use candle_core::Device;
 use serde::Deserialize;
-use sluice_models::cross_encoder::{CrossEncoder, ScoreActivation};
+use sluice_models::encoder::cross_encoder::{CrossEncoder, ScoreActivation};
 use sluice_models::{EmbedWeights, EmbeddingModel, ForwardChoice, TextTokenizer};
 
 #[derive(Debug, Deserialize)]

@@ -15,10 +15,10 @@ use std::sync::{Arc, OnceLock};
 
 use candle_core::Device;
 use serde_json::{Value, json};
+use sluice_models::decoder::constraint::{ConstraintCompiler, OutputFormat};
+use sluice_models::decoder::generation::{FinishReason, Generated, GenerationParams, Generator};
 use sluice_models::decoder::{Decoder, WeightFormat};
-use sluice_models::generation::{FinishReason, Generated, GenerationParams, Generator};
-use sluice_models::gguf_tokenizer::{ChatMessage, GgufTokenizer};
-use sluice_models::structured::{ConstraintCompiler, OutputFormat};
+use sluice_models::tokenizer::gguf::{ChatMessage, GgufTokenizer};
 
 fn gguf() -> std::path::PathBuf {
     common::models_dir().join("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")

@@ -3,7 +3,7 @@
 //! start-up: a CUDA consumer never does work on the host without saying so.
 //!
 //! On CUDA, embeddings run candle-transformers' BERT on padded batches (the
-//! packed forward in `sluice-models`' `bert.rs` is x86 host code), and generation runs
+//! packed forward in `sluice-models`' `encoder/packed.rs` is x86 host code), and generation runs
 //! the candle decoder step with candle's quantized matmul on the device (the
 //! host step in `sluice-models`' `decoder/host.rs` is CPU-only). What stays on the host there:
 //! tokenizing (always), the step's embedding rows (dequantized from the

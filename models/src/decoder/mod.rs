@@ -22,6 +22,8 @@
 
 mod candle_step;
 pub mod config;
+pub mod constraint;
+pub mod generation;
 mod host;
 mod kv;
 mod rope;
@@ -39,8 +41,8 @@ use kv::KvLayers;
 pub use kv::{KvCache, Segment};
 pub use weights::WeightFormat;
 
-use super::ModelError;
-use super::gguf_tokenizer::GgufTokenizer;
+use crate::error::ModelError;
+use crate::tokenizer::gguf::GgufTokenizer;
 use host::{HostBlock, HostLayers};
 use rope::Ropes;
 use sluice_kernels::decoder::rms_norm;

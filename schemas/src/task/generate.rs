@@ -10,7 +10,7 @@ use super::parameters::ParameterGroup;
 use crate::message::{kind_of, truncate_for_message};
 
 /// Sampling and stopping of one generate prompt: given per job in
-/// [`Parameters`], per prompt in its item; unset fields fall back in that order
+/// [`Parameters`](crate::Parameters), per prompt in its item; unset fields fall back in that order
 /// and then on the consumer's defaults.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

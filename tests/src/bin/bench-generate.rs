@@ -13,9 +13,9 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use candle_core::Device;
+use sluice_models::decoder::generation::{GenerationParams, Generator};
 use sluice_models::decoder::{Decoder, StepChoice, WeightFormat};
-use sluice_models::generation::{GenerationParams, Generator};
-use sluice_models::gguf_tokenizer::ChatMessage;
+use sluice_models::tokenizer::gguf::ChatMessage;
 
 use sluice_tests::GENERATE_PROMPTS as PROMPTS;
 

@@ -19,9 +19,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use candle_core::Device;
 use serde_json::Value;
+use sluice_models::decoder::generation::{GenerationParams, Generator};
 use sluice_models::decoder::{Decoder, WeightFormat};
-use sluice_models::generation::{GenerationParams, Generator};
-use sluice_models::gguf_tokenizer::ChatMessage;
+use sluice_models::tokenizer::gguf::ChatMessage;
 use sluice_tests::deploy::Deployment;
 use sluice_tests::{models_dir, repo_root};
 
@@ -130,7 +130,7 @@ async fn main() -> Result<()> {
 /// N sequences on the generator at once, their text taken after each step.
 fn model_alone(
     model: &Decoder,
-    tokenizer: &sluice_models::gguf_tokenizer::GgufTokenizer,
+    tokenizer: &sluice_models::tokenizer::gguf::GgufTokenizer,
     ids: &[Vec<u32>],
     n: usize,
     new_tokens: usize,

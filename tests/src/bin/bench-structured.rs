@@ -14,10 +14,10 @@ use std::time::Instant;
 use anyhow::Result;
 use candle_core::Device;
 use serde_json::{Value, json};
+use sluice_models::decoder::constraint::{ConstraintCompiler, OutputFormat};
+use sluice_models::decoder::generation::{Generated, GenerationParams, Generator};
 use sluice_models::decoder::{Decoder, WeightFormat};
-use sluice_models::generation::{Generated, GenerationParams, Generator};
-use sluice_models::gguf_tokenizer::{ChatMessage, GgufTokenizer};
-use sluice_models::structured::{ConstraintCompiler, OutputFormat};
+use sluice_models::tokenizer::gguf::{ChatMessage, GgufTokenizer};
 
 const PEOPLE: [&str; 8] = [
     "Maria Lopez, 34, a nurse from Madrid who speaks Spanish and English.",

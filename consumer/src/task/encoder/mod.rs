@@ -28,9 +28,9 @@ use crate::budget::{Budget, ItemCost, JobCost};
 use crate::config::{Config, ModelConfig};
 use crate::error::JobError;
 use crate::telemetry::{JobTrace, Stats, Tracing};
-use sluice_models::cross_encoder::CrossEncoder;
-use sluice_models::sentence_transformers::Prompts;
-use sluice_models::{EmbeddingModel, MiniLm, TextTokenizer};
+use sluice_models::encoder::cross_encoder::CrossEncoder;
+use sluice_models::encoder::files::Prompts;
+use sluice_models::{EmbeddingModel, SentenceEncoder, TextTokenizer};
 
 /// embed or rerank: the tokenizer, and the batcher that feeds the executor.
 pub struct EncoderEngine {
@@ -138,7 +138,7 @@ pub fn load_encoder(config: &ModelConfig, task: Task) -> anyhow::Result<LoadedMo
             EncoderInputs::Pairs,
         ),
         _ => {
-            let model = MiniLm::load(
+            let model = SentenceEncoder::load(
                 dir,
                 device.clone(),
                 config.max_tokens_per_item,

@@ -17,10 +17,10 @@ use super::logprobs::wire_logprobs;
 use crate::error::JobError;
 use crate::telemetry::Stats;
 use sluice_models::decoder::Decoder;
-use sluice_models::generation::{
+use sluice_models::decoder::generation::{
     FinishReason, Generated, GenerationParams, Generator, TokenLogprob,
 };
-use sluice_models::gguf_tokenizer::GgufTokenizer;
+use sluice_models::tokenizer::gguf::GgufTokenizer;
 
 /// One prompt on its way to the generation thread.
 pub struct Sequence {

@@ -3,8 +3,8 @@
 //! tokenizer. Shared by the generation thread (stream messages), the
 //! engine (results) and the offline generate command.
 
-use sluice_models::generation::TokenLogprob;
-use sluice_models::gguf_tokenizer::GgufTokenizer;
+use sluice_models::decoder::generation::TokenLogprob;
+use sluice_models::tokenizer::gguf::GgufTokenizer;
 
 /// Generated tokens' logprobs as results carry them: each id with its text
 /// and bytes, the log-probabilities floored for JSON.

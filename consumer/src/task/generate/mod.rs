@@ -33,10 +33,10 @@ use crate::budget::{Budget, ItemCost, JobCost};
 use crate::config::Config;
 use crate::error::JobError;
 use crate::telemetry::Stats;
+use sluice_models::decoder::constraint::{Constraint, ConstraintCompiler, OutputFormat};
+use sluice_models::decoder::generation::GenerationParams;
 use sluice_models::decoder::{Decoder, WeightFormat};
-use sluice_models::generation::GenerationParams;
-use sluice_models::gguf_tokenizer::{ChatMessage, GgufTokenizer};
-use sluice_models::structured::{Constraint, ConstraintCompiler, OutputFormat};
+use sluice_models::tokenizer::gguf::{ChatMessage, GgufTokenizer};
 
 /// The limits a generate job is checked against.
 #[derive(Debug, Clone)]

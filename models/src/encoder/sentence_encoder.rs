@@ -1,10 +1,10 @@
 //! all-MiniLM-L6-v2 and other BERT sentence encoders, with the pooling their
-//! sentence-transformers files ask for (`sentence_transformers.rs`: the mean
+//! sentence-transformers files ask for (`files.rs`: the mean
 //! of the last hidden state over the sequence's own tokens, its `[CLS]`
 //! state, or the maximum), over the sequence's own tokens. Normalization is
 //! the job's choice and happens later.
 //!
-//! Two forwards: sluice's own (`bert.rs`) on x86-64 CPUs whose kernel level
+//! Two forwards: sluice's own (`packed.rs`) on x86-64 CPUs whose kernel level
 //! is AVX2 + FMA (see `cpu.rs`), and candle-transformers' BERT elsewhere
 //! (CUDA, other CPUs), which is also the reference the tests hold the first
 //! to.
@@ -16,12 +16,14 @@ use candle_nn::VarBuilder;
 use candle_transformers::models::bert::{BertModel, Config as BertConfig};
 use candle_transformers::models::xlm_roberta::{Config as RobertaConfig, XLMRobertaModel};
 
-use super::bert::{BertEncoder, PositionIds};
+use super::files::{EncoderFiles, Prompts};
+use super::model::EmbeddingModel;
+use super::packed::{BertEncoder, PositionIds};
 use super::pooling::Pooling;
-use super::sentence_transformers::{EncoderFiles, Prompts};
-use super::{EmbeddingModel, LoadError, ModelError, encoder_kernels};
+use crate::encoder_kernels;
+use crate::error::{LoadError, ModelError};
 
-pub struct MiniLm {
+pub struct SentenceEncoder {
     forward: Forward,
     device: Device,
     hidden: usize,
@@ -48,7 +50,7 @@ enum Forward {
     CandleRoberta(XLMRobertaModel),
 }
 
-/// Which forward [`MiniLm::load_with`] builds.
+/// Which forward [`SentenceEncoder::load_with`] builds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ForwardChoice {
     /// sluice's own on a CPU with AVX2 + FMA, candle-transformers' otherwise.
@@ -69,7 +71,7 @@ pub enum ForwardChoice {
 /// `model_max_length`): all-MiniLM-L6-v2's.
 pub const DEFAULT_MAX_TOKENS: usize = 256;
 
-impl MiniLm {
+impl SentenceEncoder {
     /// Tokens per item the model in `dir` is run with when the deployment
     /// sets none: the limit its files declare (what sentence-transformers
     /// truncates at), else [`DEFAULT_MAX_TOKENS`], never more than its
@@ -92,28 +94,33 @@ impl MiniLm {
 
     /// The forward `weights` asks for on `device` (`auto` measures the
     /// CPU's layers, once per process; CUDA runs f32 whatever it says).
-    pub(crate) fn choice_for(device: &Device, weights: super::EmbedWeights) -> ForwardChoice {
+    pub(crate) fn choice_for(
+        device: &Device,
+        weights: super::weights::EmbedWeights,
+    ) -> ForwardChoice {
         let weights = if device.is_cpu() {
             weights.resolve()
         } else {
             weights
         };
         match weights {
-            super::EmbedWeights::Bf16 => ForwardChoice::FastestBf16,
-            super::EmbedWeights::F32 | super::EmbedWeights::Auto => ForwardChoice::Fastest,
+            super::weights::EmbedWeights::Bf16 => ForwardChoice::FastestBf16,
+            super::weights::EmbedWeights::F32 | super::weights::EmbedWeights::Auto => {
+                ForwardChoice::Fastest
+            }
         }
     }
 
     /// Loads `config.json` and `model.safetensors` from `dir`, with the
     /// fastest forward for `device` at the precision `weights` asks for,
     /// cutting items at `max_tokens_per_item` (none: the model's own limit,
-    /// [`MiniLm::max_tokens_of`]).
+    /// [`SentenceEncoder::max_tokens_of`]).
     pub fn load(
         dir: &Path,
         device: Device,
         max_tokens_per_item: Option<usize>,
-        weights: super::EmbedWeights,
-    ) -> Result<MiniLm, LoadError> {
+        weights: super::weights::EmbedWeights,
+    ) -> Result<SentenceEncoder, LoadError> {
         let max_tokens_per_item = match max_tokens_per_item {
             Some(n) => n,
             None => Self::max_tokens_of(dir)?,
@@ -127,7 +134,7 @@ impl MiniLm {
         device: Device,
         max_tokens_per_item: usize,
         choice: ForwardChoice,
-    ) -> Result<MiniLm, LoadError> {
+    ) -> Result<SentenceEncoder, LoadError> {
         let files = EncoderFiles::read(dir)?;
         Self::load_from(dir, files, device, max_tokens_per_item, choice).map(|(model, _)| model)
     }
@@ -142,7 +149,7 @@ impl MiniLm {
         device: Device,
         max_tokens_per_item: usize,
         choice: ForwardChoice,
-    ) -> Result<(MiniLm, VarBuilder<'static>), LoadError> {
+    ) -> Result<(SentenceEncoder, VarBuilder<'static>), LoadError> {
         if let Some(limit) = files.max_seq_length
             && max_tokens_per_item > limit
         {
@@ -216,8 +223,8 @@ impl MiniLm {
         let weights_read = vb.clone();
         let forward = if packed {
             let weights = match choice {
-                ForwardChoice::FastestBf16 => super::EmbedWeights::Bf16,
-                _ => super::EmbedWeights::F32,
+                ForwardChoice::FastestBf16 => super::weights::EmbedWeights::Bf16,
+                _ => super::weights::EmbedWeights::F32,
             };
             Forward::Packed(BertEncoder::load(vb, &config, weights).map_err(build)?)
         } else if positions == PositionIds::FromZero {
@@ -242,7 +249,7 @@ impl MiniLm {
             };
             Forward::CandleRoberta(XLMRobertaModel::new(&roberta, vb).map_err(build)?)
         };
-        let model = MiniLm {
+        let model = SentenceEncoder {
             forward,
             device,
             vocab_size: config.vocab_size,
@@ -339,10 +346,10 @@ fn read_config(dir: &Path) -> Result<(BertConfig, String), LoadError> {
     Ok((config, text))
 }
 
-impl EmbeddingModel for MiniLm {
-    /// `"sluice-avx512"` / `"sluice-avx2"` (`bert.rs` on that level's
+impl EmbeddingModel for SentenceEncoder {
+    /// `"sluice-avx512"` / `"sluice-avx2"` (`packed.rs` on that level's
     /// kernels), `"sluice-avx512-bf16"` / `"sluice-amx-bf16"` (its bf16
-    /// layers on `vdpbf16ps` or AMX tiles), `"sluice-portable"` (`bert.rs` on
+    /// layers on `vdpbf16ps` or AMX tiles), `"sluice-portable"` (`packed.rs` on
     /// the kernels' plain-Rust references) or `"candle"`
     /// (candle-transformers).
     fn forward_name(&self) -> &'static str {
@@ -438,7 +445,7 @@ mod tests {
     #[test]
     fn a_missing_model_names_the_file_and_keeps_the_cause() {
         let dir = std::env::temp_dir().join("sluice-no-such-model");
-        let err = match MiniLm::load(&dir, Device::Cpu, Some(128), Default::default()) {
+        let err = match SentenceEncoder::load(&dir, Device::Cpu, Some(128), Default::default()) {
             Err(e) => e,
             Ok(_) => panic!("loaded a model from {}", dir.display()),
         };
@@ -461,7 +468,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("sluice-bad-config-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("config.json"), "{\"hidden_size\": \"wide\"}").unwrap();
-        let err = match MiniLm::load(&dir, Device::Cpu, Some(128), Default::default()) {
+        let err = match SentenceEncoder::load(&dir, Device::Cpu, Some(128), Default::default()) {
             Err(e) => e,
             Ok(_) => panic!("loaded a model from a bad config"),
         };

@@ -149,7 +149,7 @@ impl<'a> Session<'a> {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
-    use crate::gguf_tokenizer::vocab::TokenKind;
+    use crate::tokenizer::gguf::vocab::TokenKind;
 
     fn vocab(tokens: &[(&str, f32)]) -> Vocab {
         let mut texts: Vec<String> = tokens.iter().map(|(t, _)| t.to_string()).collect();

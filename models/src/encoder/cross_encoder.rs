@@ -9,7 +9,7 @@
 //! The directory is read and checked first, as for embedding models: a head
 //! with other than one label, an activation sluice does not run, modules
 //! beyond the transformer, or token types it cannot tell are refused naming
-//! the file and the field. The encoder is the embedding models' (`MiniLm`,
+//! the file and the field. The encoder is the embedding models' (`SentenceEncoder`,
 //! both forwards), pooling the first token.
 
 use std::path::Path;
@@ -18,13 +18,14 @@ use candle_core::Device;
 use candle_nn::VarBuilder;
 use serde_json::Value;
 
-use super::minilm::{ForwardChoice, MiniLm};
-use super::pooling::Pooling;
-use super::sentence_transformers::{
+use super::files::{
     EncoderFiles, Prompts, check_model_type, declared_max_tokens, read_json, read_optional_json,
     unsupported,
 };
-use super::{EmbeddingModel, LoadError, ModelError};
+use super::model::EmbeddingModel;
+use super::pooling::Pooling;
+use super::sentence_encoder::{ForwardChoice, SentenceEncoder};
+use crate::error::{LoadError, ModelError};
 
 /// The heads the reranker runs, by `config.json`'s `architectures`.
 pub const ARCHITECTURES: [&str; 3] = [
@@ -235,7 +236,7 @@ impl Head {
 }
 
 pub struct CrossEncoder {
-    encoder: MiniLm,
+    encoder: SentenceEncoder,
     head: Head,
     files: CrossEncoderFiles,
 }
@@ -247,7 +248,7 @@ impl CrossEncoder {
     /// [`super::DEFAULT_MAX_TOKENS`], never more than its positions hold.
     pub fn max_tokens_of(dir: &Path) -> Result<usize, LoadError> {
         let files = CrossEncoderFiles::read(dir)?;
-        MiniLm::limit_within_positions(dir, files.max_seq_length)
+        SentenceEncoder::limit_within_positions(dir, files.max_seq_length)
     }
 
     /// Loads the reranker in `dir` with the fastest forward for `device`
@@ -263,17 +264,17 @@ impl CrossEncoder {
         dir: &Path,
         device: Device,
         max_tokens_per_pair: Option<usize>,
-        weights: super::EmbedWeights,
+        weights: super::weights::EmbedWeights,
     ) -> Result<CrossEncoder, LoadError> {
         let max_tokens_per_pair = match max_tokens_per_pair {
             Some(n) => n,
             None => Self::max_tokens_of(dir)?,
         };
         let weights = match weights {
-            super::EmbedWeights::Auto => super::EmbedWeights::F32,
+            super::weights::EmbedWeights::Auto => super::weights::EmbedWeights::F32,
             asked => asked,
         };
-        let choice = MiniLm::choice_for(&device, weights);
+        let choice = SentenceEncoder::choice_for(&device, weights);
         Self::load_with(dir, device, max_tokens_per_pair, choice)
     }
 
@@ -291,7 +292,7 @@ impl CrossEncoder {
             prompts: Prompts::default(),
         };
         let (encoder, weights) =
-            MiniLm::load_from(dir, encoder_files, device, max_tokens_per_pair, choice)?;
+            SentenceEncoder::load_from(dir, encoder_files, device, max_tokens_per_pair, choice)?;
         let head = Head::load(&dir.join("model.safetensors"), &weights, encoder.dim())?;
         tracing::info!(
             model = %dir.display(),
@@ -513,7 +514,7 @@ mod tests {
         ];
         for (what, files, expected) in cases {
             let dir = dir_with(&files);
-            crate::sentence_transformers::assert_reads_as(
+            crate::encoder::files::assert_reads_as(
                 what,
                 CrossEncoderFiles::read(dir.path()),
                 expected,

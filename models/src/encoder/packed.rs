@@ -13,20 +13,9 @@ use candle_core::Tensor;
 use candle_nn::VarBuilder;
 use candle_transformers::models::bert::{Config as BertConfig, HiddenAct, PositionEmbeddingType};
 
-use super::encoder_kernels::{self as kernels, Activation, Heads, PackedLinear, Span};
 use super::pooling::Pooling;
-
-/// A batch [`BertEncoder::embed`] cannot run: a bug upstream, since
-/// the tokenizer and `MiniLm::embed` check both limits first.
-#[derive(Debug, thiserror::Error)]
-pub enum EncoderInputError {
-    #[error("a sequence of {tokens} tokens (the model has {positions} positions)")]
-    TooLong { tokens: usize, positions: usize },
-    #[error("token id {id} is outside the vocabulary ({vocab})")]
-    OutOfVocabulary { id: u32, vocab: usize },
-    #[error("token type {id} is outside the model's {types} token types")]
-    BadTokenType { id: u32, types: usize },
-}
+use crate::encoder_kernels::{self as kernels, Activation, Heads, PackedLinear, Span};
+use crate::error::EncoderInputError;
 
 pub struct BertEncoder {
     positions_from: PositionIds,
@@ -153,12 +142,14 @@ impl BertEncoder {
     pub fn load(
         vb: VarBuilder,
         config: &BertConfig,
-        weights: super::EmbedWeights,
+        weights: super::weights::EmbedWeights,
     ) -> candle_core::Result<BertEncoder> {
         let pack = |w: &[f32], outputs: usize, inputs: usize, b: &[f32]| match weights {
-            super::EmbedWeights::Bf16 => PackedLinear::new_bf16(w, outputs, inputs, Some(b))
-                .unwrap_or_else(|| PackedLinear::new(w, outputs, inputs, Some(b))),
-            super::EmbedWeights::F32 | super::EmbedWeights::Auto => {
+            super::weights::EmbedWeights::Bf16 => {
+                PackedLinear::new_bf16(w, outputs, inputs, Some(b))
+                    .unwrap_or_else(|| PackedLinear::new(w, outputs, inputs, Some(b)))
+            }
+            super::weights::EmbedWeights::F32 | super::weights::EmbedWeights::Auto => {
                 PackedLinear::new(w, outputs, inputs, Some(b))
             }
         };
@@ -251,7 +242,7 @@ impl BertEncoder {
     ) -> Result<Vec<Vec<f32>>, EncoderInputError> {
         let h = self.hidden;
         let type_count = 1 + self.type_deltas.len() / h.max(1);
-        // (Each sequence's types as long as it: checked by `MiniLm`.)
+        // (Each sequence's types as long as it: checked by `SentenceEncoder`.)
         if let Some(id) = types
             .into_iter()
             .flatten()

@@ -15,7 +15,7 @@ use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
 use toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 
-use super::gguf_tokenizer::GgufTokenizer;
+use crate::tokenizer::gguf::GgufTokenizer;
 
 /// What a sequence's text must be.
 #[derive(Debug, Clone, PartialEq)]

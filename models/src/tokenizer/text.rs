@@ -10,7 +10,7 @@ use tokenizers::{
     EncodeInput, Encoding, Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy,
 };
 
-use super::LoadError;
+use crate::error::LoadError;
 
 /// One item's token ids.
 #[derive(Debug, Clone, PartialEq, Eq)]

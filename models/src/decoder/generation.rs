@@ -13,10 +13,10 @@
 use candle_core::Tensor;
 use candle_transformers::generation::{LogitsProcessor, Sampling};
 
-use super::ModelError;
-use super::decoder::{Decoder, KvCache, Segment};
-use super::gguf_tokenizer::GgufTokenizer;
-use super::structured::Constraint;
+use super::constraint::Constraint;
+use super::{Decoder, KvCache, Segment};
+use crate::error::ModelError;
+use crate::tokenizer::gguf::GgufTokenizer;
 
 /// What the generator needs of a model.
 pub trait StepModel {
@@ -97,7 +97,7 @@ pub struct GenerationParams {
     pub stop: Vec<String>,
     /// Go on past the end-of-turn token (benchmarks: fixed lengths).
     pub ignore_eos: bool,
-    /// What the text must be (JSON; see [`crate::structured`]): each token
+    /// What the text must be (JSON; see [`crate::decoder::constraint`]): each token
     /// sampled from those the constraint allows.
     pub constraint: Option<Constraint>,
     /// Each generated token's log-probability, with the `k` most likely

@@ -21,8 +21,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use super::LoadError;
 use super::pooling::Pooling;
+use crate::error::LoadError;
 
 /// The `model_type`s the encoder runs: BERT, and RoBERTa / XLM-RoBERTa,
 /// whose position ids start after `pad_token_id` (`bert::PositionIds`).
