@@ -20,14 +20,12 @@ pub mod file_record;
 pub mod files;
 pub mod job_errors;
 pub mod lifecycle;
-pub mod logprobs;
 pub mod metrics;
 pub mod objects;
 pub mod online;
 pub mod openai;
 pub mod outputs;
 pub mod records;
-pub mod responses;
 pub mod state;
 pub mod traces;
 

@@ -437,7 +437,7 @@ struct Relay {
     /// The request asked for logprobs: its chunks carry them.
     logprobs: bool,
     /// responses: the events made so far, numbered.
-    events: Option<crate::responses::Events>,
+    events: Option<crate::openai::responses::Events>,
     start_by: StartBy,
     choices: Vec<Choice>,
     asked: tokio::time::Instant,
@@ -466,7 +466,7 @@ impl Relay {
             .first()
             .is_some_and(|item| item.get("logprobs").is_some());
         let events = (request.endpoint == Endpoint::Responses).then(|| {
-            crate::responses::Events::new(
+            crate::openai::responses::Events::new(
                 job_id,
                 created,
                 &request.model,

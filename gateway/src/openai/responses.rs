@@ -347,7 +347,7 @@ fn logprobs_list(logprobs: Option<&[Logprob]>) -> Value {
     logprobs
         .unwrap_or_default()
         .iter()
-        .map(crate::logprobs::token)
+        .map(super::logprobs::token)
         .collect()
 }
 
