@@ -102,20 +102,6 @@ impl Fetcher {
         })
     }
 
-    /// All items of a job's inputs, in order, within `max_items`, read as
-    /// `task` reads JSONL and inline items.
-    pub async fn items(
-        &self,
-        task: Task,
-        inputs: &[Input],
-        max_items: u64,
-    ) -> Result<FetchedItems, JobError> {
-        self.read(inputs, |i, body, out| {
-            read_input(task, i, body, out, max_items)
-        })
-        .await
-    }
-
     /// Reads a job's inputs in order: each URL's object downloaded (within
     /// `--max-input-bytes` in all) and handed to `read` with its index, as
     /// is each inline list, before the next is fetched.
@@ -512,7 +498,10 @@ mod tests {
             format: sluice_schemas::InputFormat::Jsonl,
             object: None,
         };
-        f.items(Task::Embed, &[input], 100).await
+        f.read(&[input], |i, body, out| {
+            read_input(Task::Embed, i, body, out, 100)
+        })
+        .await
     }
 
     fn refused_with(result: Result<FetchedItems, JobError>, words: &str) {

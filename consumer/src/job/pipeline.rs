@@ -234,7 +234,6 @@ async fn process(
             stream_sequence: delivery.stream_sequence,
             attempt: delivery.attempt,
         },
-        attempt: delivery.attempt,
         tenant: &delivery.tenant,
         reservation,
         timings,

@@ -55,9 +55,9 @@ pub type Ran<'a> = Pin<Box<dyn Future<Output = Result<(Output, Usage), JobError>
 /// One job, and what a task's run of it uses of the consumer.
 pub struct JobRun<'a> {
     pub job: &'a Job,
-    /// Names the job's output object.
+    /// The delivery (job, stream sequence, attempt): it names the job's
+    /// output object.
     pub of: OutputOf<'a>,
-    pub attempt: u32,
     pub tenant: &'a str,
     /// The budget the job was admitted under (its worst case until run
     /// shrinks it).

@@ -53,7 +53,7 @@ impl TaskEngine for GenerateEngine {
                     nats: run.nats.clone(),
                     subject: run.topology.stream_subject(&job.id),
                     job_id: job.id.clone(),
-                    attempt: run.attempt,
+                    attempt: run.of.attempt,
                     queue_ms: run.timings.queue,
                     stats: Arc::clone(run.stats),
                 };
