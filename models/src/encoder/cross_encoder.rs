@@ -6,6 +6,9 @@
 //! activation sentence-transformers' `CrossEncoder` applies (sigmoid by
 //! default for one label, or what its files name).
 //!
+//! The head and what it reads of `config.json` are every sequence
+//! classifier's (`sequence_classification.rs`).
+//!
 //! The directory is read and checked first, as for embedding models: a head
 //! with other than one label, an activation sluice does not run, modules
 //! beyond the transformer, or token types it cannot tell are refused naming
@@ -15,7 +18,6 @@
 use std::path::Path;
 
 use candle_core::Device;
-use candle_nn::VarBuilder;
 use serde_json::Value;
 
 use super::files::{
@@ -25,14 +27,8 @@ use super::files::{
 use super::model::EmbeddingModel;
 use super::pooling::Pooling;
 use super::sentence_encoder::{ForwardChoice, SentenceEncoder};
+use super::sequence_classification::{Head, check_architectures, labels, token_types};
 use crate::error::{LoadError, ModelError};
-
-/// The heads the reranker runs, by `config.json`'s `architectures`.
-pub const ARCHITECTURES: [&str; 3] = [
-    "BertForSequenceClassification",
-    "RobertaForSequenceClassification",
-    "XLMRobertaForSequenceClassification",
-];
 
 /// What turns the head's logit into the score.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,30 +64,8 @@ impl CrossEncoderFiles {
         let config_path = dir.join("config.json");
         let config = read_json(&config_path)?;
         check_model_type(&config_path, &config)?;
-        let architectures: Vec<&str> = config
-            .get("architectures")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .collect();
-        if !architectures.iter().any(|a| ARCHITECTURES.contains(a)) {
-            return Err(unsupported(
-                &config_path,
-                "architectures",
-                config.get("architectures").unwrap_or(&Value::Null),
-                &format!(
-                    "one of {} (a cross-encoder's head)",
-                    ARCHITECTURES.join(", ")
-                ),
-            ));
-        }
-        // transformers' own default is two labels.
-        let labels = match (config.get("id2label"), config.get("num_labels")) {
-            (Some(Value::Object(labels)), _) => labels.len() as u64,
-            (_, Some(n)) => n.as_u64().unwrap_or(0),
-            _ => 2,
-        };
+        check_architectures(&config_path, &config, "a cross-encoder's head")?;
+        let labels = labels(&config_path, &config)?.len();
         if labels != 1 {
             return Err(unsupported(
                 &config_path,
@@ -147,91 +121,6 @@ fn activation_of(path: &Path, name: &Value) -> Result<ScoreActivation, LoadError
             name,
             "torch.nn.modules.activation.Sigmoid or torch.nn.modules.linear.Identity",
         )),
-    }
-}
-
-/// Whether transformers hands the model the tokenizer's token type ids:
-/// as `tokenizer_config.json`'s `model_input_names` say, else as its
-/// `tokenizer_class` does. A model with one token type reads none.
-fn token_types(dir: &Path, config: &Value) -> Result<bool, LoadError> {
-    if config.get("type_vocab_size").and_then(Value::as_u64) == Some(1) {
-        return Ok(false);
-    }
-    let path = dir.join("tokenizer_config.json");
-    let tokenizer = read_optional_json(&path)?.unwrap_or(Value::Null);
-    if let Some(names) = tokenizer.get("model_input_names").and_then(Value::as_array) {
-        return Ok(names.iter().any(|n| n.as_str() == Some("token_type_ids")));
-    }
-    match tokenizer.get("tokenizer_class").and_then(Value::as_str) {
-        Some("BertTokenizer" | "BertTokenizerFast") => Ok(true),
-        Some(
-            "RobertaTokenizer"
-            | "RobertaTokenizerFast"
-            | "XLMRobertaTokenizer"
-            | "XLMRobertaTokenizerFast",
-        ) => Ok(false),
-        _ => Err(unsupported(
-            &path,
-            "tokenizer_class",
-            tokenizer.get("tokenizer_class").unwrap_or(&Value::Null),
-            "a BERT or (XLM-)RoBERTa tokenizer, or model_input_names saying whether token_type_ids are passed",
-        )),
-    }
-}
-
-/// The classifier head: `score = out . tanh(dense . cls + dense_bias) + out_bias`.
-struct Head {
-    hidden: usize,
-    /// `[hidden, hidden]`, row per output.
-    dense: Vec<f32>,
-    dense_bias: Vec<f32>,
-    out: Vec<f32>,
-    out_bias: f32,
-}
-
-impl Head {
-    /// The head's tensors (BERT's or RoBERTa's names) from the weights the
-    /// encoder was loaded from (`path`, for messages).
-    fn load(path: &Path, vb: &VarBuilder, hidden: usize) -> Result<Head, LoadError> {
-        let names = if vb.contains_tensor("bert.pooler.dense.weight") {
-            ["bert.pooler.dense", "classifier"]
-        } else {
-            ["classifier.dense", "classifier.out_proj"]
-        };
-        let get = |name: String, shape: &[usize]| -> Result<Vec<f32>, LoadError> {
-            if !vb.contains_tensor(&name) {
-                return Err(LoadError::Unsupported(format!(
-                    "{}: no tensor {name} (the classifier head of {})",
-                    path.display(),
-                    ARCHITECTURES.join(", ")
-                )));
-            }
-            vb.get(shape, &name)
-                .and_then(|t| t.to_device(&Device::Cpu))
-                .and_then(|t| t.flatten_all())
-                .and_then(|t| t.to_vec1::<f32>())
-                .map_err(|source| LoadError::Weights {
-                    path: path.to_path_buf(),
-                    source,
-                })
-        };
-        Ok(Head {
-            hidden,
-            dense: get(format!("{}.weight", names[0]), &[hidden, hidden])?,
-            dense_bias: get(format!("{}.bias", names[0]), &[hidden])?,
-            out: get(format!("{}.weight", names[1]), &[1, hidden])?,
-            out_bias: get(format!("{}.bias", names[1]), &[1])?[0],
-        })
-    }
-
-    fn logit(&self, cls: &[f32]) -> f32 {
-        let h = self.hidden;
-        let pooled = self
-            .dense
-            .chunks_exact(h)
-            .zip(&self.dense_bias)
-            .map(|(row, b)| (b + row.iter().zip(cls).map(|(w, x)| w * x).sum::<f32>()).tanh());
-        self.out_bias + pooled.zip(&self.out).map(|(p, w)| p * w).sum::<f32>()
     }
 }
 
@@ -293,7 +182,7 @@ impl CrossEncoder {
         };
         let (encoder, weights) =
             SentenceEncoder::load_from(dir, encoder_files, device, max_tokens_per_pair, choice)?;
-        let head = Head::load(&dir.join("model.safetensors"), &weights, encoder.dim())?;
+        let head = Head::load(&dir.join("model.safetensors"), &weights, encoder.dim(), 1)?;
         tracing::info!(
             model = %dir.display(),
             activation = ?files.activation,
@@ -318,7 +207,7 @@ impl CrossEncoder {
         let first_tokens = self.encoder.embed_typed(ids, types)?;
         Ok(first_tokens
             .iter()
-            .map(|cls| self.files.activation.apply(self.head.logit(cls)))
+            .map(|cls| self.files.activation.apply(self.head.logits(cls)[0]))
             .collect())
     }
 }
