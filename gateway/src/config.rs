@@ -47,6 +47,9 @@ pub struct Config {
     /// with sluice; name yours, or list it in `sluice init`'s `[[models]]`).
     #[arg(long, env = "SLUICE_RERANK_MODELS", value_delimiter = ',')]
     pub rerank_models: Vec<String>,
+    /// Models the classify consumers serve (default none, as for rerank).
+    #[arg(long, env = "SLUICE_CLASSIFY_MODELS", value_delimiter = ',')]
+    pub classify_models: Vec<String>,
 
     /// Largest file accepted by `POST /v1/files` (OpenAI's: 200 MB).
     #[arg(long, env = "SLUICE_MAX_FILE_BYTES", default_value_t = 200_000_000)]

@@ -64,6 +64,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/chat/completions", post(online::answer))
         .route("/v1/completions", post(online::answer))
         .route("/v1/rerank", post(online::answer))
+        .route("/v1/classify", post(online::answer))
         .route("/v1/responses", post(online::answer))
         .route("/v1/models", get(online::models))
         .route("/v1/batches", post(batches::create).get(batches::list))

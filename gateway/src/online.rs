@@ -1,5 +1,5 @@
 //! The online endpoints: `POST /v1/embeddings`, `/v1/chat/completions`,
-//! `/v1/completions`, `/v1/responses`, `/v1/rerank` and `GET /v1/models`. Each request becomes one job on
+//! `/v1/completions`, `/v1/responses`, `/v1/rerank`, `/v1/classify` and `GET /v1/models`. Each request becomes one job on
 //! the stream, published as the API key's tenant with a deadline, and is
 //! answered from the job's result: a burst waits in the queue, inside the
 //! consumers' memory budget, instead of in this process's memory.
@@ -34,7 +34,7 @@ use futures::StreamExt;
 use serde_json::{Map, Value, json};
 use sluice_schemas::{
     ErrorCode, FinishReason, Input, Job, JobResult, JobState, Outcome, Output, OutputOptions,
-    Priority, StreamChunk, VERSION,
+    Priority, StreamChunk, Task, VERSION,
 };
 
 use crate::api_error::ApiError;
@@ -190,7 +190,8 @@ impl FromRequest<AppState> for OnlineRequest {
 }
 
 /// One online request: `/v1/embeddings`, `/v1/chat/completions`,
-/// `/v1/completions`, `/v1/responses` or `/v1/rerank`, by its route.
+/// `/v1/completions`, `/v1/responses`, `/v1/rerank` or `/v1/classify`, by
+/// its route.
 pub async fn answer(
     State(state): State<AppState>,
     Tenant(tenant): Tenant,
@@ -302,7 +303,7 @@ pub async fn answer(
     }
     match result.outcome {
         Outcome::Ok { output } => {
-            let outputs = read_output(&state, &job_id, output).await?;
+            let outputs = read_output(&state, &job_id, output, endpoint.task()).await?;
             Ok(Json(match outputs {
                 Outputs::Vectors { dim, values, .. } => {
                     let rows: Vec<&[f32]> = values.chunks(dim.max(1)).collect();
@@ -310,6 +311,9 @@ pub async fn answer(
                 }
                 Outputs::Scores { values, .. } => {
                     openai::rerank_body(&job_id, &model, &request, &values, result.usage.tokens)
+                }
+                Outputs::Labels { values, .. } => {
+                    openai::classify_body(&job_id, &model, now(), &values, result.usage.tokens)
                 }
                 Outputs::Generations(generations) => {
                     openai::generation_body(&request, &job_id, now(), &model, &generations)
@@ -604,9 +608,12 @@ impl Relay {
                 self.error(&error);
             }
             Outcome::Ok { output } => {
-                let generations = match read_output(&self.state, &self.job_id, output).await {
+                let output = read_output(&self.state, &self.job_id, output, Task::Generate).await;
+                let generations = match output {
                     Ok(Outputs::Generations(g)) => g,
-                    Ok(Outputs::Vectors { .. } | Outputs::Scores { .. }) => Vec::new(),
+                    Ok(
+                        Outputs::Vectors { .. } | Outputs::Scores { .. } | Outputs::Labels { .. },
+                    ) => Vec::new(),
                     Err(e) => {
                         self.fail(&e.message);
                         return;
@@ -805,7 +812,10 @@ fn take_streaming(
         Some(Value::Bool(true)) => {}
         Some(_) => return Err(ApiError::invalid("`stream` must be a boolean").param("stream")),
     }
-    if matches!(endpoint, Endpoint::Embeddings | Endpoint::Rerank) {
+    if matches!(
+        endpoint,
+        Endpoint::Embeddings | Endpoint::Rerank | Endpoint::Classify
+    ) {
         return Err(ApiError::invalid(format!(
             "`stream` applies to /v1/chat/completions, /v1/completions and /v1/responses, not to {}",
             endpoint.as_str()
@@ -853,8 +863,19 @@ fn deadline_secs(state: &AppState, headers: &HeaderMap) -> Result<f64, ApiError>
 
 /// The job's output: inline in its result, or read from S3 when it was too
 /// large to travel inline.
-async fn read_output(state: &AppState, job_id: &str, output: Output) -> Result<Outputs, ApiError> {
+async fn read_output(
+    state: &AppState,
+    job_id: &str,
+    output: Output,
+    task: Task,
+) -> Result<Outputs, ApiError> {
     Ok(match output {
+        Output::Inline {
+            classifications, ..
+        } if !classifications.is_empty() => Outputs::Labels {
+            values: classifications,
+            tokens: Vec::new(),
+        },
         Output::Inline { scores, .. } if !scores.is_empty() => Outputs::Scores {
             values: scores,
             tokens: Vec::new(),
@@ -871,6 +892,8 @@ async fn read_output(state: &AppState, job_id: &str, output: Output) -> Result<O
         Output::Inline { generations, .. } => Outputs::Generations(generations),
         // Boxed: the S3 read's future is large, and it would otherwise be
         // part of every waiting request's future (their memory, each).
-        Output::S3(o) => Box::pin(outputs::read_output(state, job_id, &o, Vec::new())).await?,
+        Output::S3(o) => {
+            Box::pin(outputs::read_output(state, job_id, &o, Vec::new(), task)).await?
+        }
     })
 }

@@ -2,14 +2,14 @@
 //! and the online answers both read them here.
 
 use anyhow::{Context, Result, bail};
-use sluice_schemas::{Generation, S3Output};
+use sluice_schemas::{Generation, LabelScore, S3Output, Task};
 
 use crate::objects;
 use crate::state::AppState;
 
 /// A done job's output, read back: the vectors (row-major, `dim` wide),
-/// the scores (one per pair) or the generations; the encoders' with each
-/// item's tokens when the job listed them.
+/// the scores (one per pair), each text's labels or the generations; the
+/// encoders' with each item's tokens when the job listed them.
 pub enum Outputs {
     Vectors {
         dim: usize,
@@ -18,6 +18,10 @@ pub enum Outputs {
     },
     Scores {
         values: Vec<f32>,
+        tokens: Vec<u64>,
+    },
+    Labels {
+        values: Vec<Vec<LabelScore>>,
         tokens: Vec<u64>,
     },
     Generations(Vec<Generation>),
@@ -50,12 +54,14 @@ fn is_output_of(outputs_bucket: &str, prefix: &str, job_id: &str, bucket: &str, 
 }
 
 /// Reads job `job_id`'s output object from S3: `npy` vectors (shape
-/// `[items, dim]`) or scores (`[items]`), or `jsonl` generations.
+/// `[items, dim]`) or scores (`[items]`), or `jsonl` lines, each a text's
+/// labels (`task` classify) or a generation.
 pub async fn read_output(
     state: &AppState,
     job_id: &str,
     output: &S3Output,
     tokens: Vec<u64>,
+    task: Task,
 ) -> Result<Outputs> {
     if !is_job_output(state, job_id, output) {
         bail!(
@@ -83,15 +89,22 @@ pub async fn read_output(
                 tokens,
             })
         }
+        "jsonl" if task == Task::Classify => Ok(Outputs::Labels {
+            values: jsonl_lines(&body).context("reading a text's labels")?,
+            tokens,
+        }),
         "jsonl" => Ok(Outputs::Generations(
-            body.split(|b| *b == b'\n')
-                .filter(|l| !l.is_empty())
-                .map(serde_json::from_slice)
-                .collect::<Result<_, _>>()
-                .context("reading a generation")?,
+            jsonl_lines(&body).context("reading a generation")?,
         )),
         other => bail!("unknown output format {other}"),
     }
+}
+
+fn jsonl_lines<T: serde::de::DeserializeOwned>(body: &[u8]) -> serde_json::Result<Vec<T>> {
+    body.split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(serde_json::from_slice)
+        .collect()
 }
 
 #[cfg(test)]

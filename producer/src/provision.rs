@@ -838,8 +838,8 @@ name = "smollm2"
     fn bad_models_are_refused_naming_the_entry() {
         let cases = [
             (
-                "[[models]]\ntask = \"classify\"\nname = \"m\"\n",
-                "models[0].task = \"classify\": not a task",
+                "[[models]]\ntask = \"summarize\"\nname = \"m\"\n",
+                "models[0].task = \"summarize\": not a task",
             ),
             (
                 "[[models]]\ntask = \"embed\"\nname = \"bge-v1.5\"\n",

@@ -8,7 +8,9 @@ use crate::error_code::{ErrorCode, ErrorInfo};
 use crate::message::{kind_of, truncate_for_message};
 use crate::names::is_valid_job_id;
 use crate::task::parameters::{ParameterGroup, field_names};
-use crate::task::{EmbedParameters, EncoderParameters, GenerateParameters, Item, Task};
+use crate::task::{
+    ClassifyParameters, EmbedParameters, EncoderParameters, GenerateParameters, Item, Task,
+};
 
 /// The wire version every message of this crate carries.
 pub const VERSION: u32 = 1;
@@ -23,7 +25,7 @@ pub struct Job {
     /// Unique per job; also sent as `Nats-Msg-Id`, so a re-submit is de-duplicated.
     /// Letters, digits, `-` and `_`, at most 128.
     pub id: String,
-    /// `embed`, `generate` or `rerank`.
+    /// `embed`, `generate`, `rerank` or `classify`.
     pub task: String,
     /// The model to run, e.g. `all-minilm-l6-v2`.
     pub model: String,
@@ -91,12 +93,14 @@ pub struct ObjectRef {
 /// task knows, with `schema_violation`.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Parameters {
-    /// embed and rerank: `truncate`.
+    /// embed, rerank and classify: `truncate`.
     pub encoder: EncoderParameters,
     /// embed: `normalize`, `prompt_name`.
     pub embed: EmbedParameters,
     /// generate: sampling and stopping, for a prompt's own to fall back on.
     pub generate: GenerateParameters,
+    /// classify: `top_k`, `raw_scores`.
+    pub classify: ClassifyParameters,
 }
 
 /// One group's parameters as the wire has them, with the tasks they apply
@@ -112,13 +116,13 @@ impl Parameters {
         *self == Parameters::default()
     }
 
-    /// embed and rerank: cut an item over the model's limit (default true).
+    /// The encoder tasks: cut an item over the model's limit (default true).
     pub fn truncate(&self) -> bool {
         self.encoder.truncate.unwrap_or(true)
     }
 
     /// Every group, as the wire has it.
-    fn groups(&self) -> Result<[Given; 3], serde_json::Error> {
+    fn groups(&self) -> Result<[Given; 4], serde_json::Error> {
         fn given<G: ParameterGroup>(group: &G) -> Result<Given, serde_json::Error> {
             let values = match serde_json::to_value(group)? {
                 Value::Object(map) => map,
@@ -134,6 +138,7 @@ impl Parameters {
             given(&self.encoder)?,
             given(&self.embed)?,
             given(&self.generate)?,
+            given(&self.classify)?,
         ])
     }
 
@@ -157,7 +162,8 @@ impl Parameters {
     fn check(&self) -> Result<(), String> {
         self.encoder.check()?;
         ParameterGroup::check(&self.embed)?;
-        ParameterGroup::check(&self.generate)
+        ParameterGroup::check(&self.generate)?;
+        ParameterGroup::check(&self.classify)
     }
 
     /// Every parameter name any task knows, for serde's "expected one of".
@@ -168,6 +174,7 @@ impl Parameters {
                 field_names::<EncoderParameters>(),
                 field_names::<EmbedParameters>(),
                 field_names::<GenerateParameters>(),
+                field_names::<ClassifyParameters>(),
             ]
             .concat()
         })
@@ -194,11 +201,12 @@ impl<'de> Deserialize<'de> for Parameters {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         use serde::de::Error;
         let wire = serde_json::Map::<String, Value>::deserialize(deserializer)?;
-        let mut parts: [serde_json::Map<String, Value>; 3] = Default::default();
+        let mut parts: [serde_json::Map<String, Value>; 4] = Default::default();
         let names = [
             field_names::<EncoderParameters>(),
             field_names::<EmbedParameters>(),
             field_names::<GenerateParameters>(),
+            field_names::<ClassifyParameters>(),
         ];
         for (key, value) in wire {
             let Some(group) = names.iter().position(|n| n.contains(&key.as_str())) else {
@@ -214,11 +222,12 @@ impl<'de> Deserialize<'de> for Parameters {
                 E::custom(format!("{path}: {}", e.into_inner()))
             })
         }
-        let [encoder, embed, generate] = parts;
+        let [encoder, embed, generate, classify] = parts;
         Ok(Parameters {
             encoder: group(encoder)?,
             embed: group(embed)?,
             generate: group(generate)?,
+            classify: group(classify)?,
         })
     }
 }
@@ -391,7 +400,10 @@ impl Job {
             _ => {
                 return Err(ErrorInfo::new(
                     ErrorCode::SchemaViolation,
-                    "missing or non-string field `task` (\"embed\" or \"generate\")",
+                    format!(
+                        "missing or non-string field `task` (one of {})",
+                        Task::ALL.map(Task::as_str).join(", ")
+                    ),
                 ));
             }
         };
@@ -452,13 +464,14 @@ impl Job {
         if let Some((first, tasks)) = foreign.first() {
             let tasks = match tasks {
                 [one] => format!("the {one} task"),
-                many => format!(
-                    "the {} tasks",
-                    many.iter()
+                [most @ .., last] => format!(
+                    "the {} and {last} tasks",
+                    most.iter()
                         .map(|t| t.as_str())
                         .collect::<Vec<_>>()
-                        .join(" and ")
+                        .join(", ")
                 ),
+                [] => "no task".into(),
             };
             return Err(ErrorInfo::new(
                 ErrorCode::InvalidParameters,

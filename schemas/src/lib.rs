@@ -32,8 +32,8 @@ pub use result::{
 };
 pub use stream::{StreamChunk, StreamUsage};
 pub use task::{
-    ChatMessage, EmbedParameters, EncoderParameters, GenerateParameters, Item, JsonSchemaFormat,
-    MAX_PROMPT_NAME, Pair, Prompt, PromptInput, ResponseFormat, Task,
+    ChatMessage, ClassifyParameters, EmbedParameters, EncoderParameters, GenerateParameters, Item,
+    JsonSchemaFormat, LabelScore, MAX_PROMPT_NAME, Pair, Prompt, PromptInput, ResponseFormat, Task,
 };
 
 /// The JSON Schema files, embedded so tools can print or serve them.

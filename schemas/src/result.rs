@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
 use crate::error_code::{ErrorCode, ErrorInfo};
+use crate::task::LabelScore;
 
 /// The answer to one job.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -67,6 +68,10 @@ pub enum Output {
         /// model's activation applied: a probability for a sigmoid head).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         scores: Vec<f32>,
+        /// classify: each text's labels, best first (cut at the job's
+        /// `top_k`), in item order.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        classifications: Vec<Vec<LabelScore>>,
     },
     /// Large outputs are written to S3 at a key derived from the job id.
     S3(S3Output),
@@ -79,6 +84,7 @@ impl Output {
             embeddings,
             generations: Vec::new(),
             scores: Vec::new(),
+            classifications: Vec::new(),
         }
     }
     /// An inline generate output.
@@ -87,6 +93,7 @@ impl Output {
             embeddings: Vec::new(),
             generations,
             scores: Vec::new(),
+            classifications: Vec::new(),
         }
     }
     /// An inline rerank output.
@@ -95,6 +102,16 @@ impl Output {
             embeddings: Vec::new(),
             generations: Vec::new(),
             scores,
+            classifications: Vec::new(),
+        }
+    }
+    /// An inline classify output.
+    pub fn classifications(classifications: Vec<Vec<LabelScore>>) -> Output {
+        Output::Inline {
+            embeddings: Vec::new(),
+            generations: Vec::new(),
+            scores: Vec::new(),
+            classifications,
         }
     }
 }

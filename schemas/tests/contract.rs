@@ -490,9 +490,9 @@ fn invalid_jobs_are_refused_by_schema_and_decoder() {
         ),
         (
             "unknown task",
-            with(&["task"], json!("classify")),
+            with(&["task"], json!("summarize")),
             ErrorCode::UnknownTask,
-            "classify",
+            "unknown task \"summarize\"",
         ),
         (
             "id with a dot",
@@ -689,7 +689,7 @@ fn generate_parameters_are_checked() {
     assert_eq!(err.code, ErrorCode::InvalidParameters);
     assert!(
         err.message
-            .contains("`truncate` applies to the embed and rerank tasks only"),
+            .contains("`truncate` applies to the embed, rerank and classify tasks only"),
         "{}",
         err.message
     );

@@ -151,6 +151,26 @@ impl Deployment {
         Some(stream.info().await.ok()?.state.messages)
     }
 
+    /// Asserts that job `id` failed alone: its result is an error of
+    /// `code` whose message holds `words`, and its status record says
+    /// failed.
+    pub async fn assert_failed(
+        &self,
+        id: &str,
+        result: &sluice_schemas::JobResult,
+        code: sluice_schemas::ErrorCode,
+        words: &str,
+    ) {
+        let sluice_schemas::Outcome::Error { error } = &result.outcome else {
+            panic!("{id}: {:?}", result.outcome);
+        };
+        eprintln!("{id}: {} {}", error.code, error.message);
+        assert_eq!(error.code, code, "{id}: {}", error.message);
+        assert!(error.message.contains(words), "{id}: {}", error.message);
+        let status = self.producer.status(id).await.unwrap().unwrap();
+        assert_eq!(status.state, sluice_schemas::JobState::Failed, "{id}");
+    }
+
     /// Messages in the dead-letter stream.
     pub async fn dead_letters(&self) -> u64 {
         let mut dlq = self

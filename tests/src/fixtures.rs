@@ -80,6 +80,32 @@ pub fn reranker_family(family: &str) -> Result<(PathBuf, RerankerFamily)> {
     family_fixture("rerankers", family)
 }
 
+/// A random-weight sequence classifier of
+/// `tests/fixtures/classifiers/<family>/` and its `reference.json`:
+/// transformers' `text-classification` pipeline's answers (every label,
+/// best first), the model's logits and the texts' token ids.
+#[derive(Debug, Deserialize)]
+pub struct ClassifierFamily {
+    pub max_length: usize,
+    pub labels: Vec<String>,
+    pub texts: Vec<String>,
+    pub ids: Vec<Vec<u32>>,
+    pub logits: Vec<Vec<f32>>,
+    pub answers: Vec<Vec<PipelineLabel>>,
+}
+
+/// One label of a pipeline answer.
+#[derive(Debug, Clone, Deserialize)]
+pub struct PipelineLabel {
+    pub label: String,
+    pub score: f32,
+}
+
+/// The classifier's directory and reference.
+pub fn classifier_family(family: &str) -> Result<(PathBuf, ClassifierFamily)> {
+    family_fixture("classifiers", family)
+}
+
 /// The indices of `scores`, best first (ties in order).
 pub fn ranking(scores: &[f32]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..scores.len()).collect();

@@ -36,6 +36,25 @@ pub struct OutputObject {
     pub shape: Vec<u64>,
 }
 
+impl OutputObject {
+    /// `items` as JSONL, one JSON value per line (`what` names one in the
+    /// error, which only a type that cannot be JSON would give).
+    pub fn jsonl<T: serde::Serialize>(items: &[T], what: &str) -> Result<OutputObject, JobError> {
+        let mut body = Vec::new();
+        for item in items {
+            serde_json::to_writer(&mut body, item)
+                .map_err(|e| JobError::new(ErrorCode::Internal, format!("encoding {what}: {e}")))?;
+            body.push(b'\n');
+        }
+        Ok(OutputObject {
+            body,
+            format: "jsonl",
+            content_type: "application/x-ndjson",
+            shape: Vec::new(),
+        })
+    }
+}
+
 /// Which delivery of which job an output belongs to: it names the object.
 #[derive(Debug, Clone, Copy)]
 pub struct OutputOf<'a> {

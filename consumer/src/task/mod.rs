@@ -7,7 +7,7 @@
 //! [`startup::Started`] it comes in and the task's [`ItemCost`] and
 //! [`startup::Pacing`].
 //!
-//! `encoder` serves embed and rerank (items of many jobs batched by token
+//! `encoder` serves embed, rerank and classify (items of many jobs batched by token
 //! sum for one executor thread); `generate` hands sequences to a
 //! continuous-batching generation thread. `startup` holds what every
 //! task's start-up shares; `placement` says where each part runs on the
@@ -40,7 +40,7 @@ pub fn start(
     tracing: &Tracing,
 ) -> anyhow::Result<startup::Started> {
     let started = match config.task() {
-        Task::Embed | Task::Rerank => encoder::start(config, stats, tracing)?,
+        Task::Embed | Task::Rerank | Task::Classify => encoder::start(config, stats, tracing)?,
         Task::Generate => generate::start(config, stats)?,
     };
     let plan = placement::plan(config.task(), &config.model, config.generate.weights);

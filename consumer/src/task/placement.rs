@@ -38,7 +38,9 @@ pub struct Part {
 /// The plan for `task` as configured.
 pub fn plan(task: Task, model: &ModelConfig, weights: WeightFormat) -> Vec<Part> {
     match task {
-        Task::Embed | Task::Rerank => encoder(task, model.device, model.embed_weights),
+        Task::Embed | Task::Rerank | Task::Classify => {
+            encoder(task, model.device, model.embed_weights)
+        }
         Task::Generate => generate(model.device, weights),
     }
 }
@@ -61,12 +63,13 @@ fn warning(part: &'static str, runs: Runs, how: &'static str) -> Part {
 
 fn encoder(task: Task, device: DeviceKind, weights: EmbedWeights) -> Vec<Part> {
     let tokenize = part("tokenize", Runs::Host, "the tokenizers crate");
-    // rerank: the cross-encoder's head reads the pooled first token.
+    // rerank and classify: the classifier head reads the pooled first token.
     let score = part(
         "score",
         Runs::Host,
         "the first token's state through the classifier head, then the activation its files name",
     );
+    let scored = matches!(task, Task::Rerank | Task::Classify);
     match device {
         DeviceKind::Cpu => {
             let mut parts = vec![
@@ -82,7 +85,7 @@ fn encoder(task: Task, device: DeviceKind, weights: EmbedWeights) -> Vec<Part> {
                     "the pooling the model's files name (mean, CLS or max) over the packed rows",
                 ),
             ];
-            if task == Task::Rerank {
+            if scored {
                 parts.push(score);
             }
             parts
@@ -101,7 +104,7 @@ fn encoder(task: Task, device: DeviceKind, weights: EmbedWeights) -> Vec<Part> {
                     "the pooling the model's files name, masked; the pooled rows are copied to the host",
                 ),
             ];
-            if task == Task::Rerank {
+            if scored {
                 parts.push(score);
             }
             if weights == EmbedWeights::Bf16 {

@@ -55,7 +55,7 @@ impl Chunker {
         let task = request.endpoint.task();
         let most_items = match task {
             // A rerank document is one pair, one encoder item, as a text is.
-            Task::Embed | Task::Rerank => self.limits.texts,
+            Task::Embed | Task::Rerank | Task::Classify => self.limits.texts,
             Task::Generate => self.limits.prompts,
         };
         let n = request.items.len();

@@ -7,7 +7,7 @@ use std::time::{Instant, SystemTime};
 
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
-use sluice_schemas::{ErrorCode, JobState, StatusRecord};
+use sluice_schemas::{ErrorCode, JobState, StatusRecord, Task};
 
 use super::chunks::line_job;
 use super::input::{InputLines, read_request};
@@ -171,7 +171,9 @@ async fn write_files(state: &AppState, batch: &BatchRecord, ending: Ending) -> R
         match record.as_ref().map(|r| r.state) {
             Some(JobState::Done) => {
                 let record = record.as_ref().context("checked")?;
-                let answers = jobs.answers(state, &job_id, record).await?;
+                let answers = jobs
+                    .answers(state, &job_id, record, request.endpoint.task())
+                    .await?;
                 let body = answers.body(&request.model, &request, &request_id, created)?;
                 let line = openai::output_line(&request_id, &custom_id, 200, body);
                 write_line(&mut files.output, &line).await?;
@@ -262,6 +264,7 @@ impl LineJobs {
         state: &AppState,
         job_id: &str,
         record: &StatusRecord,
+        task: Task,
     ) -> Result<&mut Answers> {
         if self.answers.as_ref().is_none_or(|(id, _)| id != job_id) {
             let output = record
@@ -273,7 +276,7 @@ impl LineJobs {
                 .as_ref()
                 .map(|u| u.item_tokens.clone())
                 .unwrap_or_default();
-            let outputs = read_output(state, job_id, output, tokens).await?;
+            let outputs = read_output(state, job_id, output, tokens, task).await?;
             self.answers = Some((job_id.to_string(), Answers { outputs, next: 0 }));
         }
         let (_, answers) = self.answers.as_mut().context("loaded")?;
@@ -314,6 +317,13 @@ impl Answers {
                     .context("fewer scores than documents")?;
                 let used: u64 = tokens.get(first..first + n).map_or(0, |t| t.iter().sum());
                 Ok(openai::rerank_body(id, model, request, scores, used))
+            }
+            Outputs::Labels { values, tokens } => {
+                let labels = values
+                    .get(first..first + n)
+                    .context("fewer classifications than texts")?;
+                let used: u64 = tokens.get(first..first + n).map_or(0, |t| t.iter().sum());
+                Ok(openai::classify_body(id, model, created, labels, used))
             }
             Outputs::Generations(all) => {
                 let gens = all

@@ -5,7 +5,7 @@ use serde_json::{Map, Value, json};
 use sluice_schemas::{ErrorCode, Task};
 
 use super::request::{Endpoint, Line, LineError, Ranking, Request, RequestError};
-use super::{chat, completions, embeddings, rerank, responses};
+use super::{chat, classify, completions, embeddings, rerank, responses};
 
 /// Reads one line. `serves` says whether a task's consumers serve a model.
 pub fn read_line(text: &[u8], serves: &dyn Fn(Task, &str) -> bool) -> Result<Line, LineError> {
@@ -100,6 +100,7 @@ pub fn parse_request(
         }
         Endpoint::ChatCompletions => (vec![chat::chat_item(&mut body)?], false, None),
         Endpoint::Completions => (completions::completion_items(&mut body)?, false, None),
+        Endpoint::Classify => (classify::classify_items(&mut body)?, false, None),
         Endpoint::Rerank => {
             let (items, asked) = rerank::rerank_items(&mut body)?;
             ranking = asked;

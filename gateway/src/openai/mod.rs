@@ -9,7 +9,7 @@
 //!   (also the online requests' entry, `parse_request`), and the output and
 //!   error files' lines.
 //! - `embeddings.rs`, `chat.rs`, `completions.rs`, `rerank.rs`,
-//!   `responses.rs`: each endpoint's body as job items, and its answer;
+//!   `classify.rs`, `responses.rs`: each endpoint's body as job items, and its answer;
 //!   `sampling.rs` the generate endpoints' shared parameters,
 //!   `generation.rs` their answers and stream chunks, `logprobs.rs` token
 //!   logprobs in each of their shapes.
@@ -21,6 +21,7 @@
 //! model, a bad body, too large) fails alone: it gets a line in the error file.
 
 mod chat;
+mod classify;
 mod completions;
 mod embeddings;
 mod generation;
@@ -33,6 +34,7 @@ mod sampling;
 #[cfg(test)]
 mod tests;
 
+pub use classify::classify_body;
 pub use embeddings::{embeddings_body, unit_vectors};
 pub use generation::{Delta, generation_body, stream_chunk, usage_chunk};
 pub use lines::{http_status, output_line, parse_request, read_line, unrun_line};

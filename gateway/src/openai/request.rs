@@ -19,15 +19,18 @@ pub enum Endpoint {
     Rerank,
     /// OpenAI's Responses API, for text (see [`super::responses`]).
     Responses,
+    /// vLLM's classify API (not OpenAI's): texts, each to its labels.
+    Classify,
 }
 
 impl Endpoint {
-    pub const ALL: [Endpoint; 5] = [
+    pub const ALL: [Endpoint; 6] = [
         Endpoint::Embeddings,
         Endpoint::ChatCompletions,
         Endpoint::Completions,
         Endpoint::Rerank,
         Endpoint::Responses,
+        Endpoint::Classify,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -37,6 +40,7 @@ impl Endpoint {
             Endpoint::Completions => "/v1/completions",
             Endpoint::Rerank => "/v1/rerank",
             Endpoint::Responses => "/v1/responses",
+            Endpoint::Classify => "/v1/classify",
         }
     }
 
@@ -51,6 +55,7 @@ impl Endpoint {
                 Task::Generate
             }
             Endpoint::Rerank => Task::Rerank,
+            Endpoint::Classify => Task::Classify,
         }
     }
 
@@ -101,8 +106,9 @@ impl RequestError {
 pub struct Request {
     pub endpoint: Endpoint,
     pub model: String,
-    /// The job items (embed: texts; generate: prompt objects; rerank: one
-    /// `{"query", "document"}` pair per document, in the request's order).
+    /// The job items (embed, classify: texts; generate: prompt objects;
+    /// rerank: one `{"query", "document"}` pair per document, in the
+    /// request's order).
     pub items: Vec<Value>,
     /// embeddings: answer vectors as base64 of little-endian float32.
     pub base64: bool,

@@ -3,9 +3,10 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::encoder::text_item;
 use super::kind::Task;
 use super::parameters::ParameterGroup;
-use crate::message::{kind_of, truncate_for_message};
+use crate::message::truncate_for_message;
 
 /// Longest `parameters.prompt_name`, in characters.
 pub const MAX_PROMPT_NAME: usize = 64;
@@ -45,19 +46,5 @@ impl ParameterGroup for EmbedParameters {
 
 /// Reads one embed item: a JSON string or an object `{"text": "..."}`.
 pub fn item(value: Value) -> Result<String, String> {
-    match value {
-        Value::String(s) => Ok(s),
-        Value::Object(mut map) => match map.remove("text") {
-            Some(Value::String(s)) if map.is_empty() => Ok(s),
-            Some(Value::String(_)) => Err(format!(
-                "an embed item object has only the key \"text\", found also {:?}",
-                map.keys().collect::<Vec<_>>()
-            )),
-            _ => Err("an embed item must be a JSON string or {\"text\": \"...\"}".into()),
-        },
-        other => Err(format!(
-            "an embed item must be a JSON string or {{\"text\": \"...\"}}, found {}",
-            kind_of(&other)
-        )),
-    }
+    text_item("an embed item", value)
 }

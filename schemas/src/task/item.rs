@@ -6,12 +6,12 @@ use serde_json::Value;
 use super::generate::Prompt;
 use super::kind::Task;
 use super::rerank::Pair;
-use super::{embed, generate, rerank};
+use super::{classify, embed, generate, rerank};
 
 /// One item of a job, parsed from a JSONL line or an inline list entry.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Item {
-    /// A text to embed.
+    /// A text to embed or classify.
     Text(String),
     /// A prompt to generate from.
     Prompt(Prompt),
@@ -27,6 +27,7 @@ impl Item {
             Task::Embed => embed::item(value).map(Item::Text),
             Task::Generate => generate::item(value).map(Item::Prompt),
             Task::Rerank => rerank::item(value).map(Item::Pair),
+            Task::Classify => classify::item(value).map(Item::Text),
         }
     }
 }

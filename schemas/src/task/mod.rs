@@ -6,6 +6,7 @@
 //! A new task is a file here, a variant of [`Task`] and of [`Item`], and a
 //! group in `Parameters` where it has parameters.
 
+pub mod classify;
 pub mod embed;
 pub mod encoder;
 pub mod generate;
@@ -14,6 +15,7 @@ pub mod kind;
 pub mod parameters;
 pub mod rerank;
 
+pub use classify::{ClassifyParameters, LabelScore};
 pub use embed::{EmbedParameters, MAX_PROMPT_NAME};
 pub use encoder::EncoderParameters;
 pub use generate::{

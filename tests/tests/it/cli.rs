@@ -37,15 +37,17 @@ async fn init_creates_then_changes_nothing_then_applies_a_settings_file() {
 
     let first = run_cli(&env, &["init", "--json"], None, T).await;
     let first = actions(&first);
-    // Job stream, one durable consumer per task and priority level (3 x 3:
-    // embed, generate, rerank), models bucket, dead-letter stream, status
-    // bucket, gateway bucket, consumers bucket, S3 bucket.
-    assert_eq!(first.len(), 16, "{first:?}");
+    // Job stream, one durable consumer per task and priority level (3 per
+    // task: embed, generate, rerank, classify), models bucket, dead-letter
+    // stream, status bucket, gateway bucket, consumers bucket, S3 bucket.
+    let resources = 1 + 3 * sluice_schemas::Task::ALL.len() + 6;
+    assert_eq!(resources, 19);
+    assert_eq!(first.len(), resources, "{first:?}");
     assert!(first.iter().all(|a| a.starts_with("created ")), "{first:?}");
 
     let again = run_cli(&env, &["init", "--json"], None, T).await;
     let again = actions(&again);
-    assert_eq!(again.len(), 16, "{again:?}");
+    assert_eq!(again.len(), resources, "{again:?}");
     assert!(
         again.iter().all(|a| a.starts_with("unchanged ")),
         "the second run must change nothing: {again:?}"
@@ -61,7 +63,11 @@ async fn init_creates_then_changes_nothing_then_applies_a_settings_file() {
     )
     .await;
     assert_eq!(run.code, Some(0), "{run:?}");
-    assert_eq!(run.stdout.matches("unchanged").count(), 16, "{run:?}");
+    assert_eq!(
+        run.stdout.matches("unchanged").count(),
+        resources,
+        "{run:?}"
+    );
 
     // A changed setting updates only what it touches, and says how.
     let dir = tempfile::tempdir().unwrap();
@@ -80,13 +86,14 @@ async fn init_creates_then_changes_nothing_then_applies_a_settings_file() {
         .lines()
         .filter(|l| l.starts_with("updated"))
         .collect();
-    assert_eq!(updated.len(), 10, "{run:?}");
+    let consumers = 3 * sluice_schemas::Task::ALL.len();
+    assert_eq!(updated.len(), consumers + 1, "{run:?}");
     assert_eq!(
         updated
             .iter()
             .filter(|l| l.contains("consumer") && l.contains("ack_wait 60s -> 30s"))
             .count(),
-        9,
+        consumers,
         "every task's consumers at every priority level: {run:?}"
     );
     assert!(

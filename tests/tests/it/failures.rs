@@ -145,7 +145,7 @@ async fn each_bad_input_gets_its_code_a_result_and_a_dead_letter() {
     // The subject of a task nobody serves is not the stream's: the publish
     // itself is refused, so no job waits there unserved.
     let refused =
-        p.js.publish(d.topology.job_subject("classify"), "{}".into())
+        p.js.publish(d.topology.job_subject("summarize"), "{}".into())
             .await
             .unwrap()
             .await;
@@ -156,7 +156,7 @@ async fn each_bad_input_gets_its_code_a_result_and_a_dead_letter() {
     publish_raw(
         d.topology.job_subject("embed"),
         "task-1",
-        br#"{"version":1,"id":"task-1","task":"classify","model":"x","inputs":[{"type":"inline","items":["a"]}]}"#.to_vec(),
+        br#"{"version":1,"id":"task-1","task":"summarize","model":"x","inputs":[{"type":"inline","items":["a"]}]}"#.to_vec(),
     )
     .await;
     submit("task-1", ErrorCode::UnknownTask);

@@ -12,7 +12,9 @@ use serde_json::{Value, json};
 use sluice_schemas::JobState;
 use sluice_tests::api::Api;
 use sluice_tests::deploy::Deployment;
-use sluice_tests::fixtures::{cosine, minilm_reference, ranking, reranker_family};
+use sluice_tests::fixtures::{
+    classifier_family, cosine, minilm_reference, ranking, reranker_family,
+};
 use sluice_tests::repo_root;
 
 const KEY_A: &str = "sk-team-a-0123456789";
@@ -1322,5 +1324,151 @@ async fn the_gateway_ranks_documents_online_and_in_a_batch() {
         errors[0]["response"]["body"]["error"]["code"],
         "model_not_found"
     );
+    assert_eq!(d.jobs_in_stream_settled(0).await, 0);
+}
+
+/// vLLM's classify API over the queue, on the random-weight XLM-RoBERTa
+/// classifier (four labels, multi-label sigmoid) served as
+/// `xlm-classifier`: `POST /v1/classify` answers each text with its best
+/// label and every label's probability in id order, the
+/// `text-classification` pipeline's within 1e-4; bad requests get OpenAI's
+/// error shape naming the field; `/v1/classify` batch lines are answered
+/// in the same shape (their chunk's output read back from S3), a line
+/// naming an undeployed model failing alone.
+#[tokio::test]
+async fn the_gateway_classifies_texts_online_and_in_a_batch() {
+    let d = Deployment::start().await.unwrap();
+    let (dir, reference) = classifier_family("xlm-roberta-classifier").unwrap();
+    let _classify = d
+        .start_consumer_of(&dir, &["--task=classify", "--model-name=xlm-classifier"])
+        .await
+        .unwrap();
+    let gateway = d
+        .start_gateway(KEYS, &["--classify-models=xlm-classifier"])
+        .await
+        .unwrap();
+    let api = Api::new(gateway.addr);
+    let texts = &reference.texts;
+    let tokens: u64 = reference.ids.iter().map(|i| i.len() as u64).sum();
+    // Each answer against the pipeline's: probs in id order, the best label.
+    let check = |body: &Value, first: usize, n: usize, tokens: u64| {
+        let data = body["data"].as_array().unwrap_or_else(|| panic!("{body}"));
+        assert_eq!(data.len(), n, "{body}");
+        for (index, d) in data.iter().enumerate() {
+            let want = &reference.answers[first + index];
+            assert_eq!(d["index"], index, "{body}");
+            assert_eq!(d["label"], want[0].label, "text {}: {body}", first + index);
+            assert_eq!(d["num_classes"], reference.labels.len());
+            let probs: Vec<f32> = serde_json::from_value(d["probs"].clone()).unwrap();
+            for w in want {
+                let id = reference.labels.iter().position(|l| *l == w.label).unwrap();
+                assert!(
+                    (probs[id] - w.score).abs() <= 1e-4,
+                    "text {}, {}: {} vs {}",
+                    first + index,
+                    w.label,
+                    probs[id],
+                    w.score
+                );
+            }
+        }
+        assert_eq!(body["object"], "list");
+        assert_eq!(body["model"], "xlm-classifier");
+        assert_eq!(body["usage"]["total_tokens"], tokens, "{body}");
+    };
+
+    let (status, body) = api
+        .post(
+            "/classify",
+            KEY_A,
+            json!({"model": "xlm-classifier", "input": texts}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    check(&body, 0, texts.len(), tokens);
+    let (status, body) = api
+        .post(
+            "/classify",
+            KEY_A,
+            json!({"model": "xlm-classifier", "input": texts[3]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    check(&body, 3, 1, reference.ids[3].len() as u64);
+
+    for (body, status, param) in [
+        (
+            json!({"model": "distilbert-sst2", "input": "t"}),
+            404,
+            "model",
+        ),
+        (
+            json!({"model": "xlm-classifier", "input": []}),
+            400,
+            "input",
+        ),
+        (
+            json!({"model": "xlm-classifier", "input": [1, 2]}),
+            400,
+            "input",
+        ),
+        (
+            json!({"model": "xlm-classifier", "input": "t", "stream": true}),
+            400,
+            "stream",
+        ),
+    ] {
+        let (got, answer) = api.post("/classify", KEY_A, body.clone()).await;
+        eprintln!("{body} -> {got} {answer}");
+        assert_eq!(got, status, "{body}: {answer}");
+        assert_eq!(answer["error"]["param"], param, "{body}: {answer}");
+    }
+    let (_, models) = api.get("/models", KEY_A).await;
+    let listed = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["id"] == "xlm-classifier")
+        .cloned()
+        .unwrap_or_else(|| panic!("{models}"));
+    assert_eq!(
+        (listed["task"].as_str(), listed["live"].as_bool()),
+        (Some("classify"), Some(true))
+    );
+
+    // A batch of classify lines.
+    let line = |id: &str, body: Value| json!({"custom_id": id, "method": "POST", "url": "/v1/classify", "body": body});
+    let lines = [
+        line("all", json!({"model": "xlm-classifier", "input": texts})),
+        line("one", json!({"model": "xlm-classifier", "input": texts[5]})),
+        line(
+            "unknown-model",
+            json!({"model": "distilbert-sst2", "input": "t"}),
+        ),
+    ];
+    let batch = api
+        .batch_to(KEY_A, &to_jsonl(&lines), "24h", "/v1/classify")
+        .await;
+    let done = api
+        .wait(
+            KEY_A,
+            batch["id"].as_str().unwrap(),
+            Duration::from_secs(120),
+        )
+        .await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["request_counts"]["completed"], 2, "{done}");
+    assert_eq!(done["request_counts"]["failed"], 1, "{done}");
+    let output = api.content(KEY_A, &done["output_file_id"]).await;
+    let by_id: BTreeMap<&str, &Value> = output
+        .iter()
+        .map(|l| (l["custom_id"].as_str().unwrap(), &l["response"]))
+        .collect();
+    assert_eq!(by_id["all"]["status_code"], 200);
+    check(&by_id["all"]["body"], 0, texts.len(), tokens);
+    check(&by_id["one"]["body"], 5, 1, reference.ids[5].len() as u64);
+    let errors = api.content(KEY_A, &done["error_file_id"]).await;
+    assert_eq!(errors.len(), 1);
+    assert_eq!(errors[0]["custom_id"], "unknown-model");
     assert_eq!(d.jobs_in_stream_settled(0).await, 0);
 }

@@ -5,6 +5,7 @@ mod answer_once;
 mod architecture;
 mod auth;
 mod bounds;
+mod classify;
 mod cli;
 mod deploy_files;
 mod device_check;

@@ -154,7 +154,7 @@ async fn three_models_share_a_namespace_and_every_job_is_answered_by_its_own() {
             let (task, model) = models[i % 3];
             let id = format!("j-{i}");
             let item = match task {
-                Task::Embed => json!(long_text(i)),
+                Task::Embed | Task::Classify => json!(long_text(i)),
                 Task::Generate => json!({"prompt": format!("Count: {i},"), "max_new_tokens": 1}),
                 Task::Rerank => json!({"query": "which text?", "document": long_text(i)}),
             };

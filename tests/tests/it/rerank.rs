@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use sluice_schemas::{
-    ErrorCode, Input, Job, JobState, Outcome, Output, OutputOptions, Parameters, VERSION, npy,
+    ErrorCode, Input, Job, Outcome, Output, OutputOptions, Parameters, VERSION, npy,
 };
 use sluice_tests::deploy::Deployment;
 use sluice_tests::fixtures::{ranking, reranker_family, schema_example};
@@ -147,14 +147,7 @@ async fn rerank_jobs_score_pairs_as_sentence_transformers_and_bad_ones_fail_alon
             "parameter `normalize` applies to the embed task only, not to rerank",
         ),
     ] {
-        let Outcome::Error { error } = &by_id[id].outcome else {
-            panic!("{id}: {:?}", by_id[id].outcome);
-        };
-        eprintln!("{id}: {} {}", error.code, error.message);
-        assert_eq!(error.code, code, "{id}: {}", error.message);
-        assert!(error.message.contains(words), "{id}: {}", error.message);
-        let status = d.producer.status(id).await.unwrap().unwrap();
-        assert_eq!(status.state, JobState::Failed, "{id}");
+        d.assert_failed(id, &by_id[id], code, words).await;
     }
     assert_eq!(d.dead_letters().await, 3, "each bad job is dead-lettered");
     assert_eq!(d.jobs_in_stream_settled(0).await, 0);

@@ -1,12 +1,15 @@
-//! embed and rerank jobs as the pipeline runs them: tokenize, shrink the
-//! reservation to the real cost, batch and run, then write the vectors
-//! (embed: L2-normalized where the job or the model says) or the scores.
+//! embed, rerank and classify jobs as the pipeline runs them: tokenize,
+//! shrink the reservation to the real cost, batch and run, then write the
+//! vectors (embed: L2-normalized where the job or the model says), the
+//! scores, or each text's labels (the model's activation applied unless
+//! the job asks for raw scores, best first, cut at its `top_k`).
 
 use std::time::Instant;
 
+use sluice_schemas::task::classify;
 use sluice_schemas::{ErrorCode, Item, Task};
 
-use super::output::{store_embeddings, store_scores};
+use super::output::{store_classifications, store_embeddings, store_scores};
 use super::{EncoderEngine, EncoderInputs, Prepared, l2_normalize};
 use crate::error::JobError;
 use crate::task::engine::{JobRun, Ran, TaskEngine};
@@ -71,6 +74,19 @@ impl TaskEngine for EncoderEngine {
                             JobError::new(ErrorCode::Internal, "bug: a pair got no score")
                         })?;
                     store_scores(run.outputs, run.of, scores, &job.output).await?
+                }
+                EncoderInputs::Labels { labels, activation } => {
+                    let parameters = &job.parameters.classify;
+                    let classifications = vectors
+                        .into_iter()
+                        .map(|mut logits| {
+                            if !parameters.raw_scores.unwrap_or(false) {
+                                activation.apply(&mut logits);
+                            }
+                            classify::ranked(labels, &logits, parameters.top_k)
+                        })
+                        .collect();
+                    store_classifications(run.outputs, run.of, classifications, &job.output).await?
                 }
             };
             run.written(started, &output);

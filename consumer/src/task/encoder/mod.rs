@@ -1,11 +1,12 @@
-//! The encoder tasks' engine: `embed` (texts to pooled vectors) and
-//! `rerank` (query-document pairs to one score each, a cross-encoder's
-//! "vector" of one). Prepare: tokenize a job's texts or pairs (off the
+//! The encoder tasks' engine: `embed` (texts to pooled vectors), `rerank`
+//! (query-document pairs to one score each, a cross-encoder's "vector" of
+//! one) and `classify` (texts to their label scores, a sequence
+//! classifier's "vector" of logits). Prepare: tokenize a job's texts or pairs (off the
 //! runtime) and count what they really cost. Run: hand each item to the
 //! batcher, which groups items of many jobs by token sum (`batcher`, see
 //! `batcher.md`), for the executor thread that owns the model
 //! (`executor`), and gather one vector per item back, with the job's batch
-//! wait and inference times. Both tasks share every step after the
+//! wait and inference times. The tasks share every step after the
 //! tokenizer, the budget's arithmetic included.
 
 pub mod batcher;
@@ -28,16 +29,18 @@ use crate::budget::{Budget, ItemCost, JobCost};
 use crate::config::{Config, ModelConfig};
 use crate::error::JobError;
 use crate::telemetry::{JobTrace, Stats, Tracing};
+use sluice_models::encoder::classifier::{ClassifierActivation, SequenceClassifier};
 use sluice_models::encoder::cross_encoder::CrossEncoder;
 use sluice_models::encoder::files::Prompts;
 use sluice_models::{EmbeddingModel, SentenceEncoder, TextTokenizer};
 
-/// embed or rerank: the tokenizer, and the batcher that feeds the executor.
+/// embed, rerank or classify: the tokenizer, and the batcher that feeds the
+/// executor.
 pub struct EncoderEngine {
     /// Which forward runs (`EmbeddingModel::forward_name`).
     pub forward: &'static str,
     /// Length of each item's vector: the model's width for embed, 1 (the
-    /// score) for rerank.
+    /// score) for rerank, the labels for classify.
     pub dim: usize,
     pub tokenizer: Arc<TextTokenizer>,
     pub inputs: EncoderInputs,
@@ -55,6 +58,12 @@ pub enum EncoderInputs {
     /// rerank: (query, document) pairs in the tokenizer's pair template,
     /// with their token types.
     Pairs,
+    /// classify: texts, each to its logits, turned into label scores by
+    /// `activation` unless a job asks for `raw_scores`.
+    Labels {
+        labels: Arc<[String]>,
+        activation: ClassifierActivation,
+    },
 }
 
 impl EncoderInputs {
@@ -62,12 +71,15 @@ impl EncoderInputs {
         match self {
             EncoderInputs::Texts { .. } => Task::Embed,
             EncoderInputs::Pairs => Task::Rerank,
+            EncoderInputs::Labels { .. } => Task::Classify,
         }
     }
 
     /// What an item costs, in tokens: a token's id and its batch copy (a
     /// pair's token also has its type); a text's vector and its `.npy` copy
-    /// of `dim` floats each, or a pair's score. A text carries two special
+    /// of `dim` floats each, or a pair's score, or a text's logits and its
+    /// labels in JSON (a label's name, id and score in up to
+    /// `LABEL_JSON_BYTES` beyond the name). A text carries two special
     /// tokens beyond its bytes, a pair up to four (RoBERTa's
     /// `<s> q </s></s> d </s>`).
     pub fn item_cost(&self, dim: u64, max_tokens_per_item: u64) -> ItemCost {
@@ -85,6 +97,19 @@ impl EncoderInputs {
                 bytes_per_unit: 2 * TOKEN_ID_BYTES,
                 bytes_per_item: 2 * 4,
             },
+            EncoderInputs::Labels { labels, .. } => {
+                const LABEL_JSON_BYTES: u64 = 64;
+                let json: u64 = labels
+                    .iter()
+                    .map(|l| l.len() as u64 + LABEL_JSON_BYTES)
+                    .sum();
+                ItemCost {
+                    max_units: max_tokens_per_item,
+                    units_beyond_bytes: Some(2),
+                    bytes_per_unit: TOKEN_ID_BYTES,
+                    bytes_per_item: 4 * dim + 2 * json,
+                }
+            }
         }
     }
 }
@@ -111,7 +136,8 @@ pub struct LoadedModel {
 }
 
 /// Loads `task`'s model (embed: a sentence-transformers encoder; rerank: a
-/// cross-encoder) and its tokenizer, cut at the model's token limit.
+/// cross-encoder; classify: a sequence classifier) and its tokenizer, cut
+/// at the model's token limit.
 pub fn load_encoder(config: &ModelConfig, task: Task) -> anyhow::Result<LoadedModel> {
     let device = open_device(config).context("cannot open the device")?;
     let dir = &config.dir(task);
@@ -119,6 +145,10 @@ pub fn load_encoder(config: &ModelConfig, task: Task) -> anyhow::Result<LoadedMo
         match task {
             Task::Rerank => bail!(
                 "no model at {}: the rerank task needs --model-dir, a cross-encoder's directory (what sentence-transformers' CrossEncoder.save writes: config.json, model.safetensors, tokenizer.json)",
+                dir.display()
+            ),
+            Task::Classify => bail!(
+                "no model at {}: the classify task needs --model-dir, a sequence classifier's directory (what transformers' save_pretrained writes for a ...ForSequenceClassification model: config.json with id2label, model.safetensors, tokenizer.json)",
                 dir.display()
             ),
             _ => bail!(
@@ -137,6 +167,19 @@ pub fn load_encoder(config: &ModelConfig, task: Task) -> anyhow::Result<LoadedMo
             )?),
             EncoderInputs::Pairs,
         ),
+        Task::Classify => {
+            let model = SequenceClassifier::load(
+                dir,
+                device.clone(),
+                config.max_tokens_per_item,
+                config.embed_weights,
+            )?;
+            let inputs = EncoderInputs::Labels {
+                labels: model.labels().into(),
+                activation: model.activation(),
+            };
+            (Box::new(model), inputs)
+        }
         _ => {
             let model = SentenceEncoder::load(
                 dir,
@@ -166,7 +209,7 @@ pub fn load_encoder(config: &ModelConfig, task: Task) -> anyhow::Result<LoadedMo
     })
 }
 
-/// embed or rerank: load the model, size and check the budget, warm up,
+/// The encoder tasks: load the model, size and check the budget, warm up,
 /// start the batcher and the executor thread.
 pub fn start(config: &Config, stats: &Arc<Stats>, tracing: &Tracing) -> anyhow::Result<Started> {
     let loaded = load_encoder(&config.model, config.task())?;
@@ -273,8 +316,8 @@ pub fn start(config: &Config, stats: &Arc<Stats>, tracing: &Tracing) -> anyhow::
 impl EncoderEngine {
     /// Tokenizes a job's items (off the runtime): embed's texts each after
     /// the prompt `prompt_name` names (none: the model's default prompt, if
-    /// it has one; a name it lacks is `invalid_parameters`), rerank's pairs
-    /// in the pair template. `truncate` cuts an item over the model's limit
+    /// it has one; a name it lacks is `invalid_parameters`), classify's
+    /// texts as they are, rerank's pairs in the pair template. `truncate` cuts an item over the model's limit
     /// instead of failing the job.
     pub async fn prepare(
         &self,
@@ -293,7 +336,7 @@ impl EncoderEngine {
         };
         let tokenizer = Arc::clone(&self.tokenizer);
         let tokenized: Vec<(EncoderItem, bool)> = match &self.inputs {
-            EncoderInputs::Texts { prompts, .. } => {
+            EncoderInputs::Texts { .. } | EncoderInputs::Labels { .. } => {
                 let texts = items
                     .into_iter()
                     .map(|item| match item {
@@ -301,12 +344,17 @@ impl EncoderEngine {
                         _ => Err(misread()),
                     })
                     .collect::<Result<Vec<String>, JobError>>()?;
-                let texts = prompts.apply(prompt_name, texts).map_err(|e| {
-                    JobError::new(
-                        ErrorCode::InvalidParameters,
-                        format!("parameters.prompt_name: {e}"),
-                    )
-                })?;
+                let texts = match &self.inputs {
+                    EncoderInputs::Texts { prompts, .. } => {
+                        prompts.apply(prompt_name, texts).map_err(|e| {
+                            JobError::new(
+                                ErrorCode::InvalidParameters,
+                                format!("parameters.prompt_name: {e}"),
+                            )
+                        })?
+                    }
+                    _ => texts,
+                };
                 off_runtime(move || tokenizer.encode(texts, truncate))
                     .await?
                     .into_iter()

@@ -1,7 +1,7 @@
 //! The generate task's output: the generations inline when their JSON is
 //! small, else JSONL in S3 (one generation object per line, in item order).
 
-use sluice_schemas::{ErrorCode, Generation, Output, OutputOptions};
+use sluice_schemas::{Generation, Output, OutputOptions};
 
 use crate::error::JobError;
 use crate::output::OutputStore;
@@ -15,22 +15,10 @@ pub async fn store_generations(
     generations: Vec<Generation>,
     options: &OutputOptions,
 ) -> Result<Output, JobError> {
-    let mut body = Vec::new();
-    for g in &generations {
-        serde_json::to_writer(&mut body, g).map_err(|e| {
-            JobError::new(ErrorCode::Internal, format!("encoding a generation: {e}"))
-        })?;
-        body.push(b'\n');
-    }
-    if store.fits_inline(body.len() as u64, options) {
+    let object = OutputObject::jsonl(&generations, "a generation")?;
+    if store.fits_inline(object.body.len() as u64, options) {
         return Ok(Output::generations(generations));
     }
     drop(generations);
-    let object = OutputObject {
-        body,
-        format: "jsonl",
-        content_type: "application/x-ndjson",
-        shape: Vec::new(),
-    };
     store.put(of, object, options).await
 }

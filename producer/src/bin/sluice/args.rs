@@ -49,8 +49,9 @@ pub(crate) enum Command {
     /// already-presigned URLs (--url).
     Submit {
         /// The task: embed (a JSON string or {"text": ...} per line), generate
-        /// (a JSON string, {"prompt": ...} or {"messages": [...]} per line) or
-        /// rerank ({"query": ..., "document": ...} per line).
+        /// (a JSON string, {"prompt": ...} or {"messages": [...]} per line),
+        /// rerank ({"query": ..., "document": ...} per line) or classify (a
+        /// JSON string or {"text": ...} per line).
         #[arg(long, env = "SLUICE_TASK", default_value = "embed", value_parser = parse_task)]
         task: Task,
         /// JSONL files, directories of .jsonl files, or "-" for stdin.
@@ -75,7 +76,7 @@ pub(crate) enum Command {
         #[arg(long, env = "SLUICE_WAIT_TIMEOUT_SECS", default_value_t = 600)]
         timeout_secs: u64,
         /// With --wait: download S3 outputs into this directory as <job id>.npy
-        /// (embed) or <job id>.jsonl (generate).
+        /// (embed, rerank) or <job id>.jsonl (generate, classify).
         #[arg(long)]
         download: Option<PathBuf>,
         /// W3C trace context to continue (the jobs' spans join that trace);
@@ -124,6 +125,10 @@ pub(crate) enum Command {
         /// A name the model lacks fails the job with invalid_parameters.
         #[arg(long, env = "SLUICE_PROMPT_NAME")]
         prompt_name: Option<String>,
+        /// classify: keep each text's best N labels, best first (default:
+        /// every label).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        top_k: Option<u32>,
     },
     /// Show a job's status record.
     Status { id: String },

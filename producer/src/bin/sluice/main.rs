@@ -156,7 +156,11 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             tenant,
             stream,
             prompt_name,
+            top_k,
         } => {
+            if top_k.is_some() && task != Task::Classify {
+                bail!("--top-k applies to --task classify (the labels it keeps per text)");
+            }
             if prompt_name.is_some() && task != Task::Embed {
                 bail!(
                     "--prompt-name applies to --task embed (a prompt of the model's sentence-transformers files)"
@@ -241,6 +245,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     tenant,
                     stream,
                     prompt_name,
+                    top_k,
                 },
                 window as usize,
                 cli.json,

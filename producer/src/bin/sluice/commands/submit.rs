@@ -20,6 +20,9 @@ pub(crate) fn check_jsonl(task: Task, name: &str, body: &[u8]) -> Result<()> {
             Task::Rerank => bail!(
                 "{name}: no items (expected one {{\"query\": ..., \"document\": ...}} per line)"
             ),
+            Task::Classify => {
+                bail!("{name}: no items (expected one JSON string or {{\"text\": ...}} per line)")
+            }
         },
         Ok(()) => Ok(()),
         Err(JsonlError::Invalid(m)) => bail!("{name}: {m}"),
@@ -143,6 +146,8 @@ pub(crate) struct JobOptions {
     pub(crate) stream: bool,
     /// embed: `parameters.prompt_name`.
     pub(crate) prompt_name: Option<String>,
+    /// classify: `parameters.top_k`.
+    pub(crate) top_k: Option<u32>,
 }
 
 pub(crate) async fn submit_sources(
@@ -161,6 +166,7 @@ pub(crate) async fn submit_sources(
         tenant,
         stream,
         prompt_name,
+        top_k,
     } = options;
     use futures::StreamExt;
     let max_payload = p.nats.server_info().max_payload;
@@ -187,6 +193,7 @@ pub(crate) async fn submit_sources(
                 let mut job = p.job(task, &job_id, vec![input]);
                 job.deadline = deadline;
                 job.parameters.embed.prompt_name = prompt_name;
+                job.parameters.classify.top_k = top_k;
                 job.output.stream = stream.then_some(true);
                 Ok::<_, anyhow::Error>((name, job))
             }

@@ -363,6 +363,23 @@ pub(crate) fn report_result(json: bool, r: &JobResult) {
             }
         }
         Outcome::Ok {
+            output: Output::Inline {
+                classifications, ..
+            },
+        } if !classifications.is_empty() => {
+            println!(
+                "{}: ok, {} texts, {} tokens, {:.0} ms -> inline",
+                id, r.usage.items, r.usage.tokens, total
+            );
+            for (i, labels) in classifications.iter().enumerate() {
+                let labels: Vec<String> = labels
+                    .iter()
+                    .map(|l| format!("{} {}", l.label, l.score))
+                    .collect();
+                println!("  [{i}] {}", labels.join(", "));
+            }
+        }
+        Outcome::Ok {
             output:
                 Output::Inline {
                     embeddings,
