@@ -29,6 +29,23 @@ impl ApiError {
         }
     }
 
+    /// 429: `tenant` sent more requests than its rate allows; one more is
+    /// admitted after `wait`.
+    pub fn rate_limited(tenant: &str, wait: std::time::Duration) -> ApiError {
+        let mut error = ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            format!(
+                "Rate limit reached for tenant {tenant} (--rate-limit-rps, shared by its keys): \
+                 retry after {:.1} s.",
+                wait.as_secs_f64()
+            ),
+        )
+        .code("rate_limit_exceeded");
+        error.retry_after = Some(wait.as_secs_f64().ceil().max(1.0) as u64);
+        error
+    }
+
     pub fn code(mut self, code: &'static str) -> ApiError {
         self.code = Some(code);
         self

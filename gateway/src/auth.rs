@@ -13,6 +13,7 @@ use sha2::{Digest, Sha256};
 use sluice_schemas::Secret;
 
 use crate::api_error::ApiError;
+use crate::rate::RequestRate;
 
 /// What the shipped examples put where a key goes: refused as a key, so
 /// an example copied as is never serves anyone.
@@ -23,6 +24,8 @@ pub const PLACEHOLDER: &str = "change-me";
 #[derive(Clone, Default)]
 pub struct Keys {
     tenants: HashMap<[u8; 32], String>,
+    /// Each tenant's request rate (none: unlimited).
+    rate: Option<Arc<RequestRate>>,
 }
 
 impl std::fmt::Debug for Keys {
@@ -32,6 +35,12 @@ impl std::fmt::Debug for Keys {
 }
 
 impl Keys {
+    /// Limits each tenant's requests to `rate`.
+    pub fn with_rate(mut self, rate: Option<RequestRate>) -> Keys {
+        self.rate = rate.map(Arc::new);
+        self
+    }
+
     /// From a keys file (`TENANT KEY` per line, `#` comments) and/or an
     /// inline list (`TENANT:KEY,...`). At least one key is required.
     pub fn load(file: Option<&Path>, inline: Option<&Secret>) -> Result<Keys> {
@@ -136,10 +145,15 @@ where
                 "You didn't provide an API key: send `Authorization: Bearer <key>`.",
             ));
         };
-        match keys.tenant_of(key.trim()) {
-            Some(tenant) => Ok(Tenant(tenant.to_string())),
-            None => Err(ApiError::unauthorized("Incorrect API key provided.")),
+        let Some(tenant) = keys.tenant_of(key.trim()) else {
+            return Err(ApiError::unauthorized("Incorrect API key provided."));
+        };
+        if let Some(rate) = &keys.rate
+            && let Err(wait) = rate.admit(tenant, std::time::Instant::now())
+        {
+            return Err(ApiError::rate_limited(tenant, wait));
         }
+        Ok(Tenant(tenant.to_string()))
     }
 }
 

@@ -140,6 +140,16 @@ pub struct Config {
     #[arg(long, env = "SLUICE_GATEWAY_BODY_IDLE_SECS", default_value_t = 30)]
     pub body_idle_secs: u64,
 
+    /// Requests a second each tenant may send (all its keys together), on
+    /// average; past it a request is answered 429 `rate_limit_exceeded`
+    /// with `Retry-After`. 0: no limit.
+    #[arg(long, env = "SLUICE_RATE_LIMIT_RPS", default_value_t = 200.0)]
+    pub rate_limit_rps: f64,
+    /// Requests a tenant may send at once after a quiet spell (the rate's
+    /// bucket size).
+    #[arg(long, env = "SLUICE_RATE_LIMIT_BURST", default_value_t = 400)]
+    pub rate_limit_burst: u32,
+
     #[command(flatten)]
     pub otlp: sluice_connect::otlp::OtlpArgs,
 
@@ -179,6 +189,12 @@ impl Config {
         }
         if self.online_stream_idle_secs == 0 {
             bail!("--online-stream-idle-secs must be at least 1");
+        }
+        if !(self.rate_limit_rps.is_finite() && self.rate_limit_rps >= 0.0) {
+            bail!("--rate-limit-rps must be 0 (no limit) or more");
+        }
+        if self.rate_limit_burst == 0 {
+            bail!("--rate-limit-burst must be at least 1");
         }
         if self.max_connections == 0 {
             bail!("--max-connections must be at least 1");

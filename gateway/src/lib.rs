@@ -25,6 +25,7 @@ pub mod objects;
 pub mod online;
 pub mod openai;
 pub mod outputs;
+pub mod rate;
 pub mod records;
 pub mod state;
 pub mod traces;
@@ -163,7 +164,9 @@ async fn refresh_models(models: std::sync::Weak<sluice_producer::models::ModelCa
 /// Connects, checks the deployment's bucket, binds and starts the driver.
 pub async fn start(config: Config) -> Result<Gateway> {
     config.validate()?;
-    let keys = auth::Keys::load(config.keys_file.as_deref(), config.keys.as_ref())?;
+    let rate = (config.rate_limit_rps > 0.0)
+        .then(|| rate::RequestRate::new(config.rate_limit_rps, config.rate_limit_burst));
+    let keys = auth::Keys::load(config.keys_file.as_deref(), config.keys.as_ref())?.with_rate(rate);
     let topology = config.topology();
     let nats = sluice_connect::connect_nats(
         &config.deployment.nats_url,

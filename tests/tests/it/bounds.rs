@@ -317,3 +317,70 @@ async fn connections_past_the_cap_are_answered_503_with_retry_after() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// One tenant cannot take the gateway's requests for itself: at
+/// `--rate-limit-rps=1 --rate-limit-burst=3`, ten requests at once from
+/// team A's key get three answers (and one more per second they took), the
+/// rest 429 `rate_limit_exceeded` in OpenAI's shape with `Retry-After`;
+/// team B is served meanwhile; after the wait team A is served again.
+#[tokio::test]
+async fn a_tenant_past_its_request_rate_is_told_to_wait_and_others_are_served() {
+    const KEYS: &str = "team-a:sk-team-a-rate,team-b:sk-team-b-rate";
+    let d = Deployment::start().await.unwrap();
+    let gateway = d
+        .start_gateway(KEYS, &["--rate-limit-rps=1", "--rate-limit-burst=3"])
+        .await
+        .unwrap();
+    let http = reqwest::Client::new();
+    let models = format!("http://{}/v1/models", gateway.addr);
+    let get = |key: &'static str| {
+        let request = http.get(&models).bearer_auth(key);
+        async move {
+            let response = request.send().await.unwrap();
+            let status = response.status().as_u16();
+            let retry_after = response
+                .headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok());
+            let bytes = response.bytes().await.unwrap_or_default();
+            let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            (status, retry_after, body)
+        }
+    };
+    let started = Instant::now();
+    let mut answers = Vec::new();
+    for _ in 0..10 {
+        answers.push(get("sk-team-a-rate").await);
+    }
+    let took = started.elapsed().as_secs_f64();
+    let served = answers.iter().filter(|(s, ..)| *s == 200).count();
+    eprintln!("team A: {served} of 10 served in {took:.2} s");
+    assert!(
+        answers[..3].iter().all(|(s, ..)| *s == 200),
+        "the burst is served: {answers:?}"
+    );
+    assert!(
+        served <= 3 + took.ceil() as usize,
+        "{served} served in {took} s: {answers:?}"
+    );
+    let refused: Vec<_> = answers.iter().filter(|(s, ..)| *s != 200).collect();
+    assert!(
+        !refused.is_empty(),
+        "ten requests at once at 1 a second: {answers:?}"
+    );
+    let mut wait = 0;
+    for (status, retry_after, body) in refused {
+        assert_eq!(*status, 429, "{body}");
+        assert_eq!(body["error"]["code"], "rate_limit_exceeded", "{body}");
+        assert_eq!(body["error"]["type"], "rate_limit_error", "{body}");
+        let secs = retry_after.unwrap_or_else(|| panic!("no Retry-After: {body}"));
+        assert!((1..=2).contains(&secs), "Retry-After {secs}: {body}");
+        wait = wait.max(secs);
+    }
+    let (status, _, body) = get("sk-team-b-rate").await;
+    assert_eq!(status, 200, "team B is not held by team A's rate: {body}");
+    tokio::time::sleep(Duration::from_secs(wait)).await;
+    let (status, _, body) = get("sk-team-a-rate").await;
+    assert_eq!(status, 200, "after Retry-After, team A is served: {body}");
+}
