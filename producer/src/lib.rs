@@ -45,7 +45,8 @@ pub struct ProducerConfig {
     pub bucket: String,
     /// Key prefix for uploaded inputs.
     pub input_prefix: String,
-    /// Lifetime of presigned input URLs.
+    /// Longest lifetime of a presigned input URL: a job's own is shorter,
+    /// ending [`PRESIGN_PAST_DEADLINE`] after its deadline, where it has one.
     pub presign_secs: u64,
     /// The model jobs ask for.
     pub model: String,
@@ -61,6 +62,28 @@ impl Default for ProducerConfig {
             model: Task::Embed.default_model().into(),
         }
     }
+}
+
+/// How long a URL outlives its job's deadline: for the clocks of the
+/// producer and the S3 server to differ, and for a job pulled just before
+/// its deadline to fetch its input.
+pub const PRESIGN_PAST_DEADLINE: Duration = Duration::from_secs(60);
+
+/// The lifetime of a job's input URL presigned at `now`: `presign_secs`, or
+/// less where the job has a deadline (until [`PRESIGN_PAST_DEADLINE`] after
+/// it; at least a second): a URL copied out of a job message opens its
+/// input no longer than the job could use it.
+pub fn url_lifetime(
+    presign_secs: u64,
+    deadline: Option<time::OffsetDateTime>,
+    now: time::OffsetDateTime,
+) -> Duration {
+    let longest = Duration::from_secs(presign_secs.max(1));
+    let Some(deadline) = deadline else {
+        return longest;
+    };
+    let left = Duration::try_from(deadline - now).unwrap_or(Duration::ZERO);
+    (left + PRESIGN_PAST_DEADLINE).min(longest)
 }
 
 impl ProducerConfig {
@@ -107,6 +130,17 @@ impl Producer {
     /// Uploads `body` to `bucket/<input_prefix><name>` and returns the input,
     /// presigned for reading, with its object named so it can be re-signed.
     pub async fn upload_input(&self, name: &str, body: Vec<u8>) -> Result<Input> {
+        self.upload_input_until(name, body, None).await
+    }
+
+    /// [`Producer::upload_input`] for a job with `deadline`: its URL lives
+    /// no longer than the job can run (see [`url_lifetime`]).
+    pub async fn upload_input_until(
+        &self,
+        name: &str,
+        body: Vec<u8>,
+        deadline: Option<time::OffsetDateTime>,
+    ) -> Result<Input> {
         let key = format!("{}{name}", self.config.input_prefix);
         self.s3
             .put_object()
@@ -122,7 +156,14 @@ impl Producer {
                     aws_sdk_s3::error::DisplayErrorContext(e)
                 )
             })?;
-        let url = self.presign_get(&self.config.bucket, &key).await?;
+        let lifetime = url_lifetime(
+            self.config.presign_secs,
+            deadline,
+            time::OffsetDateTime::now_utc(),
+        );
+        let url = self
+            .presign_get_for(&self.config.bucket, &key, lifetime)
+            .await?;
         Ok(Input::Url {
             url,
             format: InputFormat::Jsonl,
@@ -133,15 +174,19 @@ impl Producer {
         })
     }
 
+    /// A GET URL of `bucket/key` for `presign_secs`.
     pub async fn presign_get(&self, bucket: &str, key: &str) -> Result<String> {
+        let lifetime = Duration::from_secs(self.config.presign_secs);
+        self.presign_get_for(bucket, key, lifetime).await
+    }
+
+    async fn presign_get_for(&self, bucket: &str, key: &str, lifetime: Duration) -> Result<String> {
         let presigned = self
             .s3
             .get_object()
             .bucket(bucket)
             .key(key)
-            .presigned(PresigningConfig::expires_in(Duration::from_secs(
-                self.config.presign_secs,
-            ))?)
+            .presigned(PresigningConfig::expires_in(lifetime)?)
             .await
             .with_context(|| format!("cannot presign s3://{bucket}/{key}"))?;
         Ok(presigned.uri().to_string())
@@ -629,5 +674,27 @@ mod tests {
         let passed = ttl(-1500).unwrap_err().to_string();
         assert!(passed.contains("passed 1.5 s ago"), "{passed}");
         assert!(ttl(0).is_err(), "a deadline of now has passed");
+    }
+
+    /// A job's URL ends a minute after its deadline, never later than
+    /// --presign-secs, at least a second after now.
+    #[test]
+    fn an_input_url_lives_no_longer_than_its_job_can_run() {
+        let now = datetime!(2026-12-07 10:00:00 UTC);
+        let at = |secs: i64| Some(now + time::Duration::seconds(secs));
+        let table: [(u64, Option<time::OffsetDateTime>, u64); 5] = [
+            (86_400, None, 86_400),
+            (86_400, at(300), 360),
+            (120, at(300), 120),
+            (86_400, at(-30), 60),
+            (0, None, 1),
+        ];
+        for (presign_secs, deadline, want) in table {
+            assert_eq!(
+                url_lifetime(presign_secs, deadline, now),
+                Duration::from_secs(want),
+                "{presign_secs} s, deadline {deadline:?}"
+            );
+        }
     }
 }

@@ -350,3 +350,56 @@ async fn a_job_its_consumer_abandoned_expires_once_the_stream_drops_it() {
         None
     );
 }
+
+/// The attack: a presigned URL copied out of a job message opens the
+/// job's private input for as long as it lives. A job submitted with a
+/// 30 s deadline carries a URL that ends a minute after it (X-Amz-Expires
+/// at most 90), not the day it lived before; without a deadline, the
+/// `--presign-secs` asked for.
+#[tokio::test]
+async fn a_jobs_input_url_lives_no_longer_than_the_job_can_run() {
+    let d = Deployment::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("private.jsonl");
+    std::fs::write(&file, jsonl(&texts(3))).unwrap();
+    let path = file.to_str().unwrap();
+    for (args, at_most, at_least) in [
+        (vec!["--deadline-secs", "30"], 90, 60),
+        (vec!["--presign-secs", "600"], 600, 600),
+    ] {
+        let mut cli = vec!["submit", "--json"];
+        cli.extend(&args);
+        cli.push(path);
+        let run = d.cli(&cli, None, T).await;
+        assert_eq!(run.code, Some(0), "{run:?}");
+        let id = run.json_lines()[0]["job_id"].as_str().unwrap().to_string();
+        // No consumer: the job waits in the stream; read it as anyone
+        // with the stream's read rights would.
+        let stream = d
+            .producer
+            .js
+            .get_stream(&d.topology.job_stream)
+            .await
+            .unwrap();
+        let info = stream.get_info().await.unwrap();
+        let msg = stream
+            .get_raw_message(info.state.last_sequence)
+            .await
+            .unwrap();
+        let job = sluice_schemas::Job::decode(&msg.payload).unwrap().job;
+        assert_eq!(job.id, id);
+        let sluice_schemas::Input::Url { url, .. } = &job.inputs[0] else {
+            panic!("{:?}", job.inputs)
+        };
+        let expires: u64 = url
+            .split(['?', '&'])
+            .find_map(|p| p.strip_prefix("X-Amz-Expires="))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no X-Amz-Expires in {url}"));
+        eprintln!("{args:?}: the input URL lives {expires} s");
+        assert!(
+            (at_least..=at_most).contains(&expires),
+            "{args:?}: X-Amz-Expires={expires}, not within {at_least}..={at_most}"
+        );
+    }
+}

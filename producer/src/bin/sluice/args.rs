@@ -25,6 +25,11 @@ pub(crate) struct Cli {
     /// Bucket for inputs and outputs.
     #[arg(long, global = true, env = "SLUICE_BUCKET", default_value = "sluice")]
     pub(crate) bucket: String,
+    /// Longest life of a presigned input URL, in seconds (a job with a
+    /// deadline gets one that ends a minute after it).
+    #[arg(long, global = true, env = "SLUICE_PRESIGN_SECS", default_value_t = 24 * 3600,
+          value_parser = clap::value_parser!(u64).range(1..=7 * 24 * 3600))]
+    pub(crate) presign_secs: u64,
     /// Print JSON (one object per line) for scripts instead of text for people.
     #[arg(long, global = true, env = "SLUICE_JSON")]
     pub(crate) json: bool,

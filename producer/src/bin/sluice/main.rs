@@ -41,6 +41,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
     let config = ProducerConfig {
         deployment: cli.deployment.clone(),
         bucket: cli.bucket.clone(),
+        presign_secs: cli.presign_secs,
         ..ProducerConfig::default()
     };
     match cli.command {

@@ -180,7 +180,7 @@ pub(crate) async fn submit_sources(
                 let name = source.name().to_string();
                 let input = match source {
                     JobSource::Upload { name, body } => p
-                        .upload_input(&format!("{job_id}.jsonl"), body)
+                        .upload_input_until(&format!("{job_id}.jsonl"), body, deadline)
                         .await
                         .with_context(|| format!("uploading {name}"))?,
                     JobSource::Inline { items, .. } => Input::Inline { items },
