@@ -140,6 +140,12 @@ pub struct Config {
     #[arg(long, env = "SLUICE_GATEWAY_BODY_IDLE_SECS", default_value_t = 30)]
     pub body_idle_secs: u64,
 
+    /// Online requests (`/v1/embeddings`, `/v1/chat/completions`, ...) this
+    /// gateway answers at once, streams included; one more is answered 503
+    /// `too_many_requests_in_flight` with `Retry-After`, before any job is
+    /// published.
+    #[arg(long, env = "SLUICE_MAX_ONLINE_REQUESTS", default_value_t = 1024)]
+    pub max_online_requests: usize,
     /// Requests a second each tenant may send (all its keys together), on
     /// average; past it a request is answered 429 `rate_limit_exceeded`
     /// with `Retry-After`. 0: no limit.
@@ -195,6 +201,9 @@ impl Config {
         }
         if self.rate_limit_burst == 0 {
             bail!("--rate-limit-burst must be at least 1");
+        }
+        if self.max_online_requests == 0 {
+            bail!("--max-online-requests must be at least 1");
         }
         if self.max_connections == 0 {
             bail!("--max-connections must be at least 1");

@@ -18,6 +18,7 @@ pub mod driver;
 pub mod extract;
 pub mod file_record;
 pub mod files;
+pub mod in_flight;
 pub mod job_errors;
 pub mod lifecycle;
 pub mod metrics;
@@ -52,6 +53,8 @@ pub fn router(state: AppState) -> Router {
             .saturating_add(files::FORM_OVERHEAD_BYTES),
     )
     .unwrap_or(usize::MAX);
+    // Each online request holds one of --max-online-requests slots.
+    let slot = axum::middleware::from_fn_with_state(state.clone(), in_flight::limit);
     Router::new()
         .route(
             "/v1/files",
@@ -61,12 +64,15 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/v1/files/{id}", get(files::retrieve).delete(files::delete))
         .route("/v1/files/{id}/content", get(files::content))
-        .route("/v1/embeddings", post(online::answer))
-        .route("/v1/chat/completions", post(online::answer))
-        .route("/v1/completions", post(online::answer))
-        .route("/v1/rerank", post(online::answer))
-        .route("/v1/classify", post(online::answer))
-        .route("/v1/responses", post(online::answer))
+        .route("/v1/embeddings", post(online::answer).layer(slot.clone()))
+        .route(
+            "/v1/chat/completions",
+            post(online::answer).layer(slot.clone()),
+        )
+        .route("/v1/completions", post(online::answer).layer(slot.clone()))
+        .route("/v1/rerank", post(online::answer).layer(slot.clone()))
+        .route("/v1/classify", post(online::answer).layer(slot.clone()))
+        .route("/v1/responses", post(online::answer).layer(slot))
         .route("/v1/models", get(online::models))
         .route("/v1/batches", post(batches::create).get(batches::list))
         .route("/v1/batches/{id}", get(batches::retrieve))
@@ -219,6 +225,7 @@ pub async fn start(config: Config) -> Result<Gateway> {
         .context("cannot read the deployed models")?;
     tokio::spawn(refresh_models(Arc::downgrade(&models)));
     let state = AppState::new(state::Shared {
+        online_slots: in_flight::OnlineSlots::new(config.max_online_requests),
         config: Arc::new(config),
         keys: Arc::new(keys),
         topology,

@@ -36,6 +36,8 @@ impl std::ops::Deref for AppState {
 pub struct Shared {
     pub config: Arc<Config>,
     pub keys: Arc<Keys>,
+    /// The online requests answered now (`in_flight.rs`).
+    pub online_slots: crate::in_flight::OnlineSlots,
     pub topology: Topology,
     pub records: Records,
     pub statuses: StatusStore,

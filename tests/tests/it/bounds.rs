@@ -384,3 +384,83 @@ async fn a_tenant_past_its_request_rate_is_told_to_wait_and_others_are_served() 
     let (status, _, body) = get("sk-team-a-rate").await;
     assert_eq!(status, 200, "after Retry-After, team A is served: {body}");
 }
+
+/// One gateway answers at most `--max-online-requests` online requests at
+/// once: with two held open (no consumer: their jobs wait out their 30 s
+/// deadlines), a third is answered 503 `too_many_requests_in_flight` with
+/// `Retry-After` at once (the cap is checked before the handler reads the
+/// body); other routes are served; once the two clients go away, their
+/// slots are free again.
+#[tokio::test]
+async fn online_requests_past_the_gateways_cap_are_refused_at_once() {
+    const KEYS: &str = "team-a:sk-team-a-in-flight";
+    let d = Deployment::start().await.unwrap();
+    let gateway = d
+        .start_gateway(KEYS, &["--max-online-requests=2"])
+        .await
+        .unwrap();
+    let http = reqwest::Client::new();
+    let base = format!("http://{}/v1", gateway.addr);
+    let embed = |deadline_secs: &str| {
+        http.post(format!("{base}/embeddings"))
+            .bearer_auth("sk-team-a-in-flight")
+            .header("sluice-deadline-secs", deadline_secs)
+            .header("content-type", "application/json")
+            .body(r#"{"model": "all-minilm-l6-v2", "input": "held"}"#)
+            .send()
+    };
+    let held: Vec<_> = (0..2).map(|_| tokio::spawn(embed("30"))).collect();
+    // A probe with a 1 s deadline is admitted (and answered 504) until the
+    // two hold both slots.
+    let until = Instant::now() + Duration::from_secs(25);
+    let refused = loop {
+        let asked = Instant::now();
+        let response = embed("1").await.unwrap();
+        let status = response.status().as_u16();
+        if status == 503 {
+            break (asked.elapsed(), response);
+        }
+        assert_eq!(status, 504, "a probe admitted waits out its deadline");
+        assert!(
+            Instant::now() < until,
+            "the two requests never held both slots"
+        );
+    };
+    let (took, response) = refused;
+    let retry_after = response
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_string());
+    let body: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+    eprintln!("refused in {took:?}: {body}");
+    assert!(
+        took < Duration::from_secs(1),
+        "refused at once, not queued: {took:?}"
+    );
+    assert_eq!(retry_after.as_deref(), Some("1"), "{body}");
+    assert_eq!(
+        body["error"]["code"], "too_many_requests_in_flight",
+        "{body}"
+    );
+    let models = http
+        .get(format!("{base}/models"))
+        .bearer_auth("sk-team-a-in-flight")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(models.status().as_u16(), 200, "other routes are not capped");
+    // The two clients go away: their slots come back.
+    for h in held {
+        h.abort();
+    }
+    let until = Instant::now() + Duration::from_secs(25);
+    loop {
+        let status = embed("1").await.unwrap().status().as_u16();
+        if status == 504 {
+            break;
+        }
+        assert_eq!(status, 503);
+        assert!(Instant::now() < until, "the slots never came back");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
