@@ -275,6 +275,17 @@ pub struct NatsServer {
 }
 
 impl NatsServer {
+    /// The server's log lines that refused a client: a publish or a
+    /// subscription its user's permissions do not allow.
+    pub fn permission_violations(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.process.log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("Violation"))
+            .map(str::to_string)
+            .collect()
+    }
+
     pub async fn start() -> Result<NatsServer> {
         NatsServer::start_with_config(None).await
     }

@@ -354,8 +354,8 @@ async fn mutual_tls_with_a_client_certificate() {
 }
 
 /// deploy/nats/permissions.conf as shipped: the consumer and the publisher
-/// each do their job with only their own permissions, and a publisher cannot
-/// read the dead-letter stream.
+/// each do their job with only their own permissions, refused nothing on
+/// the way, and a publisher cannot read the dead-letter stream.
 #[tokio::test]
 async fn the_shipped_permissions_let_each_role_do_its_job_and_no_more() {
     let permissions =
@@ -420,4 +420,18 @@ async fn the_shipped_permissions_let_each_role_do_its_job_and_no_more() {
     );
     eprintln!("publisher running `sluice dlq ls`: {}", run.stderr.trim());
     consumer.shutdown(Duration::from_secs(10)).await.unwrap();
+    // That refusal is the only one: each refusal of a role's own work
+    // costs it a timeout.
+    let refused: Vec<String> = d
+        .servers
+        .nats
+        .permission_violations()
+        .into_iter()
+        .filter(|l| !l.contains("SLUICE_DLQ"))
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "the shipped permissions refused a role its own work:\n{}",
+        refused.join("\n")
+    );
 }

@@ -1050,7 +1050,8 @@ async fn a_batch_is_one_trace_from_its_create_request_to_its_chunk_jobs() {
 
 /// deploy/nats/permissions.conf as shipped: a gateway with only the gateway
 /// role's permissions (and a consumer with the consumer's) validates,
-/// publishes, follows, cancels, lists and finalizes batches.
+/// publishes, follows, cancels, lists and finalizes batches, and the server
+/// refuses neither of them anything on the way.
 #[tokio::test]
 async fn the_shipped_permissions_let_the_gateway_run_and_cancel_batches() {
     let permissions =
@@ -1132,6 +1133,13 @@ async fn the_shipped_permissions_let_the_gateway_run_and_cancel_batches() {
     assert_eq!(list["data"].as_array().map(Vec::len), Some(2), "{list}");
     gateway.stop();
     consumer.shutdown(Duration::from_secs(10)).await.unwrap();
+    // Each refusal of a role's own work costs it a timeout: there is none.
+    let refused = d.servers.nats.permission_violations();
+    assert!(
+        refused.is_empty(),
+        "the shipped permissions refused the gateway or the consumer:\n{}",
+        refused.join("\n")
+    );
 }
 
 /// The rerank API (vLLM's, llama-server's, Jina's and Cohere's shape) over
