@@ -55,6 +55,12 @@ pub struct NatsAuth {
     /// and tls:// URLs).
     #[arg(long, global = true, env = "NATS_TLS")]
     pub nats_tls: bool,
+    /// The subject prefix of this client's reply inboxes (default
+    /// `_INBOX`): a role whose permissions let it subscribe only to its own
+    /// prefix (`_INBOX_gateway.>` in deploy/nats/permissions.conf) cannot
+    /// read another client's replies.
+    #[arg(long, global = true, env = "NATS_INBOX_PREFIX")]
+    pub nats_inbox_prefix: Option<String>,
 }
 
 impl NatsAuth {
@@ -77,6 +83,13 @@ impl NatsAuth {
         }
         if self.nats_cert.is_some() != self.nats_key.is_some() {
             bail!("--nats-cert and --nats-key go together");
+        }
+        if let Some(prefix) = &self.nats_inbox_prefix
+            && !is_inbox_prefix(prefix)
+        {
+            bail!(
+                "--nats-inbox-prefix {prefix:?} must be a subject of plain tokens (letters, digits, '_', '-', '.' between tokens; no wildcards)"
+            );
         }
         for (flag, path) in [
             ("--nats-nkey-seed-file", &self.nats_nkey_seed_file),
@@ -123,6 +136,9 @@ impl NatsAuth {
             _ => async_nats::ConnectOptions::new(),
         };
         o = o.name(name);
+        if let Some(prefix) = &self.nats_inbox_prefix {
+            o = o.custom_inbox_prefix(prefix.clone());
+        }
         if let Some(ca) = &self.nats_ca {
             o = o.add_root_certificates(ca.clone()).require_tls(true);
         }
@@ -155,6 +171,18 @@ impl NatsAuth {
 /// start alongside it); without it, a refused connection fails at once.
 /// Either way, a refused login or a failed TLS handshake fails at once: no
 /// retry can fix those.
+/// Whether `prefix` can begin inbox subjects: dot-separated tokens of
+/// letters, digits, `_` and `-`.
+fn is_inbox_prefix(prefix: &str) -> bool {
+    !prefix.is_empty()
+        && prefix.split('.').all(|token| {
+            !token.is_empty()
+                && token
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        })
+}
+
 pub async fn connect_nats(
     url: &str,
     auth: &NatsAuth,
@@ -362,6 +390,27 @@ mod tests {
                 .contains("--nats-ca /no/such/ca.pem: no such file")
         );
         assert!(NatsAuth::default().validate().is_ok());
+    }
+
+    /// An inbox prefix is plain tokens: a wildcard or an empty token would
+    /// make replies land where the permissions do not expect them.
+    #[test]
+    fn an_inbox_prefix_is_plain_subject_tokens() {
+        for (prefix, ok) in [
+            ("_INBOX_gateway", true),
+            ("_INBOX.team-a", true),
+            ("_INBOX.>", false),
+            ("_INBOX.*", false),
+            ("a..b", false),
+            ("", false),
+            ("has space", false),
+        ] {
+            let auth = NatsAuth {
+                nats_inbox_prefix: Some(prefix.into()),
+                ..NatsAuth::default()
+            };
+            assert_eq!(auth.validate().is_ok(), ok, "{prefix:?}");
+        }
     }
 
     #[test]

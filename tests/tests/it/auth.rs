@@ -380,7 +380,11 @@ async fn the_shipped_permissions_let_each_role_do_its_job_and_no_more() {
     .await
     .unwrap();
     let consumer = d
-        .start_consumer(&["--nats-user=consumer", "--nats-password=change-me"])
+        .start_consumer(&[
+            "--nats-user=consumer",
+            "--nats-password=change-me",
+            "--nats-inbox-prefix=_INBOX_consumer",
+        ])
         .await
         .unwrap();
 
@@ -391,6 +395,7 @@ async fn the_shipped_permissions_let_each_role_do_its_job_and_no_more() {
     env.extend([
         ("NATS_USER", "publisher".to_string()),
         ("NATS_PASSWORD", "change-me".to_string()),
+        ("NATS_INBOX_PREFIX", "_INBOX_publisher".to_string()),
     ]);
     let run = run_cli(
         &env,

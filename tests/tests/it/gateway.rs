@@ -1051,7 +1051,8 @@ async fn a_batch_is_one_trace_from_its_create_request_to_its_chunk_jobs() {
 /// deploy/nats/permissions.conf as shipped: a gateway with only the gateway
 /// role's permissions (and a consumer with the consumer's) validates,
 /// publishes, follows, cancels, lists and finalizes batches, and the server
-/// refuses neither of them anything on the way.
+/// refuses neither of them anything on the way; a client of another role
+/// listening on every inbox hears none of the gateway's online answers.
 #[tokio::test]
 async fn the_shipped_permissions_let_the_gateway_run_and_cancel_batches() {
     let permissions =
@@ -1074,6 +1075,7 @@ async fn the_shipped_permissions_let_the_gateway_run_and_cancel_batches() {
             &[
                 "--nats-user=gateway",
                 "--nats-password=change-me",
+                "--nats-inbox-prefix=_INBOX_gateway",
                 "--chunk-lines=4",
             ],
         )
@@ -1115,7 +1117,11 @@ async fn the_shipped_permissions_let_the_gateway_run_and_cancel_batches() {
 
     // A consumer with its own role runs the next one to the end.
     let consumer = d
-        .start_consumer(&["--nats-user=consumer", "--nats-password=change-me"])
+        .start_consumer(&[
+            "--nats-user=consumer",
+            "--nats-password=change-me",
+            "--nats-inbox-prefix=_INBOX_consumer",
+        ])
         .await
         .unwrap();
     let run = api.batch(KEY_A, &to_jsonl(&lines), "24h").await;
@@ -1128,17 +1134,66 @@ async fn the_shipped_permissions_let_the_gateway_run_and_cancel_batches() {
         json!({"total": 10, "completed": 10, "failed": 0})
     );
     assert_eq!(api.content(KEY_A, &done["output_file_id"]).await.len(), 10);
+    // The attack: another role's client listens on every inbox while team
+    // A's online request is answered. Each role reads only its own prefix:
+    // the snoop is refused and hears nothing.
+    let publisher = sluice_connect::NatsAuth {
+        nats_user: Some("publisher".into()),
+        nats_password: Some(sluice_schemas::Secret::new("change-me")),
+        ..Default::default()
+    };
+    let snoop = sluice_connect::connect_nats(
+        &d.servers.nats.url(),
+        &publisher,
+        "snoop",
+        false,
+        Duration::from_secs(10),
+    )
+    .await
+    .unwrap();
+    let mut heard = Vec::new();
+    for subject in ["_INBOX.>", "_INBOX_gateway.>"] {
+        heard.push(snoop.subscribe(subject).await.unwrap());
+    }
+    snoop.flush().await.unwrap();
+    let (status, body) = api
+        .post(
+            "/embeddings",
+            KEY_A,
+            json!({"model": "all-minilm-l6-v2", "input": "team A's private text"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    for mut sub in heard {
+        let got =
+            tokio::time::timeout(Duration::from_secs(1), futures::StreamExt::next(&mut sub)).await;
+        assert!(
+            !matches!(got, Ok(Some(_))),
+            "another role read team A's answer on an inbox: {:?}",
+            got.ok().flatten().map(|m| m.subject)
+        );
+    }
+    drop(snoop);
+
     let (status, list) = api.get("/batches", KEY_A).await;
     assert_eq!(status, 200, "{list}");
     assert_eq!(list["data"].as_array().map(Vec::len), Some(2), "{list}");
     gateway.stop();
     consumer.shutdown(Duration::from_secs(10)).await.unwrap();
-    // Each refusal of a role's own work costs it a timeout: there is none.
+    // The snoop's two subscriptions were refused; nothing else was: each
+    // refusal of a role's own work costs it a timeout.
     let refused = d.servers.nats.permission_violations();
-    assert!(
-        refused.is_empty(),
-        "the shipped permissions refused the gateway or the consumer:\n{}",
+    let snooped = |l: &String| l.contains("user:publisher") && l.contains("Subscription Violation");
+    assert_eq!(
+        refused.iter().filter(|l| snooped(l)).count(),
+        2,
+        "the snoop's subscriptions were refused:\n{}",
         refused.join("\n")
+    );
+    let others: Vec<&String> = refused.iter().filter(|l| !snooped(l)).collect();
+    assert!(
+        others.is_empty(),
+        "the shipped permissions refused the gateway or the consumer:\n{others:?}"
     );
 }
 
