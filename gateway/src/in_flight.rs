@@ -15,23 +15,14 @@ use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::OwnedSemaphorePermit;
 
 use crate::api_error::ApiError;
 use crate::state::AppState;
 
-/// The slots of online requests (`--max-online-requests`).
-pub struct OnlineSlots(Arc<Semaphore>);
-
-impl OnlineSlots {
-    pub fn new(slots: usize) -> OnlineSlots {
-        OnlineSlots(Arc::new(Semaphore::new(slots)))
-    }
-}
-
 /// The middleware of the online routes: a slot, or 503.
 pub async fn limit(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let Ok(permit) = Arc::clone(&state.online_slots.0).try_acquire_owned() else {
+    let Ok(permit) = Arc::clone(&state.online_slots).try_acquire_owned() else {
         let mut error = ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "server_error",

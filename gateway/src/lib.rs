@@ -225,7 +225,7 @@ pub async fn start(config: Config) -> Result<Gateway> {
         .context("cannot read the deployed models")?;
     tokio::spawn(refresh_models(Arc::downgrade(&models)));
     let state = AppState::new(state::Shared {
-        online_slots: in_flight::OnlineSlots::new(config.max_online_requests),
+        online_slots: Arc::new(tokio::sync::Semaphore::new(config.max_online_requests)),
         config: Arc::new(config),
         keys: Arc::new(keys),
         topology,

@@ -36,8 +36,9 @@ impl std::ops::Deref for AppState {
 pub struct Shared {
     pub config: Arc<Config>,
     pub keys: Arc<Keys>,
-    /// The online requests answered now (`in_flight.rs`).
-    pub online_slots: crate::in_flight::OnlineSlots,
+    /// A permit per online request answered now, `--max-online-requests`
+    /// in all (taken by `in_flight.rs`).
+    pub online_slots: Arc<tokio::sync::Semaphore>,
     pub topology: Topology,
     pub records: Records,
     pub statuses: StatusStore,
