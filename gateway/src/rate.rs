@@ -45,7 +45,11 @@ impl RequestRate {
             tokens: self.burst,
             at: now,
         };
-        let bucket = buckets.entry(tenant.to_string()).or_insert(full);
+        // The tenant's name is copied once, at its first request.
+        let bucket = match buckets.get_mut(tenant) {
+            Some(bucket) => bucket,
+            None => buckets.entry(tenant.to_string()).or_insert(full),
+        };
         let (next, outcome) = take(*bucket, now, self.rate, self.burst);
         *bucket = next;
         outcome

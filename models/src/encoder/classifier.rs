@@ -14,14 +14,12 @@ use std::path::Path;
 use candle_core::Device;
 use serde_json::Value;
 
-use super::files::{
-    EncoderFiles, Prompts, check_model_type, declared_max_tokens, read_json, read_optional_json,
-    unsupported,
-};
+use super::files::{check_model_type, declared_max_tokens, read_json, unsupported};
 use super::model::EmbeddingModel;
-use super::pooling::Pooling;
 use super::sentence_encoder::{ForwardChoice, SentenceEncoder};
-use super::sequence_classification::{Head, check_architectures, labels, token_types};
+use super::sequence_classification::{
+    Head, check_architectures, check_only_transformer, labels, load_encoder_and_head, token_types,
+};
 use crate::error::{LoadError, ModelError};
 
 /// What turns a text's logits into its label scores.
@@ -119,24 +117,7 @@ impl ClassifierFiles {
         let labels = labels(&config_path, &config)?;
         // A sentence-transformers CrossEncoder directory of N labels is one
         // too; anything it adds after the transformer is not run here.
-        let modules_path = dir.join("modules.json");
-        if let Some(modules) = read_optional_json(&modules_path)? {
-            let only_transformer = modules.as_array().is_some_and(|m| {
-                m.len() == 1
-                    && m[0]
-                        .get("type")
-                        .and_then(Value::as_str)
-                        .is_some_and(|t| t.ends_with(".Transformer"))
-            });
-            if !only_transformer {
-                return Err(unsupported(
-                    &modules_path,
-                    "(the modules)",
-                    &modules,
-                    "a sequence classifier's one Transformer module",
-                ));
-            }
-        }
+        check_only_transformer(dir, "a sequence classifier")?;
         Ok(ClassifierFiles {
             activation: ClassifierActivation::of(&config_path, &config, labels.len())?,
             labels,
@@ -191,19 +172,13 @@ impl SequenceClassifier {
         choice: ForwardChoice,
     ) -> Result<SequenceClassifier, LoadError> {
         let files = ClassifierFiles::read(dir)?;
-        let encoder_files = EncoderFiles {
-            pooling: Pooling::Cls,
-            max_seq_length: files.max_seq_length,
-            normalize: false,
-            prompts: Prompts::default(),
-        };
-        let (encoder, weights) =
-            SentenceEncoder::load_from(dir, encoder_files, device, max_tokens_per_text, choice)?;
-        let head = Head::load(
-            &dir.join("model.safetensors"),
-            &weights,
-            encoder.dim(),
+        let (encoder, head) = load_encoder_and_head(
+            dir,
+            device,
+            max_tokens_per_text,
+            files.max_seq_length,
             files.labels.len(),
+            choice,
         )?;
         tracing::info!(
             model = %dir.display(),

@@ -21,13 +21,13 @@ use candle_core::Device;
 use serde_json::Value;
 
 use super::files::{
-    EncoderFiles, Prompts, check_model_type, declared_max_tokens, read_json, read_optional_json,
-    unsupported,
+    check_model_type, declared_max_tokens, read_json, read_optional_json, unsupported,
 };
 use super::model::EmbeddingModel;
-use super::pooling::Pooling;
 use super::sentence_encoder::{ForwardChoice, SentenceEncoder};
-use super::sequence_classification::{Head, check_architectures, labels, token_types};
+use super::sequence_classification::{
+    Head, check_architectures, check_only_transformer, labels, load_encoder_and_head, token_types,
+};
 use crate::error::{LoadError, ModelError};
 
 /// What turns the head's logit into the score.
@@ -74,24 +74,7 @@ impl CrossEncoderFiles {
                 "one label: a reranker gives one score per pair",
             ));
         }
-        let modules_path = dir.join("modules.json");
-        if let Some(modules) = read_optional_json(&modules_path)? {
-            let only_transformer = modules.as_array().is_some_and(|m| {
-                m.len() == 1
-                    && m[0]
-                        .get("type")
-                        .and_then(Value::as_str)
-                        .is_some_and(|t| t.ends_with(".Transformer"))
-            });
-            if !only_transformer {
-                return Err(unsupported(
-                    &modules_path,
-                    "(the modules)",
-                    &modules,
-                    "a cross-encoder's one Transformer module",
-                ));
-            }
-        }
+        check_only_transformer(dir, "a cross-encoder")?;
         let st_path = dir.join("config_sentence_transformers.json");
         let activation = match read_optional_json(&st_path)? {
             Some(st) if st.get("activation_fn").is_some() => {
@@ -174,15 +157,14 @@ impl CrossEncoder {
         choice: ForwardChoice,
     ) -> Result<CrossEncoder, LoadError> {
         let files = CrossEncoderFiles::read(dir)?;
-        let encoder_files = EncoderFiles {
-            pooling: Pooling::Cls,
-            max_seq_length: files.max_seq_length,
-            normalize: false,
-            prompts: Prompts::default(),
-        };
-        let (encoder, weights) =
-            SentenceEncoder::load_from(dir, encoder_files, device, max_tokens_per_pair, choice)?;
-        let head = Head::load(&dir.join("model.safetensors"), &weights, encoder.dim(), 1)?;
+        let (encoder, head) = load_encoder_and_head(
+            dir,
+            device,
+            max_tokens_per_pair,
+            files.max_seq_length,
+            1,
+            choice,
+        )?;
         tracing::info!(
             model = %dir.display(),
             activation = ?files.activation,

@@ -12,7 +12,10 @@ use candle_core::Device;
 use candle_nn::VarBuilder;
 use serde_json::Value;
 
-use super::files::{read_optional_json, unsupported};
+use super::files::{EncoderFiles, Prompts, read_optional_json, unsupported};
+use super::model::EmbeddingModel;
+use super::pooling::Pooling;
+use super::sentence_encoder::{ForwardChoice, SentenceEncoder};
 use crate::error::LoadError;
 
 /// The heads sluice runs, by `config.json`'s `architectures`.
@@ -110,6 +113,59 @@ pub(crate) fn token_types(dir: &Path, config: &Value) -> Result<bool, LoadError>
             "a BERT or (XLM-)RoBERTa tokenizer, or model_input_names saying whether token_type_ids are passed",
         )),
     }
+}
+
+/// Refuses a `modules.json` (sentence-transformers' CrossEncoder writes
+/// one) that lists anything beyond the one Transformer module: nothing
+/// after the transformer is run here. `what` names the model.
+pub(crate) fn check_only_transformer(dir: &Path, what: &str) -> Result<(), LoadError> {
+    let modules_path = dir.join("modules.json");
+    let Some(modules) = read_optional_json(&modules_path)? else {
+        return Ok(());
+    };
+    let only_transformer = modules.as_array().is_some_and(|m| {
+        m.len() == 1
+            && m[0]
+                .get("type")
+                .and_then(Value::as_str)
+                .is_some_and(|t| t.ends_with(".Transformer"))
+    });
+    if only_transformer {
+        return Ok(());
+    }
+    Err(unsupported(
+        &modules_path,
+        "(the modules)",
+        &modules,
+        &format!("{what}'s one Transformer module"),
+    ))
+}
+
+/// The encoder of a sequence-classification directory (pooling its first
+/// token) and its head of `labels` logits.
+pub(crate) fn load_encoder_and_head(
+    dir: &Path,
+    device: Device,
+    max_tokens: usize,
+    max_seq_length: Option<usize>,
+    labels: usize,
+    choice: ForwardChoice,
+) -> Result<(SentenceEncoder, Head), LoadError> {
+    let encoder_files = EncoderFiles {
+        pooling: Pooling::Cls,
+        max_seq_length,
+        normalize: false,
+        prompts: Prompts::default(),
+    };
+    let (encoder, weights) =
+        SentenceEncoder::load_from(dir, encoder_files, device, max_tokens, choice)?;
+    let head = Head::load(
+        &dir.join("model.safetensors"),
+        &weights,
+        encoder.dim(),
+        labels,
+    )?;
+    Ok((encoder, head))
 }
 
 /// The head: `logits = out . tanh(dense . first + dense_bias) + out_bias`.
