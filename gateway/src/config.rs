@@ -172,6 +172,18 @@ impl Config {
         Duration::from_millis(self.driver_interval_ms)
     }
 
+    /// The models `task`'s consumers serve by the flags (`--embed-models`,
+    /// `--generate-models`, `--rerank-models`, `--classify-models`): what
+    /// the gateway routes when `sluice init` deployed none of the task's.
+    pub fn models_of(&self, task: Task) -> &[String] {
+        match task {
+            Task::Embed => &self.embed_models,
+            Task::Generate => &self.generate_models,
+            Task::Rerank => &self.rerank_models,
+            Task::Classify => &self.classify_models,
+        }
+    }
+
     /// The HTTP server's bounds.
     pub fn bounds(&self) -> crate::bounds::Bounds {
         crate::bounds::Bounds {

@@ -55,7 +55,14 @@ pub fn router(state: AppState) -> Router {
     .unwrap_or(usize::MAX);
     // Each online request holds one of --max-online-requests slots.
     let slot = axum::middleware::from_fn_with_state(state.clone(), in_flight::limit);
-    Router::new()
+    // Every endpoint of the OpenAI-compatible API answers online through
+    // one handler (the body is read by the route's endpoint).
+    let online = openai::Endpoint::ALL
+        .into_iter()
+        .fold(Router::new(), |router, endpoint| {
+            router.route(endpoint.as_str(), post(online::answer).layer(slot.clone()))
+        });
+    online
         .route(
             "/v1/files",
             post(files::upload)
@@ -64,15 +71,6 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/v1/files/{id}", get(files::retrieve).delete(files::delete))
         .route("/v1/files/{id}/content", get(files::content))
-        .route("/v1/embeddings", post(online::answer).layer(slot.clone()))
-        .route(
-            "/v1/chat/completions",
-            post(online::answer).layer(slot.clone()),
-        )
-        .route("/v1/completions", post(online::answer).layer(slot.clone()))
-        .route("/v1/rerank", post(online::answer).layer(slot.clone()))
-        .route("/v1/classify", post(online::answer).layer(slot.clone()))
-        .route("/v1/responses", post(online::answer).layer(slot))
         .route("/v1/models", get(online::models))
         .route("/v1/batches", post(batches::create).get(batches::list))
         .route("/v1/batches/{id}", get(batches::retrieve))

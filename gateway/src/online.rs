@@ -33,8 +33,8 @@ use axum::{Extension, Json};
 use futures::StreamExt;
 use serde_json::{Map, Value, json};
 use sluice_schemas::{
-    ErrorCode, FinishReason, Input, Job, JobResult, JobState, Outcome, Output, OutputOptions,
-    Priority, StreamChunk, Task, VERSION,
+    ErrorCode, FinishReason, Generation, Input, Job, JobResult, JobState, Outcome, Output,
+    OutputOptions, Priority, StreamChunk, VERSION,
 };
 
 use crate::api_error::ApiError;
@@ -303,23 +303,17 @@ pub async fn answer(
     }
     match result.outcome {
         Outcome::Ok { output } => {
-            let outputs = read_output(&state, &job_id, output, endpoint.task()).await?;
-            Ok(Json(match outputs {
-                Outputs::Vectors { dim, values, .. } => {
-                    let rows: Vec<&[f32]> = values.chunks(dim.max(1)).collect();
-                    openai::embeddings_body(&model, &rows, result.usage.tokens, request.base64)
-                }
-                Outputs::Scores { values, .. } => {
-                    openai::rerank_body(&job_id, &model, &request, &values, result.usage.tokens)
-                }
-                Outputs::Labels { values, .. } => {
-                    openai::classify_body(&job_id, &model, now(), &values, result.usage.tokens)
-                }
-                Outputs::Generations(generations) => {
-                    openai::generation_body(&request, &job_id, now(), &model, &generations)
-                }
-            })
-            .into_response())
+            let outputs = read_output(&state, &job_id, output).await?;
+            let body = openai::answer_body(
+                &request,
+                &job_id,
+                &model,
+                now(),
+                outputs.all(),
+                result.usage.tokens,
+            )
+            .map_err(|e| ApiError::unavailable(anyhow::anyhow!("job {job_id}: {e}")))?;
+            Ok(Json(body).into_response())
         }
         Outcome::Error { error } => Err(job_error(&job_id, &start_by, &error)),
     }
@@ -608,12 +602,18 @@ impl Relay {
                 self.error(&error);
             }
             Outcome::Ok { output } => {
-                let output = read_output(&self.state, &self.job_id, output, Task::Generate).await;
+                let output = read_output(&self.state, &self.job_id, output).await;
                 let generations = match output {
-                    Ok(Outputs::Generations(g)) => g,
-                    Ok(
-                        Outputs::Vectors { .. } | Outputs::Scores { .. } | Outputs::Labels { .. },
-                    ) => Vec::new(),
+                    Ok(Outputs::Lines { values, .. }) => {
+                        match openai::read_lines::<Generation>(&values, "a generation") {
+                            Ok(g) => g,
+                            Err(e) => {
+                                self.fail(&e);
+                                return;
+                            }
+                        }
+                    }
+                    Ok(Outputs::Vectors { .. } | Outputs::Scores { .. }) => Vec::new(),
                     Err(e) => {
                         self.fail(&e.message);
                         return;
@@ -799,6 +799,15 @@ fn deadline_passed(job_id: &str, secs: f64, stopped: bool) -> ApiError {
     .code("deadline_exceeded")
 }
 
+/// `a`, `a and b`, `a, b and c`.
+fn english_list(items: &[&str]) -> String {
+    match items {
+        [] => String::new(),
+        [one] => (*one).to_string(),
+        [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
+    }
+}
+
 /// What the body asks of streaming (`stream`, `stream_options`), taken out
 /// of it: `None` without `stream: true`.
 fn take_streaming(
@@ -812,12 +821,15 @@ fn take_streaming(
         Some(Value::Bool(true)) => {}
         Some(_) => return Err(ApiError::invalid("`stream` must be a boolean").param("stream")),
     }
-    if matches!(
-        endpoint,
-        Endpoint::Embeddings | Endpoint::Rerank | Endpoint::Classify
-    ) {
+    if !endpoint.streams() {
+        let streaming: Vec<&str> = Endpoint::ALL
+            .into_iter()
+            .filter(|e| e.streams())
+            .map(Endpoint::as_str)
+            .collect();
         return Err(ApiError::invalid(format!(
-            "`stream` applies to /v1/chat/completions, /v1/completions and /v1/responses, not to {}",
+            "`stream` applies to {}, not to {}",
+            english_list(&streaming),
             endpoint.as_str()
         ))
         .param("stream"));
@@ -863,37 +875,17 @@ fn deadline_secs(state: &AppState, headers: &HeaderMap) -> Result<f64, ApiError>
 
 /// The job's output: inline in its result, or read from S3 when it was too
 /// large to travel inline.
-async fn read_output(
-    state: &AppState,
-    job_id: &str,
-    output: Output,
-    task: Task,
-) -> Result<Outputs, ApiError> {
-    Ok(match output {
-        Output::Inline {
-            classifications, ..
-        } if !classifications.is_empty() => Outputs::Labels {
-            values: classifications,
-            tokens: Vec::new(),
-        },
-        Output::Inline { scores, .. } if !scores.is_empty() => Outputs::Scores {
-            values: scores,
-            tokens: Vec::new(),
-        },
-        Output::Inline {
-            embeddings,
-            generations,
-            ..
-        } if generations.is_empty() => Outputs::Vectors {
-            dim: embeddings.first().map_or(0, Vec::len),
-            values: embeddings.concat(),
-            tokens: Vec::new(),
-        },
-        Output::Inline { generations, .. } => Outputs::Generations(generations),
-        // Boxed: the S3 read's future is large, and it would otherwise be
-        // part of every waiting request's future (their memory, each).
+async fn read_output(state: &AppState, job_id: &str, output: Output) -> Result<Outputs, ApiError> {
+    match output {
         Output::S3(o) => {
-            Box::pin(outputs::read_output(state, job_id, &o, Vec::new(), task)).await?
+            // Boxed: the S3 read's future is large, and it would otherwise be
+            // part of every waiting request's future (their memory, each).
+            Ok(Box::pin(outputs::read_output(state, job_id, &o, Vec::new())).await?)
         }
-    })
+        inline => Ok(Outputs::inline(
+            inline
+                .inline_items()
+                .unwrap_or(sluice_schemas::InlineItems::Lines(Vec::new())),
+        )),
+    }
 }

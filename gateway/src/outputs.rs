@@ -2,14 +2,17 @@
 //! and the online answers both read them here.
 
 use anyhow::{Context, Result, bail};
-use sluice_schemas::{Generation, LabelScore, S3Output, Task};
+use serde_json::Value;
+use sluice_schemas::{InlineItems, S3Output};
 
 use crate::objects;
+use crate::openai::Share;
 use crate::state::AppState;
 
-/// A done job's output, read back: the vectors (row-major, `dim` wide),
-/// the scores (one per pair), each text's labels or the generations; the
-/// encoders' with each item's tokens when the job listed them.
+/// A done job's output, read back, whichever its task: the vectors
+/// (row-major, `dim` wide), the scores (one per item) or one JSON line per
+/// item (a generation, a text's labels); the encoders' with each item's
+/// tokens when the job listed them.
 pub enum Outputs {
     Vectors {
         dim: usize,
@@ -20,11 +23,65 @@ pub enum Outputs {
         values: Vec<f32>,
         tokens: Vec<u64>,
     },
-    Labels {
-        values: Vec<Vec<LabelScore>>,
+    Lines {
+        values: Vec<Value>,
         tokens: Vec<u64>,
     },
-    Generations(Vec<Generation>),
+}
+
+impl Outputs {
+    /// An inline output (read from the result itself).
+    pub fn inline(items: InlineItems) -> Outputs {
+        let tokens = Vec::new();
+        match items {
+            InlineItems::Vectors(rows) => Outputs::Vectors {
+                dim: rows.first().map_or(0, Vec::len),
+                values: rows.concat(),
+                tokens,
+            },
+            InlineItems::Scores(values) => Outputs::Scores { values, tokens },
+            InlineItems::Lines(values) => Outputs::Lines { values, tokens },
+        }
+    }
+
+    /// Every item's output.
+    pub fn all(&self) -> Share<'_> {
+        match self {
+            Outputs::Vectors { dim, values, .. } => Share::Vectors { dim: *dim, values },
+            Outputs::Scores { values, .. } => Share::Scores(values),
+            Outputs::Lines { values, .. } => Share::Lines(values),
+        }
+    }
+
+    /// Items `first..first + n`'s outputs and the tokens they used (0 when
+    /// the job did not list them); an error when the output has fewer items.
+    pub fn share(&self, first: usize, n: usize) -> Result<(Share<'_>, u64)> {
+        let short = || anyhow::anyhow!("the job's output has fewer items than its requests");
+        let used = |tokens: &[u64]| tokens.get(first..first + n).map_or(0, |t| t.iter().sum());
+        Ok(match self {
+            Outputs::Vectors {
+                dim,
+                values,
+                tokens,
+            } => (
+                Share::Vectors {
+                    dim: *dim,
+                    values: values
+                        .get(first * dim..(first + n) * dim)
+                        .ok_or_else(short)?,
+                },
+                used(tokens),
+            ),
+            Outputs::Scores { values, tokens } => (
+                Share::Scores(values.get(first..first + n).ok_or_else(short)?),
+                used(tokens),
+            ),
+            Outputs::Lines { values, tokens } => (
+                Share::Lines(values.get(first..first + n).ok_or_else(short)?),
+                used(tokens),
+            ),
+        })
+    }
 }
 
 /// Whether `output` is where the consumers write job `job_id`'s outputs
@@ -54,14 +111,12 @@ fn is_output_of(outputs_bucket: &str, prefix: &str, job_id: &str, bucket: &str, 
 }
 
 /// Reads job `job_id`'s output object from S3: `npy` vectors (shape
-/// `[items, dim]`) or scores (`[items]`), or `jsonl` lines, each a text's
-/// labels (`task` classify) or a generation.
+/// `[items, dim]`) or scores (`[items]`), or `jsonl` lines.
 pub async fn read_output(
     state: &AppState,
     job_id: &str,
     output: &S3Output,
     tokens: Vec<u64>,
-    task: Task,
 ) -> Result<Outputs> {
     if !is_job_output(state, job_id, output) {
         bail!(
@@ -89,18 +144,15 @@ pub async fn read_output(
                 tokens,
             })
         }
-        "jsonl" if task == Task::Classify => Ok(Outputs::Labels {
-            values: jsonl_lines(&body).context("reading a text's labels")?,
+        "jsonl" => Ok(Outputs::Lines {
+            values: jsonl_lines(&body).context("reading the output's lines")?,
             tokens,
         }),
-        "jsonl" => Ok(Outputs::Generations(
-            jsonl_lines(&body).context("reading a generation")?,
-        )),
         other => bail!("unknown output format {other}"),
     }
 }
 
-fn jsonl_lines<T: serde::de::DeserializeOwned>(body: &[u8]) -> serde_json::Result<Vec<T>> {
+fn jsonl_lines(body: &[u8]) -> serde_json::Result<Vec<Value>> {
     body.split(|b| *b == b'\n')
         .filter(|l| !l.is_empty())
         .map(serde_json::from_slice)

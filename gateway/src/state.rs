@@ -74,9 +74,8 @@ impl Shared {
     }
 
     /// Whether the consumers of `task` serve `model`: a deployed model of
-    /// its task, where `sluice init` routes the task's models; else one of
-    /// `--embed-models` / `--generate-models` / `--rerank-models` /
-    /// `--classify-models`.
+    /// its task, where `sluice init` routes the task's models; else the
+    /// task's `--<task>-models` flag ([`Config::models_of`]).
     pub fn serves(&self, task: Task, model: &str) -> bool {
         self.served_models(task).iter().any(|m| m == model)
     }
@@ -91,12 +90,7 @@ impl Shared {
         if !routed.is_empty() {
             return routed;
         }
-        match task {
-            Task::Embed => self.config.embed_models.clone(),
-            Task::Generate => self.config.generate_models.clone(),
-            Task::Rerank => self.config.rerank_models.clone(),
-            Task::Classify => self.config.classify_models.clone(),
-        }
+        self.config.models_of(task).to_vec()
     }
 }
 

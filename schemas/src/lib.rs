@@ -27,13 +27,14 @@ pub use job::{
 };
 pub use message::truncate_for_message;
 pub use result::{
-    AnswerClaim, DeadLetter, FinishReason, Generation, JobResult, JobState, Logprob, Outcome,
-    Output, S3Output, ServedBy, StatusRecord, Timings, TopLogprob, Usage,
+    AnswerClaim, DeadLetter, FinishReason, Generation, InlineItems, JobResult, JobState, Logprob,
+    Outcome, Output, S3Output, ServedBy, StatusRecord, Timings, TopLogprob, Usage,
 };
 pub use stream::{StreamChunk, StreamUsage};
 pub use task::{
     ChatMessage, ClassifyParameters, EmbedParameters, EncoderParameters, GenerateParameters, Item,
     JsonSchemaFormat, LabelScore, MAX_PROMPT_NAME, Pair, Prompt, PromptInput, ResponseFormat, Task,
+    Work,
 };
 
 /// The JSON Schema files, embedded so tools can print or serve them.

@@ -114,6 +114,50 @@ impl Output {
             classifications,
         }
     }
+
+    /// An inline output's items in the shape they would have in S3
+    /// (`npy` rows, `npy` scores, `jsonl` lines), whichever task's, so a
+    /// reader of results needs not name the tasks; `None` for an S3 output.
+    pub fn inline_items(self) -> Option<InlineItems> {
+        let Output::Inline {
+            embeddings,
+            generations,
+            scores,
+            classifications,
+        } = self
+        else {
+            return None;
+        };
+        Some(if !scores.is_empty() {
+            InlineItems::Scores(scores)
+        } else if !generations.is_empty() {
+            InlineItems::Lines(json_lines(generations))
+        } else if !classifications.is_empty() {
+            InlineItems::Lines(json_lines(classifications))
+        } else {
+            InlineItems::Vectors(embeddings)
+        })
+    }
+}
+
+/// Each item as JSON (these types always serialize: no map has a key that
+/// is not a string).
+fn json_lines<T: Serialize>(items: Vec<T>) -> Vec<serde_json::Value> {
+    items
+        .into_iter()
+        .map(|i| serde_json::to_value(i).unwrap_or(serde_json::Value::Null))
+        .collect()
+}
+
+/// See [`Output::inline_items`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum InlineItems {
+    /// One vector per item.
+    Vectors(Vec<Vec<f32>>),
+    /// One score per item.
+    Scores(Vec<f32>),
+    /// One JSON value per item (a generation, a text's labels).
+    Lines(Vec<serde_json::Value>),
 }
 
 /// What one prompt produced: inline in a result, or one line of a JSONL

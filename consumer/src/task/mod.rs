@@ -13,8 +13,11 @@
 //! task's start-up shares; `placement` says where each part runs on the
 //! configured device (logged at start-up).
 //!
-//! A new task is a folder here with its start-up and a `TaskEngine`, and
-//! one line in [`start`].
+//! The engine is chosen by the task's [`Work`] (the row of
+//! `sluice_schemas::task::SPECS`): a new task the encoder runs (a new head
+//! over the same forward) is an arm in `encoder`; a new kind of work (audio
+//! seconds, image patches) is a folder here with its start-up and a
+//! `TaskEngine`, and one line in [`start`].
 //!
 //! [`ItemCost`]: crate::budget::ItemCost
 //! [`TaskEngine`]: engine::TaskEngine
@@ -27,7 +30,7 @@ pub mod startup;
 
 use std::sync::Arc;
 
-use sluice_schemas::Task;
+use sluice_schemas::Work;
 
 use crate::config::Config;
 use crate::telemetry::{Stats, Tracing};
@@ -39,9 +42,9 @@ pub fn start(
     stats: &Arc<Stats>,
     tracing: &Tracing,
 ) -> anyhow::Result<startup::Started> {
-    let started = match config.task() {
-        Task::Embed | Task::Rerank | Task::Classify => encoder::start(config, stats, tracing)?,
-        Task::Generate => generate::start(config, stats)?,
+    let started = match config.task().work() {
+        Work::Encode => encoder::start(config, stats, tracing)?,
+        Work::Generate => generate::start(config, stats)?,
     };
     let plan = placement::plan(config.task(), &config.model, config.generate.weights);
     placement::log(&started.device, &plan);

@@ -11,7 +11,7 @@
 //! back each step), and, with `--weights q8_0`, the requantization at load
 //! (candle quantizes on the host and uploads the blocks).
 
-use sluice_schemas::Task;
+use sluice_schemas::{Task, Work};
 
 use crate::config::{DeviceKind, ModelConfig};
 use sluice_models::EmbedWeights;
@@ -37,11 +37,9 @@ pub struct Part {
 
 /// The plan for `task` as configured.
 pub fn plan(task: Task, model: &ModelConfig, weights: WeightFormat) -> Vec<Part> {
-    match task {
-        Task::Embed | Task::Rerank | Task::Classify => {
-            encoder(task, model.device, model.embed_weights)
-        }
-        Task::Generate => generate(model.device, weights),
+    match task.work() {
+        Work::Encode => encoder(task, model.device, model.embed_weights),
+        Work::Generate => generate(model.device, weights),
     }
 }
 
@@ -63,13 +61,14 @@ fn warning(part: &'static str, runs: Runs, how: &'static str) -> Part {
 
 fn encoder(task: Task, device: DeviceKind, weights: EmbedWeights) -> Vec<Part> {
     let tokenize = part("tokenize", Runs::Host, "the tokenizers crate");
-    // rerank and classify: the classifier head reads the pooled first token.
+    // Every encoder task but embed (rerank, classify): a classifier head
+    // reads the pooled first token.
     let score = part(
         "score",
         Runs::Host,
         "the first token's state through the classifier head, then the activation its files name",
     );
-    let scored = matches!(task, Task::Rerank | Task::Classify);
+    let scored = task != Task::Embed;
     match device {
         DeviceKind::Cpu => {
             let mut parts = vec![

@@ -3,7 +3,7 @@
 //! validation errors kept, and the job ids of chunks and their lines.
 
 use serde_json::Value;
-use sluice_schemas::Task;
+use sluice_schemas::{Task, Work};
 
 use crate::batch_record::BatchError;
 use crate::openai::Request;
@@ -53,10 +53,10 @@ impl Chunker {
     /// Adds line `line_no`; returns the chunk it closed, when it did not fit.
     pub fn add(&mut self, line_no: u64, request: &Request) -> Option<OpenChunk> {
         let task = request.endpoint.task();
-        let most_items = match task {
+        let most_items = match task.work() {
             // A rerank document is one pair, one encoder item, as a text is.
-            Task::Embed | Task::Rerank | Task::Classify => self.limits.texts,
-            Task::Generate => self.limits.prompts,
+            Work::Encode => self.limits.texts,
+            Work::Generate => self.limits.prompts,
         };
         let n = request.items.len();
         let fits = self.open.as_ref().is_some_and(|c| {

@@ -7,7 +7,7 @@ use std::time::{Instant, SystemTime};
 
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
-use sluice_schemas::{ErrorCode, JobState, StatusRecord, Task};
+use sluice_schemas::{ErrorCode, JobState, StatusRecord};
 
 use super::chunks::line_job;
 use super::input::{InputLines, read_request};
@@ -171,9 +171,7 @@ async fn write_files(state: &AppState, batch: &BatchRecord, ending: Ending) -> R
         match record.as_ref().map(|r| r.state) {
             Some(JobState::Done) => {
                 let record = record.as_ref().context("checked")?;
-                let answers = jobs
-                    .answers(state, &job_id, record, request.endpoint.task())
-                    .await?;
+                let answers = jobs.answers(state, &job_id, record).await?;
                 let body = answers.body(&request.model, &request, &request_id, created)?;
                 let line = openai::output_line(&request_id, &custom_id, 200, body);
                 write_line(&mut files.output, &line).await?;
@@ -264,7 +262,6 @@ impl LineJobs {
         state: &AppState,
         job_id: &str,
         record: &StatusRecord,
-        task: Task,
     ) -> Result<&mut Answers> {
         if self.answers.as_ref().is_none_or(|(id, _)| id != job_id) {
             let output = record
@@ -276,7 +273,7 @@ impl LineJobs {
                 .as_ref()
                 .map(|u| u.item_tokens.clone())
                 .unwrap_or_default();
-            let outputs = read_output(state, job_id, output, tokens, task).await?;
+            let outputs = read_output(state, job_id, output, tokens).await?;
             self.answers = Some((job_id.to_string(), Answers { outputs, next: 0 }));
         }
         let (_, answers) = self.answers.as_mut().context("loaded")?;
@@ -295,43 +292,8 @@ impl Answers {
         let n = request.items.len();
         let first = self.next;
         self.next += n;
-        match &self.outputs {
-            Outputs::Vectors {
-                dim,
-                values,
-                tokens,
-            } => {
-                let rows: Vec<&[f32]> = (first..first + n)
-                    .map(|i| {
-                        values
-                            .get(i * dim..(i + 1) * dim)
-                            .context("fewer vectors than texts")
-                    })
-                    .collect::<Result<_>>()?;
-                let used: u64 = tokens.get(first..first + n).map_or(0, |t| t.iter().sum());
-                Ok(openai::embeddings_body(model, &rows, used, request.base64))
-            }
-            Outputs::Scores { values, tokens } => {
-                let scores = values
-                    .get(first..first + n)
-                    .context("fewer scores than documents")?;
-                let used: u64 = tokens.get(first..first + n).map_or(0, |t| t.iter().sum());
-                Ok(openai::rerank_body(id, model, request, scores, used))
-            }
-            Outputs::Labels { values, tokens } => {
-                let labels = values
-                    .get(first..first + n)
-                    .context("fewer classifications than texts")?;
-                let used: u64 = tokens.get(first..first + n).map_or(0, |t| t.iter().sum());
-                Ok(openai::classify_body(id, model, created, labels, used))
-            }
-            Outputs::Generations(all) => {
-                let gens = all
-                    .get(first..first + n)
-                    .context("fewer generations than prompts")?;
-                Ok(openai::generation_body(request, id, created, model, gens))
-            }
-        }
+        let (share, used) = self.outputs.share(first, n)?;
+        openai::answer_body(request, id, model, created, share, used).map_err(anyhow::Error::msg)
     }
 }
 

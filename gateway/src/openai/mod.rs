@@ -5,6 +5,8 @@
 //!
 //! - `request.rs`: the endpoints, a request that can run, and the two ways
 //!   one fails.
+//! - `answer.rs`: a request's answer from its share of its job's output,
+//!   the one `match` of endpoint against output.
 //! - `lines.rs`: a batch line read and dispatched to its endpoint's reader
 //!   (also the online requests' entry, `parse_request`), and the output and
 //!   error files' lines.
@@ -20,6 +22,7 @@
 //! OpenAI's does. A request that is well-formed but cannot run (an unknown
 //! model, a bad body, too large) fails alone: it gets a line in the error file.
 
+mod answer;
 mod chat;
 mod classify;
 mod completions;
@@ -34,9 +37,8 @@ mod sampling;
 #[cfg(test)]
 mod tests;
 
-pub use classify::classify_body;
-pub use embeddings::{embeddings_body, unit_vectors};
+pub use answer::{Share, answer_body, read_lines};
+pub use embeddings::unit_vectors;
 pub use generation::{Delta, generation_body, stream_chunk, usage_chunk};
 pub use lines::{http_status, output_line, parse_request, read_line, unrun_line};
 pub use request::{Endpoint, Line, LineError, Ranking, Request, RequestError};
-pub use rerank::rerank_body;

@@ -59,6 +59,11 @@ impl Endpoint {
         }
     }
 
+    /// Whether the endpoint answers `stream: true` (the generate ones).
+    pub fn streams(self) -> bool {
+        self.task().work() == sluice_schemas::Work::Generate
+    }
+
     pub fn list() -> String {
         Endpoint::ALL.map(Endpoint::as_str).join(", ")
     }

@@ -1,6 +1,8 @@
 //! The endpoints' requests and answers against OpenAI's shapes.
 
 #![allow(clippy::unwrap_used)]
+use super::embeddings::embeddings_body;
+use super::rerank::rerank_body;
 use super::*;
 use base64::Engine;
 use serde_json::{Value, json};
@@ -510,4 +512,77 @@ fn bodies_are_shaped_as_openais() {
     assert_eq!(body["instructions"], "Be brief.");
     assert_eq!(body["output"][0]["content"][0]["text"], "Paris");
     assert_eq!(body["usage"]["total_tokens"], 12);
+}
+
+/// Each endpoint answers from the output its task writes, and an output of
+/// another shape is an error naming both, not a wrong answer.
+#[test]
+fn each_endpoint_answers_from_its_own_kind_of_output() {
+    let vectors = [0.6f32, 0.8, 1.0, 0.0];
+    let scores = [0.25f32, 0.75];
+    let labels =
+        [json!([{"label": "pos", "id": 1, "score": 0.9}, {"label": "neg", "id": 0, "score": 0.1}])];
+    let generation = [
+        json!({"text": "hi", "finish_reason": "stop", "prompt_tokens": 3, "completion_tokens": 1}),
+    ];
+    let table: [(&str, &str, Share<'_>, Result<&str, &str>); 7] = [
+        (
+            "/v1/embeddings",
+            r#"{"model":"m","input":["a","b"]}"#,
+            Share::Vectors {
+                dim: 2,
+                values: &vectors,
+            },
+            Ok("list"),
+        ),
+        (
+            "/v1/rerank",
+            r#"{"model":"m","query":"q","documents":["a","b"]}"#,
+            Share::Scores(&scores),
+            Ok("list"),
+        ),
+        (
+            "/v1/classify",
+            r#"{"model":"m","input":"a"}"#,
+            Share::Lines(&labels),
+            Ok("list"),
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"model":"m","messages":[{"role":"user","content":"a"}]}"#,
+            Share::Lines(&generation),
+            Ok("chat.completion"),
+        ),
+        (
+            "/v1/embeddings",
+            r#"{"model":"m","input":"a"}"#,
+            Share::Scores(&scores),
+            Err("the job's output is scores, which /v1/embeddings does not answer with"),
+        ),
+        (
+            "/v1/classify",
+            r#"{"model":"m","input":"a"}"#,
+            Share::Lines(&generation),
+            Err("reading a text's labels"),
+        ),
+        (
+            "/v1/completions",
+            r#"{"model":"m","prompt":"a"}"#,
+            Share::Vectors {
+                dim: 2,
+                values: &vectors,
+            },
+            Err("the job's output is vectors, which /v1/completions does not answer with"),
+        ),
+    ];
+    for (url, body, share, expected) in table {
+        let model = Endpoint::parse(url).unwrap().task().default_model();
+        let body = body.replace(r#""m""#, &format!("{model:?}"));
+        let answer = answer_body(&request(url, &body), "id", model, 1, share, 5);
+        match (answer, expected) {
+            (Ok(body), Ok(object)) => assert_eq!(body["object"], object, "{url}: {body}"),
+            (Err(e), Err(start)) => assert!(e.starts_with(start), "{url}: {e}"),
+            (answer, expected) => panic!("{url}: {answer:?}, expected {expected:?}"),
+        }
+    }
 }

@@ -22,6 +22,6 @@ pub use generate::{
     ChatMessage, GenerateParameters, JsonSchemaFormat, Prompt, PromptInput, ResponseFormat,
 };
 pub use item::Item;
-pub use kind::Task;
+pub use kind::{SPECS, Spec, Task, Work};
 pub use parameters::ParameterGroup;
 pub use rerank::Pair;
