@@ -148,6 +148,30 @@ where
     }
 }
 
+/// The password every role gets in [`shipped_permissions`].
+pub const ROLE_PASSWORD: &str = "role-password-for-tests";
+
+/// `deploy/nats/permissions.conf` as shipped, each role's password (which
+/// the file reads from the server's environment) set to [`ROLE_PASSWORD`].
+pub fn shipped_permissions() -> String {
+    let text = std::fs::read_to_string(repo_root().join("deploy/nats/permissions.conf"))
+        .expect("deploy/nats/permissions.conf");
+    ["PUBLISHER", "CONSUMER", "GATEWAY", "ADMIN"]
+        .iter()
+        .fold(text, |text, role| {
+            text.replace(
+                &format!("${}", role_password_variable(role)),
+                &format!("{ROLE_PASSWORD:?}"),
+            )
+        })
+}
+
+/// The environment variable the shipped permissions read `role`'s password
+/// from.
+pub fn role_password_variable(role: &str) -> String {
+    format!("SLUICE_NATS_{role}_PASSWORD")
+}
+
 /// A name no other test in this run (or a parallel run) uses.
 pub fn unique_name(prefix: &str) -> String {
     static NEXT: AtomicU32 = AtomicU32::new(0);

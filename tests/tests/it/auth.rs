@@ -358,15 +358,13 @@ async fn mutual_tls_with_a_client_certificate() {
 /// the way, and a publisher cannot read the dead-letter stream.
 #[tokio::test]
 async fn the_shipped_permissions_let_each_role_do_its_job_and_no_more() {
-    let permissions =
-        std::fs::read_to_string(sluice_tests::repo_root().join("deploy/nats/permissions.conf"))
-            .unwrap();
+    let permissions = sluice_tests::shipped_permissions();
     let servers = Servers::start_with_nats_config(Some(&permissions))
         .await
         .unwrap();
     let as_user = |user: &str| NatsAuth {
         nats_user: Some(user.into()),
-        nats_password: Some(Secret::new("change-me")),
+        nats_password: Some(Secret::new(sluice_tests::ROLE_PASSWORD)),
         ..NatsAuth::default()
     };
     // `sluice init` as admin, with the standard names the file is written for.
@@ -382,7 +380,7 @@ async fn the_shipped_permissions_let_each_role_do_its_job_and_no_more() {
     let consumer = d
         .start_consumer(&[
             "--nats-user=consumer",
-            "--nats-password=change-me",
+            &format!("--nats-password={}", sluice_tests::ROLE_PASSWORD),
             "--nats-inbox-prefix=_INBOX_consumer",
         ])
         .await
@@ -394,7 +392,7 @@ async fn the_shipped_permissions_let_each_role_do_its_job_and_no_more() {
     let mut env = d.publisher_env();
     env.extend([
         ("NATS_USER", "publisher".to_string()),
-        ("NATS_PASSWORD", "change-me".to_string()),
+        ("NATS_PASSWORD", sluice_tests::ROLE_PASSWORD.to_string()),
         ("NATS_INBOX_PREFIX", "_INBOX_publisher".to_string()),
     ]);
     let run = run_cli(

@@ -305,3 +305,59 @@ fn no_shipped_file_holds_a_gateway_key_the_gateway_would_take() {
     }
     assert_eq!(seen, 2, "the files set SLUICE_GATEWAY_KEYS twice");
 }
+
+/// deploy/nats/permissions.conf shipped `password: "change-me"` for every
+/// role, admin (full JetStream access) among them: a server run with the
+/// file as shipped let in anyone who had read the repository. No password
+/// is written in it now (each is read from the server's environment), and
+/// a server started without them refuses to run rather than run open.
+#[test]
+fn the_shipped_nats_permissions_let_no_one_in_with_a_password_from_the_repository() {
+    let shipped =
+        std::fs::read_to_string(repo_root().join("deploy/nats/permissions.conf")).unwrap();
+    let mut users = 0;
+    for line in shipped.lines().filter(|l| !l.trim_start().starts_with('#')) {
+        let Some((_, value)) = line.split_once("password:") else {
+            continue;
+        };
+        users += 1;
+        assert!(
+            value.trim().starts_with("$SLUICE_NATS_"),
+            "a password written in the file: {line}"
+        );
+    }
+    assert_eq!(users, 4, "publisher, consumer, gateway and admin");
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("server.conf");
+    std::fs::write(&config, format!("listen: 127.0.0.1:-1\n{shipped}")).unwrap();
+    let mut server = std::process::Command::new(sluice_tests::bin_dir().join("nats-server"));
+    server
+        .arg("-c")
+        .arg(&config)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    for role in ["PUBLISHER", "CONSUMER", "GATEWAY", "ADMIN"] {
+        server.env_remove(sluice_tests::role_password_variable(role));
+    }
+    let mut child = server.spawn().unwrap();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > until {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!("nats-server runs with the shipped permissions and no role's password set");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains("SLUICE_NATS_") && stderr.contains("can not be found"),
+        "the refusal names the unset variable: {stderr}"
+    );
+}

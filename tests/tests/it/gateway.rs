@@ -1055,14 +1055,13 @@ async fn a_batch_is_one_trace_from_its_create_request_to_its_chunk_jobs() {
 /// listening on every inbox hears none of the gateway's online answers.
 #[tokio::test]
 async fn the_shipped_permissions_let_the_gateway_run_and_cancel_batches() {
-    let permissions =
-        std::fs::read_to_string(repo_root().join("deploy/nats/permissions.conf")).unwrap();
+    let permissions = sluice_tests::shipped_permissions();
     let servers = sluice_tests::Servers::start_with_nats_config(Some(&permissions))
         .await
         .unwrap();
     let admin = sluice_connect::NatsAuth {
         nats_user: Some("admin".into()),
-        nats_password: Some(sluice_schemas::Secret::new("change-me")),
+        nats_password: Some(sluice_schemas::Secret::new(sluice_tests::ROLE_PASSWORD)),
         ..Default::default()
     };
     // `sluice init` as admin, with the standard names the file is written for.
@@ -1074,7 +1073,7 @@ async fn the_shipped_permissions_let_the_gateway_run_and_cancel_batches() {
             KEYS,
             &[
                 "--nats-user=gateway",
-                "--nats-password=change-me",
+                &format!("--nats-password={}", sluice_tests::ROLE_PASSWORD),
                 "--nats-inbox-prefix=_INBOX_gateway",
                 "--chunk-lines=4",
             ],
@@ -1119,7 +1118,7 @@ async fn the_shipped_permissions_let_the_gateway_run_and_cancel_batches() {
     let consumer = d
         .start_consumer(&[
             "--nats-user=consumer",
-            "--nats-password=change-me",
+            &format!("--nats-password={}", sluice_tests::ROLE_PASSWORD),
             "--nats-inbox-prefix=_INBOX_consumer",
         ])
         .await
@@ -1139,7 +1138,7 @@ async fn the_shipped_permissions_let_the_gateway_run_and_cancel_batches() {
     // the snoop is refused and hears nothing.
     let publisher = sluice_connect::NatsAuth {
         nats_user: Some("publisher".into()),
-        nats_password: Some(sluice_schemas::Secret::new("change-me")),
+        nats_password: Some(sluice_schemas::Secret::new(sluice_tests::ROLE_PASSWORD)),
         ..Default::default()
     };
     let snoop = sluice_connect::connect_nats(
