@@ -262,7 +262,7 @@ async fn creds_file_with_operator_signed_jwts() {
 
 /// A CA, a server certificate for 127.0.0.1 and a client certificate,
 /// written as PEM files into `dir`.
-fn make_certificates(dir: &Path) {
+pub(crate) fn make_certificates(dir: &Path) {
     use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
     let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);

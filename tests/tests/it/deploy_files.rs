@@ -198,9 +198,13 @@ fn every_deployed_model_scales_on_its_own_durables() {
 }
 
 /// deploy/nats/cluster.conf as shipped, moved to loopback (ports, routes,
-/// names; its permissions left out): three nodes form one JetStream
-/// cluster, and every node fsyncs before it acknowledges a write
-/// (`sync_interval: always`, issue #39), as its `/jsz` reports.
+/// names, certificates; its permissions left out): three nodes form one
+/// JetStream cluster over mutual-TLS routes, clients connect over TLS, and
+/// every node fsyncs before it acknowledges a write (`sync_interval:
+/// always`, issue #39), as its `/jsz` reports. A fourth server that can
+/// reach the route port but holds no certificate of the cluster's CA is
+/// refused (the shipped file's routes had no auth and no TLS: any such
+/// server joined, JetStream and all).
 #[tokio::test]
 async fn the_production_cluster_file_forms_a_cluster_that_syncs_before_it_acks() {
     let shipped = std::fs::read_to_string(repo_root().join("deploy/nats/cluster.conf")).unwrap();
@@ -208,6 +212,15 @@ async fn the_production_cluster_file_forms_a_cluster_that_syncs_before_it_acks()
         shipped.contains("\n  sync_interval: always\n"),
         "cluster.conf must fsync before it acks"
     );
+    let tls = tempfile::tempdir().unwrap();
+    crate::auth::make_certificates(tls.path());
+    // One certificate, for 127.0.0.1, serves the clients and the routes here.
+    std::fs::copy(tls.path().join("server.pem"), tls.path().join("route.pem")).unwrap();
+    std::fs::copy(
+        tls.path().join("server-key.pem"),
+        tls.path().join("route-key.pem"),
+    )
+    .unwrap();
     let ports: Vec<u16> = (0..3).map(|_| sluice_tests::free_port()).collect();
     let mut starts = Vec::new();
     for i in 0..3 {
@@ -220,6 +233,7 @@ async fn the_production_cluster_file_forms_a_cluster_that_syncs_before_it_acks()
                 &format!("listen: 127.0.0.1:{}", ports[i]),
             )
             .replace("include ./permissions.conf", "")
+            .replace("/etc/nats/tls/", &format!("{}/", tls.path().display()))
             // The harness gives each node its own store (-sd).
             .replace("store_dir: /data/jetstream", "");
         for (j, port) in ports.iter().enumerate() {
@@ -239,8 +253,14 @@ async fn the_production_cluster_file_forms_a_cluster_that_syncs_before_it_acks()
             node.port
         );
     }
+    // Clients speak TLS: trusting the cluster's CA, they get in.
+    let client = async_nats::ConnectOptions::new()
+        .add_root_certificates(tls.path().join("ca.pem"))
+        .require_tls(true)
+        .connect(nodes[0].url())
+        .await
+        .unwrap();
     // One cluster: a stream with three replicas can be made on it.
-    let client = nodes[0].connect().await.unwrap();
     let js = async_nats::jetstream::new(client);
     let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
@@ -267,6 +287,31 @@ async fn the_production_cluster_file_forms_a_cluster_that_syncs_before_it_acks()
         .await
         .unwrap();
     assert_eq!(ack.sequence, 1);
+
+    // The attack: a server of the same cluster name, routed to every node,
+    // without the CA's certificate.
+    let routes: Vec<String> = ports
+        .iter()
+        .map(|p| format!("nats-route://127.0.0.1:{p}"))
+        .collect();
+    let rogue = sluice_tests::NatsServer::start_with_config(Some(&format!(
+        "server_name: rogue\ncluster {{\n  name: sluice\n  listen: 127.0.0.1:{}\n  routes: [{}]\n}}\n",
+        sluice_tests::free_port(),
+        routes.join(", ")
+    )))
+    .await
+    .unwrap();
+    let routez = format!("{}/routez", rogue.monitor_url());
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while std::time::Instant::now() < until {
+        let routes: serde_json::Value =
+            serde_json::from_str(&sluice_tests::get_text(&routez).await).unwrap();
+        assert_eq!(
+            routes["num_routes"], 0,
+            "a server without the cluster's certificate joined it: {routes}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
 }
 
 /// The compose file served `local:sk-local-change-me` on every interface and
