@@ -54,6 +54,15 @@ pub struct Config {
     /// Largest file accepted by `POST /v1/files` (OpenAI's: 200 MB).
     #[arg(long, env = "SLUICE_MAX_FILE_BYTES", default_value_t = 200_000_000)]
     pub max_file_bytes: u64,
+    /// Most bytes of uploaded files one tenant may hold at once (files not
+    /// deleted or expired; batch output files do not count); 0: no limit.
+    /// An upload past it is refused 413 `storage_quota_exceeded`.
+    #[arg(
+        long,
+        env = "SLUICE_MAX_TENANT_FILE_BYTES",
+        default_value_t = 100_000_000_000
+    )]
+    pub max_tenant_file_bytes: u64,
     /// Most requests (lines) in one batch file (OpenAI's: 50,000).
     #[arg(long, env = "SLUICE_MAX_BATCH_LINES", default_value_t = 50_000)]
     pub max_batch_lines: u64,

@@ -21,11 +21,12 @@ use crate::driver::sweep;
 use crate::file_record::{FileRecord, new_file_id};
 use crate::lifecycle;
 use crate::objects::{self, ObjectWriter};
+use crate::quota::{self, Room};
 use crate::records;
 use crate::state::{AppState, now};
 
 /// Purposes a client may upload with (the batch API's input).
-const UPLOAD_PURPOSES: [&str; 1] = ["batch"];
+const UPLOAD_PURPOSES: [&str; 1] = [quota::UPLOADED];
 
 /// The tenant's file `id`, or 404 (also for another tenant's file, and for
 /// one that has expired).
@@ -58,7 +59,8 @@ pub async fn upload(
     mut multipart: Multipart,
 ) -> Result<Json<Value>, ApiError> {
     let mut form = Form::default();
-    if let Err(e) = read_form(&state, &tenant, &mut multipart, &mut form).await {
+    let room = quota::room(&state, &tenant).await?;
+    if let Err(e) = read_form(&state, &tenant, room, &mut multipart, &mut form).await {
         // A file already stored by an earlier field has no record yet:
         // nothing would ever find it again.
         if let Some(file) = &form.file {
@@ -114,6 +116,7 @@ pub async fn upload(
 async fn read_form(
     state: &AppState,
     tenant: &str,
+    room: Room,
     multipart: &mut Multipart,
     form: &mut Form,
 ) -> Result<(), ApiError> {
@@ -142,13 +145,12 @@ async fn read_form(
                             return Err(bad_form(e));
                         }
                     };
-                    if writer.len() + chunk.len() as u64 > state.config.max_file_bytes {
+                    if writer.len() + chunk.len() as u64 > room.bytes {
                         writer.abort().await;
-                        return Err(ApiError::too_large(format!(
-                            "the file is larger than the limit of {} bytes",
-                            state.config.max_file_bytes
-                        ))
-                        .param("file"));
+                        return Err(room.refusal(
+                            state.config.max_file_bytes,
+                            state.config.max_tenant_file_bytes,
+                        ));
                     }
                     if let Err(e) = writer.write(&chunk).await {
                         writer.abort().await;

@@ -26,6 +26,7 @@ pub mod objects;
 pub mod online;
 pub mod openai;
 pub mod outputs;
+pub mod quota;
 pub mod rate;
 pub mod records;
 pub mod state;

@@ -464,3 +464,58 @@ async fn online_requests_past_the_gateways_cap_are_refused_at_once() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// One tenant could fill the bucket: uploads had no bound but each file's
+/// size. With `--max-tenant-file-bytes`, an upload that would take its
+/// tenant past the quota is refused 413 `storage_quota_exceeded` at the byte
+/// that would pass it, leaving no object and no record; another tenant is
+/// not held by it, and the tenant has room again once it deletes a file.
+#[tokio::test]
+async fn a_tenant_cannot_store_past_its_quota_and_others_are_not_held_by_it() {
+    const KEYS: &str = "team-a:sk-team-a-quota,team-b:sk-team-b-quota";
+    let d = Deployment::start().await.unwrap();
+    let gateway = d
+        .start_gateway(KEYS, &["--max-tenant-file-bytes=3000"])
+        .await
+        .unwrap();
+    let api = sluice_tests::api::Api::new(gateway.addr);
+    let line = "{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/embeddings\", \"body\": {\"model\": \"m\", \"input\": \"x\"}}\n";
+    let file = line.repeat(2000 / line.len() + 1).into_bytes();
+    assert!(file.len() > 1500 && file.len() < 3000, "{}", file.len());
+
+    let (status, first) = api.upload("sk-team-a-quota", &file).await;
+    assert_eq!(status, 200, "{first}");
+    let (status, refused) = api.upload("sk-team-a-quota", &file).await;
+    assert_eq!(status, 413, "{refused}");
+    assert_eq!(
+        refused["error"]["code"], "storage_quota_exceeded",
+        "{refused}"
+    );
+    let message = refused["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("hold {} of 3000 bytes", file.len()))
+            && message.contains("--max-tenant-file-bytes"),
+        "{message}"
+    );
+    // Nothing of the refused upload is left: one object, one listed file.
+    let objects = d.keys_under("gateway/files/").await.unwrap();
+    assert_eq!(objects.len(), 1, "{objects:?}");
+    let (_, listed) = api.get("/files", "sk-team-a-quota").await;
+    assert_eq!(listed["data"].as_array().unwrap().len(), 1, "{listed}");
+
+    // Team B's room is its own.
+    let (status, theirs) = api.upload("sk-team-b-quota", &file).await;
+    assert_eq!(status, 200, "{theirs}");
+
+    // Deleting a file gives team A its room back.
+    let id = first["id"].as_str().unwrap();
+    let (status, deleted) = api
+        .send(
+            api.http.delete(format!("{}/files/{id}", api.base)),
+            Some("sk-team-a-quota"),
+        )
+        .await;
+    assert_eq!(status, 200, "{deleted}");
+    let (status, again) = api.upload("sk-team-a-quota", &file).await;
+    assert_eq!(status, 200, "{again}");
+}
