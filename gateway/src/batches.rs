@@ -143,10 +143,7 @@ pub async fn create(
         .records
         .put(&BatchRecord::active_key(&record.id), &json!({}))
         .await?;
-    state
-        .records
-        .put(&BatchRecord::key(&record.id), &record)
-        .await?;
+    state.records.put_owned(&record.id, &record).await?;
     tracing::info!(
         batch = record.id,
         tenant,
@@ -159,6 +156,7 @@ pub async fn create(
 }
 
 impl records::Owned for BatchRecord {
+    const KIND: &'static str = "batch";
     fn key(id: &str) -> String {
         BatchRecord::key(id)
     }
@@ -230,7 +228,7 @@ async fn failed_lines_file(
         created_at: now(),
         expires_at: crate::lifecycle::expires_at(now(), None, state.config.retention_days),
     };
-    state.records.put(&FileRecord::key(&file.id), &file).await?;
+    state.records.put_owned(&file.id, &file).await?;
     Ok(file)
 }
 
@@ -261,11 +259,11 @@ pub async fn list(
     let limit = q.limit.unwrap_or(20).clamp(1, 100);
     let page = records::page(
         &state.records,
-        "batch.",
+        &tenant,
         q.after.as_deref(),
         limit,
         false,
-        |b: &BatchRecord| b.tenant == tenant,
+        |_: &BatchRecord| true,
         BatchRecord::to_api,
     )
     .await?;

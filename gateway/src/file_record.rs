@@ -52,6 +52,7 @@ pub fn new_file_id() -> String {
 }
 
 impl records::Owned for FileRecord {
+    const KIND: &'static str = "file";
     fn key(id: &str) -> String {
         FileRecord::key(id)
     }

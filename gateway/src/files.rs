@@ -103,7 +103,7 @@ pub async fn upload(
         return Err(refused);
     }
     file.purpose = purpose;
-    if let Err(e) = state.records.put(&FileRecord::key(&file.id), &file).await {
+    if let Err(e) = state.records.put_owned(&file.id, &file).await {
         let _ = objects::delete(&state.s3, state.bucket(), &state.file_key(&file.id)).await;
         return Err(e.into());
     }
@@ -241,15 +241,11 @@ pub async fn list(
     };
     let page = records::page(
         &state.records,
-        "file.",
+        &tenant,
         q.after.as_deref(),
         limit,
         ascending,
-        |f: &FileRecord| {
-            f.tenant == tenant
-                && !f.expired(now())
-                && q.purpose.as_ref().is_none_or(|p| *p == f.purpose)
-        },
+        |f: &FileRecord| !f.expired(now()) && q.purpose.as_ref().is_none_or(|p| *p == f.purpose),
         FileRecord::to_api,
     )
     .await?;
@@ -302,7 +298,10 @@ pub async fn delete(
         .code("file_in_use"));
     }
     objects::delete(&state.s3, state.bucket(), &state.file_key(&file.id)).await?;
-    state.records.delete(&FileRecord::key(&file.id)).await?;
+    state
+        .records
+        .delete_owned::<FileRecord>(&file.tenant, &file.id)
+        .await?;
     Ok(Json(
         json!({ "id": file.id, "object": "file", "deleted": true }),
     ))

@@ -228,7 +228,7 @@ pub async fn start(config: Config) -> Result<Gateway> {
         config: Arc::new(config),
         keys: Arc::new(keys),
         topology,
-        records: records::Records::new(gateway_kv),
+        records: records::Records::new(gateway_kv, js.client()),
         statuses: sluice_status::StatusStore::new(status_kv),
         js,
         s3,

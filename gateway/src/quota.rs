@@ -4,8 +4,8 @@
 //! (at most `--max-file-bytes`) and is cut off, its parts removed, at the
 //! byte that would pass it.
 //!
-//! The usage is read from the tenant's file records when the upload
-//! starts, so two uploads of one tenant at once may each take the room
+//! The usage is read from the tenant's file records (through its index,
+//! so no other tenant's are read) when the upload starts, so two uploads of one tenant at once may each take the room
 //! both saw: the quota can be passed by at most one room per upload in
 //! flight. The batches' output and error files (written by the gateway,
 //! bounded by their input) do not count.
@@ -75,7 +75,7 @@ pub async fn room(state: &AppState, tenant: &str) -> Result<Room, ApiError> {
 async fn used(state: &AppState, tenant: &str) -> Result<u64, ApiError> {
     let at = now();
     let mut used = 0u64;
-    for id in state.records.ids("file.").await? {
+    for id in state.records.owned_ids::<FileRecord>(tenant).await? {
         let Some(file) = state
             .records
             .get::<FileRecord>(&FileRecord::key(&id))

@@ -1,7 +1,15 @@
 //! The gateway's facts in its KV bucket: `file.<id>` and `batch.<id>`
-//! records, and an `active.<id>` marker for each batch that is not final.
-//! Every change is a compare-and-swap on the record's revision, so any
-//! number of gateways can share the bucket.
+//! records, an `active.<id>` marker for each batch that is not final, and
+//! each tenant's index of its own, `tenant.<tenant>.<kind>.<id>` (empty),
+//! so a tenant's list reads its own records and no one else's. Every change
+//! of a record is a compare-and-swap on its revision, so any number of
+//! gateways can share the bucket.
+//!
+//! An index entry is written before its record and removed after it: a
+//! record is never missing from its tenant's lists; an entry whose record
+//! is gone (a crash between the two) is skipped by the lists and removed
+//! by the sweeper, which also writes the entries of records older than the
+//! index.
 
 use anyhow::{Context, Result, bail};
 use async_nats::jetstream::kv;
@@ -13,11 +21,13 @@ use serde_json::{Value, json};
 #[derive(Clone)]
 pub struct Records {
     kv: kv::Store,
+    /// For the inboxes of the ordered consumers that list a prefix.
+    client: async_nats::Client,
 }
 
 impl Records {
-    pub fn new(kv: kv::Store) -> Records {
-        Records { kv }
+    pub fn new(kv: kv::Store, client: async_nats::Client) -> Records {
+        Records { kv, client }
     }
 
     pub async fn get<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>> {
@@ -124,8 +134,90 @@ impl Records {
 
 /// A record that belongs to a tenant.
 pub trait Owned: DeserializeOwned {
+    /// What it is in its tenant's index: `file`, `batch`.
+    const KIND: &'static str;
     fn key(id: &str) -> String;
     fn tenant(&self) -> &str;
+}
+
+/// `tenant`'s index entry of its `kind` record `id`.
+pub fn index_key(tenant: &str, kind: &str, id: &str) -> String {
+    format!("{}{id}", index_prefix(tenant, kind))
+}
+
+/// Where `tenant`'s index of its `kind` records is.
+pub fn index_prefix(tenant: &str, kind: &str) -> String {
+    format!("tenant.{tenant}.{kind}.")
+}
+
+impl Records {
+    /// Writes `record`, `id` of its tenant, after its index entry.
+    pub async fn put_owned<T: Owned + Serialize>(&self, id: &str, record: &T) -> Result<()> {
+        self.index(record.tenant(), T::KIND, id).await?;
+        self.put(&T::key(id), record).await
+    }
+
+    /// Writes `tenant`'s index entry of its `kind` record `id` (again: the
+    /// same empty entry).
+    pub async fn index(&self, tenant: &str, kind: &str, id: &str) -> Result<()> {
+        self.put(&index_key(tenant, kind, id), &json!({})).await
+    }
+
+    /// Removes `tenant`'s record `id`, then its index entry.
+    pub async fn delete_owned<T: Owned>(&self, tenant: &str, id: &str) -> Result<()> {
+        self.delete(&T::key(id)).await?;
+        self.delete(&index_key(tenant, T::KIND, id)).await
+    }
+
+    /// The ids in `tenant`'s index of its `T` records, sorted; some may
+    /// name a record that is gone.
+    pub async fn owned_ids<T: Owned>(&self, tenant: &str) -> Result<Vec<String>> {
+        self.ids_under(&index_prefix(tenant, T::KIND)).await
+    }
+
+    /// The keys under `prefix` (without it), sorted: read by an ordered
+    /// consumer filtered to the prefix, so a tenant's list reads its own
+    /// keys, not the bucket's.
+    async fn ids_under(&self, prefix: &str) -> Result<Vec<String>> {
+        use async_nats::jetstream::consumer::{DeliverPolicy, ReplayPolicy, push};
+        let filter = format!("{}{prefix}>", self.kv.prefix);
+        let listing = || format!("listing {prefix}* in the gateway bucket");
+        let consumer = self
+            .kv
+            .stream
+            .create_consumer(push::OrderedConfig {
+                deliver_subject: self.client.new_inbox(),
+                filter_subject: filter,
+                headers_only: true,
+                replay_policy: ReplayPolicy::Instant,
+                deliver_policy: DeliverPolicy::LastPerSubject,
+                ..Default::default()
+            })
+            .await
+            .with_context(listing)?;
+        let mut ids = Vec::new();
+        if consumer.cached_info().num_pending == 0 {
+            return Ok(ids);
+        }
+        let mut messages = consumer.messages().await.with_context(listing)?;
+        let key_start = self.kv.prefix.len() + prefix.len();
+        while let Some(message) = messages.try_next().await.with_context(listing)? {
+            let pending = message.info().map_err(anyhow::Error::msg)?.pending;
+            let removed = message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get("KV-Operation"))
+                .is_some_and(|op| op.as_str() == "DEL" || op.as_str() == "PURGE");
+            if !removed && let Some(id) = message.subject.get(key_start..) {
+                ids.push(id.to_string());
+            }
+            if pending == 0 {
+                break;
+            }
+        }
+        ids.sort();
+        Ok(ids)
+    }
 }
 
 impl Records {
@@ -152,19 +244,20 @@ pub fn is_record_id(id: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
-/// One page of a list endpoint: the records under `prefix` that `keep`
+/// One page of a list endpoint: `tenant`'s `T` records that `keep`
 /// accepts, newest first (ids are time-ordered) unless `ascending`, from
-/// after the id `after`, at most `limit`, in OpenAI's list shape.
-pub async fn page<T: DeserializeOwned>(
+/// after the id `after`, at most `limit`, in OpenAI's list shape. Read
+/// from the tenant's index: another tenant's records are never read.
+pub async fn page<T: Owned>(
     records: &Records,
-    prefix: &str,
+    tenant: &str,
     after: Option<&str>,
     limit: usize,
     ascending: bool,
     keep: impl Fn(&T) -> bool,
     to_api: impl Fn(&T) -> Value,
 ) -> Result<Value> {
-    let mut ids = records.ids(prefix).await?;
+    let mut ids = records.owned_ids::<T>(tenant).await?;
     if !ascending {
         ids.reverse();
     }
@@ -178,10 +271,10 @@ pub async fn page<T: DeserializeOwned>(
     let mut data = Vec::new();
     let mut has_more = false;
     for id in &ids[start..] {
-        let Some(record) = records.get::<T>(&format!("{prefix}{id}")).await? else {
+        let Some(record) = records.get::<T>(&T::key(id)).await? else {
             continue;
         };
-        if !keep(&record) {
+        if record.tenant() != tenant || !keep(&record) {
             continue;
         }
         if data.len() == limit {

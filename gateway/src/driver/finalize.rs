@@ -328,7 +328,7 @@ async fn store_files(
                 state.config.retention_days,
             ),
         };
-        state.records.put(&FileRecord::key(&id), &file).await?;
+        state.records.put_owned(&id, &file).await?;
         *slot = Some(id);
     }
     Ok(ids)

@@ -2,6 +2,7 @@
 //! passed and the batch records past their retention, as
 //! [`lifecycle::plan`] decides, and an ended batch's chunk objects.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -11,6 +12,7 @@ use crate::batch_record::{BatchRecord, ChunkState};
 use crate::file_record::FileRecord;
 use crate::lifecycle::{self, Sweep};
 use crate::objects;
+use crate::records::{Owned, index_key};
 use crate::state::{AppState, now};
 
 /// Whether the file `id` is the input of a batch that has not ended.
@@ -74,19 +76,95 @@ pub async fn sweep(state: &AppState) -> Result<Sweep> {
         config.expiry_grace_secs as i64,
         config.retention_days,
     );
+    mend_indexes(state, &files, &batches).await?;
     for id in &sweep.files {
         objects::delete(&state.s3, state.bucket(), &state.file_key(id)).await?;
-        state.records.delete(&FileRecord::key(id)).await?;
+        match files.iter().find(|f| &f.id == id) {
+            Some(f) => {
+                state
+                    .records
+                    .delete_owned::<FileRecord>(&f.tenant, id)
+                    .await?
+            }
+            None => state.records.delete(&FileRecord::key(id)).await?,
+        }
         tracing::info!(file = id, "expired file removed");
     }
     for id in &sweep.batches {
-        if let Some(batch) = batches.iter().find(|b| &b.id == id) {
-            remove_chunk_objects(state, batch).await?;
+        match batches.iter().find(|b| &b.id == id) {
+            Some(batch) => {
+                remove_chunk_objects(state, batch).await?;
+                state
+                    .records
+                    .delete_owned::<BatchRecord>(&batch.tenant, id)
+                    .await?;
+            }
+            None => state.records.delete(&BatchRecord::key(id)).await?,
         }
-        state.records.delete(&BatchRecord::key(id)).await?;
         tracing::info!(batch = id, "batch record removed after the retention");
     }
     Ok(sweep)
+}
+
+/// How long an index entry may name a record that is not there before the
+/// sweeper removes it: far longer than the moment between an entry and
+/// its record being written.
+const DANGLING_AFTER: Duration = Duration::from_secs(3600);
+
+/// Each tenant's index as its records say: an entry written for a record
+/// that has none (one older than the index), an entry whose record has
+/// been gone for [`DANGLING_AFTER`] removed (a gateway that crashed between
+/// the two writes).
+async fn mend_indexes(
+    state: &AppState,
+    files: &[FileRecord],
+    batches: &[BatchRecord],
+) -> Result<()> {
+    let entries: HashSet<String> = state.records.ids("tenant.").await?.into_iter().collect();
+    let mut records = HashSet::new();
+    let owned = files
+        .iter()
+        .map(|f| {
+            (
+                f.tenant.as_str(),
+                <FileRecord as Owned>::KIND,
+                f.id.as_str(),
+            )
+        })
+        .chain(batches.iter().map(|b| {
+            (
+                b.tenant.as_str(),
+                <BatchRecord as Owned>::KIND,
+                b.id.as_str(),
+            )
+        }));
+    for (tenant, kind, id) in owned {
+        let entry = index_key(tenant, kind, id);
+        let entry = entry.strip_prefix("tenant.").unwrap_or(&entry).to_string();
+        if !entries.contains(&entry) {
+            state.records.index(tenant, kind, id).await?;
+            tracing::info!(
+                tenant,
+                kind,
+                id,
+                "index entry written for a record older than the index"
+            );
+        }
+        records.insert(entry);
+    }
+    for entry in entries.difference(&records) {
+        let key = format!("tenant.{entry}");
+        if state
+            .records
+            .age(&key)
+            .await?
+            .is_some_and(|age| age > DANGLING_AFTER)
+        {
+            state.records.delete(&key).await?;
+            tracing::info!(key, "index entry of a record that is gone removed");
+        }
+    }
+    Ok(())
 }
 
 /// Removes an ended batch's chunk inputs and its chunk jobs' outputs

@@ -257,3 +257,100 @@ async fn a_window_longer_than_the_status_records_live_is_refused_naming_the_sett
     assert_eq!(status, 200, "{body}");
     gateway.stop();
 }
+
+/// Every list call read every tenant's records (the whole bucket, one read
+/// each). Now each tenant's files and batches are indexed under
+/// `tenant.<tenant>.<kind>.<id>` and its lists read that index alone; a
+/// record from before the index joins it at the next sweep, and an entry
+/// whose record is gone is skipped.
+#[tokio::test]
+async fn a_tenants_lists_read_its_own_index_and_older_records_join_it_at_a_sweep() {
+    const KEY_B: &str = "sk-team-b-0123456789";
+    let d = Deployment::start().await.unwrap();
+    let gateway = d
+        .start_gateway(
+            &format!("{KEYS},team-b:{KEY_B}"),
+            &["--sweep-interval-secs=1"],
+        )
+        .await
+        .unwrap();
+    let api = sluice_tests::api::Api::new(gateway.addr);
+    let line = b"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/embeddings\", \"body\": {\"model\": \"m\", \"input\": \"x\"}}\n";
+    let (_, a) = api.upload(KEY, line).await;
+    let (_, b) = api.upload(KEY_B, line).await;
+    let (a, b) = (a["id"].as_str().unwrap(), b["id"].as_str().unwrap());
+
+    let js = async_nats::jetstream::new(d.servers.nats.connect().await.unwrap());
+    let kv = js.get_key_value(&d.topology.gateway_bucket).await.unwrap();
+    let index = || async {
+        let keys: Vec<String> = futures::TryStreamExt::try_collect(kv.keys().await.unwrap())
+            .await
+            .unwrap();
+        let mut index: Vec<String> = keys
+            .into_iter()
+            .filter(|k| k.starts_with("tenant."))
+            .collect();
+        index.sort();
+        index
+    };
+    let mut expected = vec![
+        format!("tenant.team-a.file.{a}"),
+        format!("tenant.team-b.file.{b}"),
+    ];
+    expected.sort();
+    assert_eq!(index().await, expected);
+
+    // Team A's record from before the index (no entry), and an entry of
+    // team A's whose record is gone.
+    let mut older: Value =
+        serde_json::from_slice(&kv.get(format!("file.{a}")).await.unwrap().unwrap()).unwrap();
+    let older_id = "file-00000000000000000000000000000001";
+    older["id"] = json!(older_id);
+    kv.put(
+        format!("file.{older_id}"),
+        serde_json::to_vec(&older).unwrap().into(),
+    )
+    .await
+    .unwrap();
+    kv.put("tenant.team-a.file.file-gone", "{}".into())
+        .await
+        .unwrap();
+
+    let listed = |key: &'static str| {
+        let api = &api;
+        async move {
+            let (status, list) = api.get("/files", key).await;
+            assert_eq!(status, 200, "{list}");
+            let mut ids: Vec<String> = list["data"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|f| f["id"].as_str().unwrap().to_string())
+                .collect();
+            ids.sort();
+            ids
+        }
+    };
+    let until = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let ids = listed(KEY).await;
+        if ids.len() == 2 {
+            let mut want = vec![a.to_string(), older_id.to_string()];
+            want.sort();
+            assert_eq!(ids, want);
+            break;
+        }
+        assert_eq!(ids, vec![a.to_string()], "team A's list");
+        assert!(
+            tokio::time::Instant::now() < until,
+            "the older record never joined team A's list"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(listed(KEY_B).await, vec![b.to_string()], "team B's list");
+    assert!(
+        index()
+            .await
+            .contains(&format!("tenant.team-a.file.{older_id}"))
+    );
+}
