@@ -100,6 +100,11 @@ pub struct Producer {
     pub s3: aws_sdk_s3::Client,
     /// The deployed models, which route each job by its `model`.
     pub models: models::ModelCatalog,
+    /// Where this producer's jobs are answered: one of its own inboxes
+    /// (`<inbox prefix>.<unique>`), each job at `<results>.<job id>`. Under
+    /// the shipped permissions a publisher reads its own role's inboxes,
+    /// not every result of the deployment.
+    results: String,
     status: tokio::sync::OnceCell<kv::Store>,
 }
 
@@ -119,6 +124,7 @@ impl Producer {
         Ok(Producer {
             topology: config.topology(),
             config: config.clone(),
+            results: nats.new_inbox(),
             nats,
             models: models::ModelCatalog::new(js.clone(), config.topology()),
             js,
@@ -224,7 +230,7 @@ impl Producer {
     /// is dropped by the server (the returned ack says `duplicate`). The job
     /// starts a new trace; use [`Producer::submit_with`] to continue yours.
     pub async fn submit(&self, job: &Job) -> Result<jetstream::publish::PublishAck> {
-        let reply_to = self.topology.result_subject(&job.id);
+        let reply_to = self.result_subject(&job.id);
         self.submit_with(job, &reply_to, Some(&new_traceparent()))
             .await
     }
@@ -307,17 +313,45 @@ impl Producer {
         ))
     }
 
-    /// Subscribes to every result of this namespace. Subscribe before
-    /// submitting: results are plain NATS messages, gone if nobody listens
-    /// (the status bucket keeps the outcome either way).
+    /// The subject job `job_id` is answered on when this producer submits
+    /// it ([`Producer::submit`], [`Submission::new`]): under its own inbox.
+    pub fn result_subject(&self, job_id: &str) -> String {
+        format!("{}.{job_id}", self.results)
+    }
+
+    /// Subscribes to the results of the jobs this producer submits. Subscribe
+    /// before submitting: results are plain NATS messages, gone if nobody
+    /// listens (the status bucket keeps the outcome either way).
     pub async fn subscribe_results(&self) -> Result<Results> {
-        let subject = format!("{}.>", self.topology.result_subject_prefix);
-        let sub = self
-            .nats
-            .subscribe(subject.clone())
-            .await
-            .with_context(|| format!("cannot subscribe to {subject}"))?;
-        Ok(Results { sub })
+        self.results_on(&[format!("{}.>", self.results)]).await
+    }
+
+    /// Like [`Producer::subscribe_results`], and the default result
+    /// subjects too (`sluice.results.<job id>`), where the consumers answer
+    /// jobs published without a `Sluice-Reply-To` (by another client, or
+    /// too broken to read). Under the shipped permissions only an admin
+    /// may read those.
+    pub async fn subscribe_results_and_defaults(&self) -> Result<Results> {
+        self.results_on(&[
+            format!("{}.>", self.results),
+            format!("{}.>", self.topology.result_subject_prefix),
+        ])
+        .await
+    }
+
+    async fn results_on(&self, subjects: &[String]) -> Result<Results> {
+        let mut subs = Vec::new();
+        for subject in subjects {
+            subs.push(
+                self.nats
+                    .subscribe(subject.clone())
+                    .await
+                    .with_context(|| format!("cannot subscribe to {subject}"))?,
+            );
+        }
+        Ok(Results {
+            subs: futures::stream::select_all(subs),
+        })
     }
 
     /// Subscribes to a streaming generate job's text (`output.stream`):
@@ -423,11 +457,11 @@ pub struct Submission {
 }
 
 impl Submission {
-    /// `job` answered on its standard result subject, starting a new trace
+    /// `job` answered on `producer`'s result subject, starting a new trace
     /// unless `traceparent` continues one.
-    pub fn new(topology: &Topology, job: Job, traceparent: Option<String>) -> Submission {
+    pub fn new(producer: &Producer, job: Job, traceparent: Option<String>) -> Submission {
         Submission {
-            reply_to: topology.result_subject(&job.id),
+            reply_to: producer.result_subject(&job.id),
             traceparent: Some(traceparent.unwrap_or_else(new_traceparent)),
             priority: Priority::Normal,
             tenant: None,
@@ -633,12 +667,12 @@ pub fn trace_id_of(traceparent: &str) -> Option<&str> {
 
 /// A stream of results.
 pub struct Results {
-    sub: async_nats::Subscriber,
+    subs: futures::stream::SelectAll<async_nats::Subscriber>,
 }
 
 impl Results {
     pub async fn next_result(&mut self) -> Result<JobResult> {
-        let Some(msg) = self.sub.next().await else {
+        let Some(msg) = self.subs.next().await else {
             bail!("the result subscription closed");
         };
         serde_json::from_slice(&msg.payload).context("a result message is not valid")

@@ -231,7 +231,7 @@ async fn one_run(way: Way, n: usize) -> Result<f64> {
                             items: vec![t.as_str().into()],
                         }],
                     );
-                    Submission::new(&d.producer.topology, job, None)
+                    Submission::new(&d.producer, job, None)
                 })
                 .collect();
             let start = Instant::now();

@@ -125,6 +125,7 @@ async fn race(kind: Kind, id: &str) -> (Vec<JobResult>, u64, Option<JobState>) {
             let js = async_nats::jetstream::new(d.servers.nats.connect().await.unwrap());
             let mut h = async_nats::HeaderMap::new();
             h.insert(headers::MSG_ID, id);
+            h.insert(headers::REPLY_TO, d.producer.result_subject(id).as_str());
             js.publish_with_headers(
                 d.topology.job_subject("embed"),
                 h,

@@ -217,7 +217,9 @@ async fn an_older_stream_is_upgraded_in_place_and_a_late_job_is_expired_not_run(
     assert!(info.config.allow_message_ttl);
     assert_eq!(info.state.messages, 1, "upgraded in place: the job stayed");
 
-    let mut results = d.producer.subscribe_results().await.unwrap();
+    // `sluice submit` without --wait names no inbox of its own: the job is
+    // answered on its default subject.
+    let mut results = d.producer.subscribe_results_and_defaults().await.unwrap();
     let consumer = d.spawn_consumer(&[]).await.unwrap();
     let result = match tokio::time::timeout(T, results.next_result()).await {
         Ok(r) => r.unwrap(),

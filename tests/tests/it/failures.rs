@@ -91,7 +91,7 @@ async fn each_bad_input_gets_its_code_a_result_and_a_dead_letter() {
         ])
         .await
         .unwrap();
-    let mut results = d.producer.subscribe_results().await.unwrap();
+    let mut results = d.producer.subscribe_results_and_defaults().await.unwrap();
     let p = &d.producer;
 
     upload(&d, "in/good.jsonl", b"\"hello\"\n".to_vec()).await;
@@ -326,7 +326,7 @@ async fn each_bad_input_gets_its_code_a_result_and_a_dead_letter() {
 async fn internal_addresses_are_refused_by_default_but_the_s3_endpoint_is_not() {
     let d = Deployment::start().await.unwrap();
     let consumer = d.start_consumer(&[]).await.unwrap();
-    let mut results = d.producer.subscribe_results().await.unwrap();
+    let mut results = d.producer.subscribe_results_and_defaults().await.unwrap();
     let p = &d.producer;
     upload(&d, "in/good.jsonl", b"\"hello\"\n".to_vec()).await;
     let good = presign(&d, "in/good.jsonl").await;
@@ -433,7 +433,7 @@ async fn an_http_proxy_in_the_environment_does_not_carry_an_input_past_the_guard
         )
         .await
         .unwrap();
-    let mut results = d.producer.subscribe_results().await.unwrap();
+    let mut results = d.producer.subscribe_results_and_defaults().await.unwrap();
     let p = &d.producer;
     let nats = d.servers.nats.port;
     let url = format!("http://localhost:{nats}/in.jsonl");
@@ -476,7 +476,7 @@ async fn poison_job_is_dead_lettered_after_max_deliver_and_replays_once_fixed() 
         ])
         .await
         .unwrap();
-    let mut results = d.producer.subscribe_results().await.unwrap();
+    let mut results = d.producer.subscribe_results_and_defaults().await.unwrap();
     // The input's object exists, but the URL points at a port nobody listens on:
     // every attempt fails transiently.
     upload(&d, "in/poison.jsonl", b"\"recovered\"\n".to_vec()).await;
@@ -531,7 +531,7 @@ async fn poison_job_is_dead_lettered_after_max_deliver_and_replays_once_fixed() 
 async fn a_job_too_large_to_carry_in_its_dead_letter_is_dead_lettered_by_reference() {
     let d = Deployment::start().await.unwrap();
     let consumer = d.start_consumer(&["--max-items-per-job=50"]).await.unwrap();
-    let mut results = d.producer.subscribe_results().await.unwrap();
+    let mut results = d.producer.subscribe_results_and_defaults().await.unwrap();
     // 60 items (more than the consumer takes: refused for good) of 15 KB.
     let items: Vec<serde_json::Value> = (0..60)
         .map(|i| format!("{i} {}", "word ".repeat(3_000)).into())
@@ -602,7 +602,7 @@ async fn a_job_too_large_to_carry_in_its_dead_letter_is_dead_lettered_by_referen
 #[tokio::test]
 async fn cancelled_jobs_are_not_run() {
     let d = Deployment::start().await.unwrap();
-    let mut results = d.producer.subscribe_results().await.unwrap();
+    let mut results = d.producer.subscribe_results_and_defaults().await.unwrap();
     let job = d.producer.embed_job(
         "cancel-1",
         vec![Input::Inline {

@@ -1114,6 +1114,31 @@ async fn the_shipped_permissions_let_the_gateway_run_and_cancel_batches() {
         json!({"total": 10, "completed": 0, "failed": 10})
     );
 
+    // The attack: another role's client listens on every inbox and every
+    // default result subject while team A's batch runs (its chunk jobs'
+    // results name their output objects) and its online request is
+    // answered. Each role reads only its own prefix, and no publisher reads
+    // the default result subjects: the snoop is refused and hears nothing.
+    let publisher = sluice_connect::NatsAuth {
+        nats_user: Some("publisher".into()),
+        nats_password: Some(sluice_schemas::Secret::new(sluice_tests::ROLE_PASSWORD)),
+        ..Default::default()
+    };
+    let snoop = sluice_connect::connect_nats(
+        &d.servers.nats.url(),
+        &publisher,
+        "snoop",
+        false,
+        Duration::from_secs(10),
+    )
+    .await
+    .unwrap();
+    let mut heard = Vec::new();
+    for subject in ["_INBOX.>", "_INBOX_gateway.>", "sluice.results.>"] {
+        heard.push(snoop.subscribe(subject).await.unwrap());
+    }
+    snoop.flush().await.unwrap();
+
     // A consumer with its own role runs the next one to the end.
     let consumer = d
         .start_consumer(&[
@@ -1133,28 +1158,6 @@ async fn the_shipped_permissions_let_the_gateway_run_and_cancel_batches() {
         json!({"total": 10, "completed": 10, "failed": 0})
     );
     assert_eq!(api.content(KEY_A, &done["output_file_id"]).await.len(), 10);
-    // The attack: another role's client listens on every inbox while team
-    // A's online request is answered. Each role reads only its own prefix:
-    // the snoop is refused and hears nothing.
-    let publisher = sluice_connect::NatsAuth {
-        nats_user: Some("publisher".into()),
-        nats_password: Some(sluice_schemas::Secret::new(sluice_tests::ROLE_PASSWORD)),
-        ..Default::default()
-    };
-    let snoop = sluice_connect::connect_nats(
-        &d.servers.nats.url(),
-        &publisher,
-        "snoop",
-        false,
-        Duration::from_secs(10),
-    )
-    .await
-    .unwrap();
-    let mut heard = Vec::new();
-    for subject in ["_INBOX.>", "_INBOX_gateway.>"] {
-        heard.push(snoop.subscribe(subject).await.unwrap());
-    }
-    snoop.flush().await.unwrap();
     let (status, body) = api
         .post(
             "/embeddings",
@@ -1168,7 +1171,7 @@ async fn the_shipped_permissions_let_the_gateway_run_and_cancel_batches() {
             tokio::time::timeout(Duration::from_secs(1), futures::StreamExt::next(&mut sub)).await;
         assert!(
             !matches!(got, Ok(Some(_))),
-            "another role read team A's answer on an inbox: {:?}",
+            "another role read team A's answer: {:?}",
             got.ok().flatten().map(|m| m.subject)
         );
     }
@@ -1179,13 +1182,13 @@ async fn the_shipped_permissions_let_the_gateway_run_and_cancel_batches() {
     assert_eq!(list["data"].as_array().map(Vec::len), Some(2), "{list}");
     gateway.stop();
     consumer.shutdown(Duration::from_secs(10)).await.unwrap();
-    // The snoop's two subscriptions were refused; nothing else was: each
+    // The snoop's three subscriptions were refused; nothing else was: each
     // refusal of a role's own work costs it a timeout.
     let refused = d.servers.nats.permission_violations();
     let snooped = |l: &String| l.contains("user:publisher") && l.contains("Subscription Violation");
     assert_eq!(
         refused.iter().filter(|l| snooped(l)).count(),
-        2,
+        3,
         "the snoop's subscriptions were refused:\n{}",
         refused.join("\n")
     );

@@ -130,7 +130,7 @@ async fn watched(d: &Deployment, model: &str) -> (u64, u64) {
 #[tokio::test]
 async fn three_models_share_a_namespace_and_every_job_is_answered_by_its_own() {
     let d = Deployment::start_with(settings()).await.unwrap();
-    let mut results = d.producer.subscribe_results().await.unwrap();
+    let mut results = d.producer.subscribe_results_and_defaults().await.unwrap();
     let minilm = d.start_consumer(&[]).await.unwrap();
     let short = d
         .start_consumer(&[&format!("--model-name={SHORT}"), "--max-tokens-per-item=64"])
@@ -159,11 +159,7 @@ async fn three_models_share_a_namespace_and_every_job_is_answered_by_its_own() {
                 Task::Rerank => json!({"query": "which text?", "document": long_text(i)}),
             };
             wanted.insert(id.clone(), model);
-            Submission::new(
-                &d.producer.topology,
-                job(&d, task, model, &id, vec![item]),
-                None,
-            )
+            Submission::new(&d.producer, job(&d, task, model, &id, vec![item]), None)
         })
         .collect();
     let mut acks = d.producer.submit_pipelined(submissions, 256).await.unwrap();
@@ -224,7 +220,7 @@ async fn three_models_share_a_namespace_and_every_job_is_answered_by_its_own() {
 async fn init_adds_models_in_place_and_an_undeployed_or_misrouted_model_is_refused() {
     // A deployment from before models: one job waits on the plain subject.
     let d = Deployment::start().await.unwrap();
-    let mut results = d.producer.subscribe_results().await.unwrap();
+    let mut results = d.producer.subscribe_results_and_defaults().await.unwrap();
     let waiting = job(&d, Task::Embed, MINILM, "waited", vec![json!("hello")]);
     d.producer.submit(&waiting).await.unwrap();
 
@@ -415,7 +411,7 @@ async fn init_adds_models_in_place_and_an_undeployed_or_misrouted_model_is_refus
 async fn a_model_whose_only_consumer_is_killed_waits_while_the_other_runs_on() {
     let settings = Settings::from_toml(&format!("ack_wait_secs = 5\n{MODELS}")).unwrap();
     let d = Deployment::start_with(settings).await.unwrap();
-    let mut results = d.producer.subscribe_results().await.unwrap();
+    let mut results = d.producer.subscribe_results_and_defaults().await.unwrap();
     let minilm = d.start_consumer(&[]).await.unwrap();
     let short_args = [
         format!("--model-name={SHORT}"),
@@ -444,7 +440,7 @@ async fn a_model_whose_only_consumer_is_killed_waits_while_the_other_runs_on() {
                 _ => (SHORT, format!("a-{i}")),
             };
             let job = job(&d, Task::Embed, model, &id, vec![json!(long_text(i))]);
-            Submission::new(&d.producer.topology, job, None)
+            Submission::new(&d.producer, job, None)
         })
         .collect();
     let mut acks = d.producer.submit_pipelined(submissions, 256).await.unwrap();

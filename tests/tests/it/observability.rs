@@ -51,7 +51,7 @@ async fn the_consumer_continues_the_publishers_trace_over_otlp() {
     d.producer
         .submit_with(
             &job,
-            &d.topology.result_subject("traced-1"),
+            &d.producer.result_subject("traced-1"),
             Some(&traceparent),
         )
         .await

@@ -54,7 +54,9 @@ async fn high_jobs_overtake_a_low_backlog_which_keeps_completing() {
     assert_eq!(bad.code, Some(2), "{bad:?}");
     assert!(bad.stderr.contains("use high, normal or low"), "{bad:?}");
 
-    let mut results = d.producer.subscribe_results().await.unwrap();
+    // The backlog came from `sluice submit` without --wait: answered on the
+    // default subjects.
+    let mut results = d.producer.subscribe_results_and_defaults().await.unwrap();
     let consumer = d.start_consumer(&[]).await.unwrap();
     // Let the consumer get well into the backlog.
     let mut low_done = 0;
@@ -81,7 +83,7 @@ async fn high_jobs_overtake_a_low_backlog_which_keeps_completing() {
                     items: vec![format!("an urgent text, number {i}").into()],
                 }],
             );
-            let mut s = Submission::new(&d.producer.topology, job, None);
+            let mut s = Submission::new(&d.producer, job, None);
             s.priority = Priority::High;
             s
         })

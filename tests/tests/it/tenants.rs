@@ -81,7 +81,7 @@ async fn a_small_tenant_gets_an_equal_token_share_beside_a_flood() {
         let job = d
             .producer
             .job(Task::Embed, &format!("a-{i}"), vec![a_input.clone()]);
-        let mut s = Submission::new(&d.producer.topology, job, None);
+        let mut s = Submission::new(&d.producer, job, None);
         s.tenant = Some("a".into());
         s
     });
@@ -121,7 +121,7 @@ async fn a_small_tenant_gets_an_equal_token_share_beside_a_flood() {
                 &format!("b-{i}"),
                 vec![Input::Inline { items }],
             );
-            let mut s = Submission::new(&d.producer.topology, job, None);
+            let mut s = Submission::new(&d.producer, job, None);
             s.tenant = Some("b".into());
             s
         })
@@ -300,7 +300,7 @@ async fn submit_as(d: &Deployment, id: &str, text: &str, tenant: &str) {
             items: vec![text.to_string().into()],
         }],
     );
-    let mut submission = Submission::new(&d.producer.topology, job, None);
+    let mut submission = Submission::new(&d.producer, job, None);
     submission.tenant = Some(tenant.into());
     let mut acks = d
         .producer

@@ -72,9 +72,10 @@ pub(crate) enum Command {
         /// all-minilm-l6-v2 for embed, smollm2-135m-instruct for generate.
         #[arg(long, env = "SLUICE_MODEL")]
         model: Option<String>,
-        /// Wait for every job's result (on the result subject, falling back to
-        /// the status record for results that were missed, e.g. of a job
-        /// submitted again after it finished).
+        /// Wait for every job's result (on this process's own inbox, falling
+        /// back to the status record for results that were missed, e.g. of a
+        /// job submitted again after it finished). Without it, the jobs are
+        /// answered on their default subjects (`sluice.results.<job id>`).
         #[arg(long)]
         wait: bool,
         /// With --wait: give up after this many seconds.

@@ -247,6 +247,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     stream,
                     prompt_name,
                     top_k,
+                    wait,
                 },
                 window as usize,
                 cli.json,

@@ -148,6 +148,10 @@ pub(crate) struct JobOptions {
     pub(crate) prompt_name: Option<String>,
     /// classify: `parameters.top_k`.
     pub(crate) top_k: Option<u32>,
+    /// This process waits for the results: they come to its own inbox.
+    /// Else they go to the default subjects (`sluice.results.<job id>`),
+    /// for whoever listens there.
+    pub(crate) wait: bool,
 }
 
 pub(crate) async fn submit_sources(
@@ -167,6 +171,7 @@ pub(crate) async fn submit_sources(
         stream,
         prompt_name,
         top_k,
+        wait,
     } = options;
     use futures::StreamExt;
     let max_payload = p.nats.server_info().max_payload;
@@ -216,7 +221,10 @@ pub(crate) async fn submit_sources(
     let (names, submissions): (Vec<String>, Vec<_>) = jobs
         .into_iter()
         .map(|(name, job)| {
-            let mut s = sluice_producer::Submission::new(&p.topology, job, traceparent.clone());
+            let mut s = sluice_producer::Submission::new(p, job, traceparent.clone());
+            if !wait {
+                s.reply_to = p.topology.result_subject(&s.job.id);
+            }
             s.priority = priority;
             s.tenant = tenant.clone();
             (name, s)
