@@ -353,9 +353,10 @@ async fn mutual_tls_with_a_client_certificate() {
     .await;
 }
 
-/// deploy/nats/permissions.conf as shipped: the consumer and the publisher
-/// each do their job with only their own permissions, refused nothing on
-/// the way, and a publisher cannot read the dead-letter stream.
+/// deploy/nats/permissions.conf as shipped: the consumers (embed and
+/// generate) and the publisher each do their job with only their own
+/// permissions, refused nothing on the way, and a publisher cannot read the
+/// dead-letter stream.
 #[tokio::test]
 async fn the_shipped_permissions_let_each_role_do_its_job_and_no_more() {
     let permissions = sluice_tests::shipped_permissions();
@@ -422,6 +423,51 @@ async fn the_shipped_permissions_let_each_role_do_its_job_and_no_more() {
         "the refusal is named: {run:?}"
     );
     eprintln!("publisher running `sluice dlq ls`: {}", run.stderr.trim());
+
+    // Generation too, streamed: a generate consumer with the consumer's
+    // role runs it (its cancel watch on the job's status record, its
+    // stream messages), and the publisher reads its text and its result.
+    let generator = d
+        .start_consumer(&[
+            "--task=generate",
+            "--max-new-tokens=16",
+            "--max-prompt-tokens=256",
+            "--max-items-per-job=32",
+            "--nats-user=consumer",
+            &format!("--nats-password={}", sluice_tests::ROLE_PASSWORD),
+            "--nats-inbox-prefix=_INBOX_consumer",
+        ])
+        .await
+        .unwrap();
+    let prompts = dir.path().join("prompts.jsonl");
+    std::fs::write(
+        &prompts,
+        "{\"prompt\": \"Once upon a time\", \"max_new_tokens\": 8}\n",
+    )
+    .unwrap();
+    let run = run_cli(
+        &env,
+        &[
+            "--json",
+            "submit",
+            "--task",
+            "generate",
+            "--inline",
+            "--stream",
+            "--id",
+            "perm-gen-1",
+            prompts.to_str().unwrap(),
+        ],
+        None,
+        T,
+    )
+    .await;
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert!(
+        run.stdout.contains("\"status\":\"ok\"") && run.stdout.contains("\"stream\""),
+        "its text streamed and its result came: {run:?}"
+    );
+    generator.shutdown(Duration::from_secs(10)).await.unwrap();
     consumer.shutdown(Duration::from_secs(10)).await.unwrap();
     // That refusal is the only one: each refusal of a role's own work
     // costs it a timeout.
