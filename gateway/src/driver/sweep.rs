@@ -120,7 +120,13 @@ async fn mend_indexes(
     files: &[FileRecord],
     batches: &[BatchRecord],
 ) -> Result<()> {
-    let entries: HashSet<String> = state.records.ids("tenant.").await?.into_iter().collect();
+    let entries: HashSet<String> = state
+        .records
+        .ids("tenant.")
+        .await?
+        .into_iter()
+        .map(|rest| format!("tenant.{rest}"))
+        .collect();
     let mut records = HashSet::new();
     let owned = files
         .iter()
@@ -140,7 +146,6 @@ async fn mend_indexes(
         }));
     for (tenant, kind, id) in owned {
         let entry = index_key(tenant, kind, id);
-        let entry = entry.strip_prefix("tenant.").unwrap_or(&entry).to_string();
         if !entries.contains(&entry) {
             state.records.index(tenant, kind, id).await?;
             tracing::info!(
@@ -152,15 +157,14 @@ async fn mend_indexes(
         }
         records.insert(entry);
     }
-    for entry in entries.difference(&records) {
-        let key = format!("tenant.{entry}");
+    for key in entries.difference(&records) {
         if state
             .records
-            .age(&key)
+            .age(key)
             .await?
             .is_some_and(|age| age > DANGLING_AFTER)
         {
-            state.records.delete(&key).await?;
+            state.records.delete(key).await?;
             tracing::info!(key, "index entry of a record that is gone removed");
         }
     }
