@@ -254,7 +254,7 @@ pub async fn answer(
         .map_err(subscribe_failed)?;
     let mut messages: Messages = if streaming.is_some() {
         let chunks = nats
-            .subscribe(state.topology.stream_subject(&job_id))
+            .subscribe(state.topology.stream_subject_of(&job_id, Some(&inbox)))
             .await
             .map_err(subscribe_failed)?;
         futures::stream::select(results.map(Incoming::Result), chunks.map(Incoming::Chunk)).boxed()

@@ -323,7 +323,14 @@ impl Producer {
     /// before submitting: results are plain NATS messages, gone if nobody
     /// listens (the status bucket keeps the outcome either way).
     pub async fn subscribe_results(&self) -> Result<Results> {
-        self.results_on(&[format!("{}.>", self.results)]).await
+        self.results_on(&[self.results_subjects()]).await
+    }
+
+    /// Every result subject of this producer (`<results>.*`: a job id is
+    /// one token, so its streamed text, `<results>.<job id>.text`, is not
+    /// among them).
+    fn results_subjects(&self) -> String {
+        format!("{}.*", self.results)
     }
 
     /// Like [`Producer::subscribe_results`], and the default result
@@ -333,7 +340,7 @@ impl Producer {
     /// may read those.
     pub async fn subscribe_results_and_defaults(&self) -> Result<Results> {
         self.results_on(&[
-            format!("{}.>", self.results),
+            self.results_subjects(),
             format!("{}.>", self.topology.result_subject_prefix),
         ])
         .await
@@ -354,11 +361,15 @@ impl Producer {
         })
     }
 
-    /// Subscribes to a streaming generate job's text (`output.stream`):
-    /// its [`StreamChunk`]s as the consumer publishes them. Subscribe
-    /// before submitting the job; they are not stored.
+    /// Subscribes to the text of a streaming generate job
+    /// (`output.stream`) this producer submits: its [`StreamChunk`]s as
+    /// the consumer publishes them, under the job's result subject
+    /// ([`Topology::stream_subject_of`]), where no other client hears them.
+    /// Subscribe before submitting the job; they are not stored.
     pub async fn subscribe_stream(&self, job_id: &str) -> Result<JobStream> {
-        let subject = self.topology.stream_subject(job_id);
+        let subject = self
+            .topology
+            .stream_subject_of(job_id, Some(&self.result_subject(job_id)));
         let sub = self
             .nats
             .subscribe(subject.clone())
@@ -415,27 +426,22 @@ impl Producer {
         Ok(Some(record))
     }
 
-    /// Whether the job stream no longer holds message `sequence` (acked,
-    /// dropped at its deadline, or removed).
+    /// Whether the job stream has moved past message `sequence`: it holds
+    /// no message at or before it (its first sequence is after it). Read
+    /// from the stream's state (`STREAM.INFO`) alone: a job's message is
+    /// never read, since under the shipped permissions a publisher may not
+    /// read other clients' jobs (their presigned URLs). A gone message
+    /// behind an older one still waiting is not seen as gone until that
+    /// one leaves: the orphan reads `running` until then, never `expired`
+    /// too soon.
     async fn job_message_gone(&self, sequence: u64) -> Result<bool> {
         let stream = self
             .js
             .get_stream(&self.topology.job_stream)
             .await
-            .with_context(|| format!("cannot look up the stream {}", self.topology.job_stream))?;
-        match stream.get_raw_message(sequence).await {
-            Ok(_) => Ok(false),
-            Err(e)
-                if e.kind()
-                    == async_nats::jetstream::stream::RawMessageErrorKind::NoMessageFound =>
-            {
-                Ok(true)
-            }
-            Err(e) => Err(anyhow::Error::new(e).context(format!(
-                "cannot read message {sequence} of {}",
-                self.topology.job_stream
-            ))),
-        }
+            .with_context(|| format!("cannot read the state of {}", self.topology.job_stream))?;
+        // An empty stream's first sequence is one past its last.
+        Ok(sequence < stream.cached_info().state.first_sequence)
     }
 }
 

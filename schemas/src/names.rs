@@ -135,9 +135,14 @@ pub const MODELS_BUCKET: &str = "sluice-models";
 pub const CONSUMERS_BUCKET: &str = "sluice-consumers";
 /// Where results go when a publisher names no reply subject: `sluice.results.<job id>`.
 pub const RESULT_SUBJECT_PREFIX: &str = "sluice.results";
-/// Where a streaming generate job's text goes as it is generated:
-/// `sluice.stream.<job id>` (core NATS, not stored).
+/// Where a streaming generate job's text goes as it is generated when the
+/// job names no reply subject: `sluice.stream.<job id>` (core NATS, not
+/// stored). A job with a `Sluice-Reply-To` streams under it instead (see
+/// [`Topology::stream_subject_of`]).
 pub const STREAM_SUBJECT_PREFIX: &str = "sluice.stream";
+/// The token a job's reply subject is extended by for its streamed text:
+/// `<Sluice-Reply-To>.text`.
+pub const STREAM_REPLY_TOKEN: &str = "text";
 
 /// The names of the streams, consumer, bucket and subjects one sluice
 /// deployment uses. [`Topology::default`] is the production set above; a
@@ -400,10 +405,22 @@ impl Topology {
         format!("{}.{job_id}", self.result_subject_prefix)
     }
 
-    /// Where a streaming generate job (`output.stream`) publishes its
-    /// [`crate::StreamChunk`]s: subscribe before publishing the job.
+    /// Where a streaming generate job (`output.stream`) published with no
+    /// reply subject publishes its [`crate::StreamChunk`]s. Under the
+    /// shipped permissions only an admin reads these subjects.
     pub fn stream_subject(&self, job_id: &str) -> String {
         format!("{}.{job_id}", self.stream_subject_prefix)
+    }
+
+    /// Where a streaming job publishes its [`crate::StreamChunk`]s: under
+    /// its reply subject (`<Sluice-Reply-To>.text`), so that its text goes
+    /// where its answer goes and no other client hears it; else
+    /// [`Topology::stream_subject`]. Subscribe before publishing the job.
+    pub fn stream_subject_of(&self, job_id: &str, reply_to: Option<&str>) -> String {
+        match reply_to {
+            Some(reply_to) => format!("{reply_to}.{STREAM_REPLY_TOKEN}"),
+            None => self.stream_subject(job_id),
+        }
     }
 }
 

@@ -243,6 +243,7 @@ async fn process(
         in_flight: &shared.in_flight,
         stats: &shared.stats,
         nats: &nats,
+        reply_to: delivery.reply_to.as_deref(),
         topology: &shared.topology,
     };
     let ran = shared.engine.run(run, fetched.items);

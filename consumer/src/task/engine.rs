@@ -71,6 +71,9 @@ pub struct JobRun<'a> {
     pub stats: &'a Arc<Stats>,
     /// For a streaming job's messages.
     pub nats: &'a async_nats::Client,
+    /// The job's `Sluice-Reply-To`: its streamed text goes under it
+    /// ([`Topology::stream_subject_of`]).
+    pub reply_to: Option<&'a str>,
     pub topology: &'a Topology,
 }
 

@@ -356,7 +356,8 @@ async fn mutual_tls_with_a_client_certificate() {
 /// deploy/nats/permissions.conf as shipped: the consumers (embed and
 /// generate) and the publisher each do their job with only their own
 /// permissions, refused nothing on the way, and a publisher cannot read the
-/// dead-letter stream.
+/// dead-letter stream, another client's streamed text or a job message
+/// waiting in the stream (its presigned URLs).
 #[tokio::test]
 async fn the_shipped_permissions_let_each_role_do_its_job_and_no_more() {
     let permissions = sluice_tests::shipped_permissions();
@@ -445,6 +446,23 @@ async fn the_shipped_permissions_let_each_role_do_its_job_and_no_more() {
         "{\"prompt\": \"Once upon a time\", \"max_new_tokens\": 8}\n",
     )
     .unwrap();
+    // The attack: another publishing service (the same role, its own
+    // connection and inbox) listens on every job's streamed text and
+    // reads job messages out of the stream by sequence.
+    let spy = sluice_connect::connect_nats(
+        &d.servers.nats.url(),
+        &NatsAuth {
+            nats_inbox_prefix: Some("_INBOX_publisher".into()),
+            ..as_user("publisher")
+        },
+        "spy",
+        false,
+        Duration::from_secs(10),
+    )
+    .await
+    .unwrap();
+    let mut overheard = spy.subscribe("sluice.stream.>").await.unwrap();
+    spy.flush().await.unwrap();
     let run = run_cli(
         &env,
         &[
@@ -469,14 +487,54 @@ async fn the_shipped_permissions_let_each_role_do_its_job_and_no_more() {
     );
     generator.shutdown(Duration::from_secs(10)).await.unwrap();
     consumer.shutdown(Duration::from_secs(10)).await.unwrap();
-    // That refusal is the only one: each refusal of a role's own work
-    // costs it a timeout.
-    let refused: Vec<String> = d
-        .servers
-        .nats
-        .permission_violations()
+    let got = tokio::time::timeout(
+        Duration::from_secs(1),
+        futures::StreamExt::next(&mut overheard),
+    )
+    .await;
+    assert!(
+        !matches!(got, Ok(Some(_))),
+        "another publisher read the job's streamed text: {:?}",
+        got.ok().flatten().map(|m| m.subject)
+    );
+    // A job waiting in the stream (no consumer runs now), its input's
+    // presigned URL in its body: the spy asks the stream for it.
+    let waiting = d.producer.job(
+        sluice_schemas::Task::Embed,
+        "waiting-1",
+        vec![sluice_schemas::Input::Inline {
+            items: vec![serde_json::json!("team A's private text")],
+        }],
+    );
+    let stored = d.producer.submit(&waiting).await.unwrap();
+    let read = tokio::time::timeout(
+        Duration::from_secs(3),
+        spy.request(
+            "$JS.API.STREAM.MSG.GET.SLUICE_JOBS",
+            format!("{{\"seq\":{}}}", stored.sequence).into(),
+        ),
+    )
+    .await;
+    assert!(
+        !matches!(&read, Ok(Ok(m)) if String::from_utf8_lossy(&m.payload).contains("\"message\"")),
+        "another publisher read a job out of the stream: {read:?}"
+    );
+    drop((overheard, spy));
+    // The spy's two tries and the dead letters are refused; nothing else
+    // is: each refusal of a role's own work costs it a timeout.
+    let all = d.servers.nats.permission_violations();
+    let spied = |l: &String| {
+        l.contains("sluice.stream.>") || l.contains("$JS.API.STREAM.MSG.GET.SLUICE_JOBS")
+    };
+    assert_eq!(
+        all.iter().filter(|l| spied(l)).count(),
+        2,
+        "the spy's subscription and read were refused:\n{}",
+        all.join("\n")
+    );
+    let refused: Vec<String> = all
         .into_iter()
-        .filter(|l| !l.contains("SLUICE_DLQ"))
+        .filter(|l| !l.contains("SLUICE_DLQ") && !spied(l))
         .collect();
     assert!(
         refused.is_empty(),

@@ -1115,8 +1115,9 @@ async fn the_shipped_permissions_let_the_gateway_run_and_cancel_batches() {
     );
 
     // The attack: another role's client listens on every inbox and every
-    // default result subject while team A's batch runs (its chunk jobs'
-    // results name their output objects) and its online request is
+    // default result subject and every streamed text while team A's batch
+    // runs (its chunk jobs' results name their output objects) and its
+    // online request is
     // answered. Each role reads only its own prefix, and no publisher reads
     // the default result subjects: the snoop is refused and hears nothing.
     let publisher = sluice_connect::NatsAuth {
@@ -1134,7 +1135,12 @@ async fn the_shipped_permissions_let_the_gateway_run_and_cancel_batches() {
     .await
     .unwrap();
     let mut heard = Vec::new();
-    for subject in ["_INBOX.>", "_INBOX_gateway.>", "sluice.results.>"] {
+    for subject in [
+        "_INBOX.>",
+        "_INBOX_gateway.>",
+        "sluice.results.>",
+        "sluice.stream.>",
+    ] {
         heard.push(snoop.subscribe(subject).await.unwrap());
     }
     snoop.flush().await.unwrap();
@@ -1182,13 +1188,13 @@ async fn the_shipped_permissions_let_the_gateway_run_and_cancel_batches() {
     assert_eq!(list["data"].as_array().map(Vec::len), Some(2), "{list}");
     gateway.stop();
     consumer.shutdown(Duration::from_secs(10)).await.unwrap();
-    // The snoop's three subscriptions were refused; nothing else was: each
+    // The snoop's four subscriptions were refused; nothing else was: each
     // refusal of a role's own work costs it a timeout.
     let refused = d.servers.nats.permission_violations();
     let snooped = |l: &String| l.contains("user:publisher") && l.contains("Subscription Violation");
     assert_eq!(
         refused.iter().filter(|l| snooped(l)).count(),
-        3,
+        4,
         "the snoop's subscriptions were refused:\n{}",
         refused.join("\n")
     );

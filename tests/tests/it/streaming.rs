@@ -98,8 +98,11 @@ async fn a_streamed_job_numbers_its_text_and_it_adds_up_to_the_result() {
     .unwrap();
     let prompts = prompts.to_str().unwrap();
 
-    // The test listens too, as a publisher in any language would.
-    let mut listened = d.producer.subscribe_stream("stream-1").await.unwrap();
+    // The test listens too, on the subject the text goes to: under the
+    // CLI's reply subject (`_INBOX.<its own>.stream-1`), with `.text`.
+    let nats = d.servers.nats.connect().await.unwrap();
+    let mut listened = nats.subscribe("_INBOX.*.stream-1.text").await.unwrap();
+    nats.flush().await.unwrap();
     let run = d
         .cli(
             &[
@@ -127,12 +130,11 @@ async fn a_streamed_job_numbers_its_text_and_it_adds_up_to_the_result() {
 
     let mut chunks = Vec::new();
     while chunks.len() < printed.len() {
-        let next = tokio::time::timeout(Duration::from_secs(5), listened.next_chunk())
+        let next = tokio::time::timeout(Duration::from_secs(5), listened.next())
             .await
             .expect("the test saw every message the CLI printed")
-            .unwrap()
             .unwrap();
-        chunks.push(next);
+        chunks.push(serde_json::from_slice::<StreamChunk>(&next.payload).unwrap());
     }
     assert_eq!(chunks, printed, "the CLI printed each message as published");
     let mut by_item: BTreeMap<u32, Vec<&StreamChunk>> = BTreeMap::new();
@@ -249,7 +251,8 @@ async fn a_client_that_closes_its_stream_stops_its_generation() {
     // order the server took them.
     let nats = async_nats::connect(&d.nats_urls).await.unwrap();
     let status_writes = format!("$KV.{}.>", d.topology.status_bucket);
-    let streams = format!("{}.>", d.topology.stream_subject_prefix);
+    // The gateway's text comes under its answer's inbox.
+    let streams = "_INBOX.*.text".to_string();
     let mut seen = futures::stream::select(
         nats.subscribe(status_writes).await.unwrap(),
         nats.subscribe(streams).await.unwrap(),
@@ -293,7 +296,7 @@ async fn a_client_that_closes_its_stream_stops_its_generation() {
             if sluice_status::StatusStore::is_cancelled_write(&m.payload) {
                 after_cancel = Some(0);
             }
-        } else if m.subject.ends_with(&job_id) {
+        } else if m.subject.ends_with(".text") {
             messages += 1;
             if let Some(n) = after_cancel.as_mut() {
                 *n += 1;

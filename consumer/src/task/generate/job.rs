@@ -51,7 +51,7 @@ impl TaskEngine for GenerateEngine {
                 let (events, received) = mpsc::unbounded_channel();
                 let stream = JobStream {
                     nats: run.nats.clone(),
-                    subject: run.topology.stream_subject(&job.id),
+                    subject: run.topology.stream_subject_of(&job.id, run.reply_to),
                     job_id: job.id.clone(),
                     attempt: run.of.attempt,
                     queue_ms: run.timings.queue,
