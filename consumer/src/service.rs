@@ -108,14 +108,20 @@ pub async fn start(config: Config) -> anyhow::Result<Consumer> {
     let model_route = model_route(&js, &config.topology(), task, &model_name).await?;
     let stream_binding = bind_stream(&js, &config.topology(), task, &model_route).await?;
     let s3 = config.deployment.s3.client().await;
-    s3.head_bucket()
+    // Listing one key under the output prefix: what a consumer's own
+    // identity may do (it need not see the rest of the bucket), and a
+    // missing bucket answers NoSuchBucket where a HEAD could not say.
+    s3.list_objects_v2()
         .bucket(&config.output_bucket)
+        .prefix(&config.output_prefix)
+        .max_keys(1)
         .send()
         .await
         .map_err(|e| {
             anyhow::anyhow!(
-                "output bucket {} is not reachable: {} (check --output-bucket, --s3-endpoint and the AWS credentials)",
+                "output bucket {} is not reachable under {}: {} (check --output-bucket, --output-prefix, --s3-endpoint and the AWS credentials: they must read, write and list there)",
                 config.output_bucket,
+                config.output_prefix,
                 aws_sdk_s3::error::DisplayErrorContext(e)
             )
         })?;

@@ -230,7 +230,7 @@ impl Deployment {
         } else {
             "all-minilm-l6-v2"
         });
-        let mut args = self.server_args_at(nats_urls);
+        let mut args = without_flags_of(self.server_args_at(nats_urls), extra);
         args.extend([
             format!("--output-bucket={}", self.bucket),
             format!("--model-dir={}", model.display()),
@@ -266,7 +266,7 @@ impl Deployment {
     /// The flags that point a gateway at this deployment, with `keys`
     /// (`TENANT:KEY,...`), then `extra`.
     pub fn gateway_args(&self, keys: &str, extra: &[&str]) -> Vec<String> {
-        let mut args = self.server_args();
+        let mut args = without_flags_of(self.server_args(), extra);
         args.extend([
             format!("--bucket={}", self.bucket),
             format!("--keys={keys}"),
@@ -502,7 +502,53 @@ impl CliRun {
     }
 }
 
+/// `args` without the `--flag=value`s whose flag `extra` gives (it then
+/// overrides them: the servers' credentials by a role's, say).
+fn without_flags_of(args: Vec<String>, extra: &[&str]) -> Vec<String> {
+    let flag = |a: &str| a.split('=').next().unwrap_or(a).to_string();
+    args.into_iter()
+        .filter(|a| !extra.iter().any(|e| flag(e) == flag(a)))
+        .collect()
+}
+
+/// The flags giving a consumer or gateway `role`'s shipped S3 identity
+/// (`deploy/s3/render-identities`) instead of the server's own: for a
+/// deployment on [`crate::Servers::start_shipped`].
+pub fn s3_role_args(role: &str) -> Vec<String> {
+    vec![
+        format!("--s3-access-key-id={}", crate::role_s3_access_key(role)),
+        format!("--s3-secret-access-key={}", crate::ROLE_S3_SECRET),
+    ]
+}
+
 impl Deployment {
+    /// [`Deployment::publisher_env`] with `role`'s shipped NATS user and
+    /// inbox prefix (`deploy/nats/permissions.conf`) and S3 identity
+    /// (`deploy/s3/render-identities`): for a deployment on
+    /// [`crate::Servers::start_shipped`].
+    pub fn role_env(&self, role: &str) -> Vec<(&'static str, String)> {
+        let mut env = self.publisher_env();
+        env.retain(|(k, _)| !matches!(*k, "AWS_ACCESS_KEY_ID" | "AWS_SECRET_ACCESS_KEY"));
+        env.extend([
+            ("NATS_USER", role.to_string()),
+            ("NATS_PASSWORD", crate::ROLE_PASSWORD.to_string()),
+            ("NATS_INBOX_PREFIX", format!("_INBOX_{role}")),
+            ("AWS_ACCESS_KEY_ID", crate::role_s3_access_key(role)),
+            ("AWS_SECRET_ACCESS_KEY", crate::ROLE_S3_SECRET.to_string()),
+        ]);
+        env
+    }
+
+    /// Whether `role`'s shipped S3 identity may read `key` of this
+    /// deployment's bucket: the error the server answered when not.
+    pub async fn role_reads(&self, role: &str, key: &str) -> Result<(), String> {
+        let s3 = self.servers.s3.role_client(role);
+        match s3.get_object().bucket(&self.bucket).key(key).send().await {
+            Ok(_) => Ok(()),
+            Err(e) => Err(aws_sdk_s3::error::DisplayErrorContext(e).to_string()),
+        }
+    }
+
     /// The environment that points a publisher at this deployment: the CLI's
     /// variables and the standard AWS ones (which the Python and Node
     /// examples read too).

@@ -430,7 +430,8 @@ impl NatsServer {
 }
 
 /// SeaweedFS `weed mini` with its S3 gateway on a free loopback port, checking
-/// SigV4 signatures against one identity.
+/// SigV4 signatures against one identity (or, [`S3Server::start_with_roles`],
+/// the shipped identity of each role too).
 pub struct S3Server {
     process: Owned,
     dir: TempDir,
@@ -438,22 +439,69 @@ pub struct S3Server {
     pub port: u16,
     pub access_key: String,
     pub secret_key: String,
+    /// The one bucket the shipped role identities were written for, when
+    /// started with them: [`S3Server::bucket`] creates it.
+    roles_bucket: Option<String>,
+}
+
+/// The secret key every role gets in [`S3Server::start_with_roles`].
+pub const ROLE_S3_SECRET: &str = "role-s3-secret-for-tests";
+
+/// The access key of `role`'s identity in `deploy/s3/identities.json.template`.
+pub fn role_s3_access_key(role: &str) -> String {
+    format!("sluice-{role}")
 }
 
 pub const S3_REGION: &str = "us-east-1";
 
+/// The S3 identities `deploy/s3/render-identities` writes (from the shipped
+/// template) for `bucket`, each role's secret key set to [`ROLE_S3_SECRET`].
+pub fn shipped_s3_identities(bucket: &str) -> Result<serde_json::Value> {
+    let mut cmd = Command::new(repo_root().join("deploy/s3/render-identities"));
+    cmd.env("SLUICE_BUCKET", bucket);
+    for role in ["PUBLISHER", "CONSUMER", "GATEWAY", "ADMIN"] {
+        cmd.env(format!("SLUICE_S3_{role}_SECRET_KEY"), ROLE_S3_SECRET);
+    }
+    let out = cmd.output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "deploy/s3/render-identities failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
 impl S3Server {
     pub async fn start() -> Result<S3Server> {
+        S3Server::start_holding(None).await
+    }
+
+    /// With the shipped role identities (`deploy/s3/render-identities`) too,
+    /// written for one bucket, which [`S3Server::bucket`] then creates: the
+    /// server of one deployment.
+    pub async fn start_with_roles() -> Result<S3Server> {
+        S3Server::start_holding(Some(unique_name("sluice").to_lowercase())).await
+    }
+
+    async fn start_holding(roles_bucket: Option<String>) -> Result<S3Server> {
         let dir = tempfile::Builder::new().prefix("sluice-s3-").tempdir()?;
         let access_key = "sluicetestaccess".to_string();
         let secret_key = unique_name("sluicetestsecret");
-        let identities = serde_json::json!({
-            "identities": [{
-                "name": "sluice",
-                "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
-                "actions": ["Admin", "Read", "Write", "List", "Tagging"]
-            }]
-        });
+        let mut identities = vec![serde_json::json!({
+            "name": "sluice",
+            "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
+            "actions": ["Admin", "Read", "Write", "List", "Tagging"]
+        })];
+        if let Some(bucket) = &roles_bucket {
+            let shipped = shipped_s3_identities(bucket)?;
+            identities.extend(
+                shipped["identities"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default(),
+            );
+        }
+        let identities = serde_json::json!({ "identities": identities });
         std::fs::write(dir.path().join("s3.json"), identities.to_string())?;
         let mut last = None;
         for _ in 0..3 {
@@ -467,6 +515,7 @@ impl S3Server {
                         dir,
                         access_key,
                         secret_key,
+                        roles_bucket,
                     });
                 }
                 Err(e) => last = Some(e),
@@ -532,6 +581,12 @@ impl S3Server {
         self.process.pid()
     }
 
+    /// An S3 client with `role`'s shipped identity (a server started
+    /// [`S3Server::start_with_roles`]).
+    pub fn role_client(&self, role: &str) -> aws_sdk_s3::Client {
+        s3_client_for(&self.endpoint(), &role_s3_access_key(role), ROLE_S3_SECRET)
+    }
+
     /// An S3 client with this server's credentials.
     pub fn client(&self) -> aws_sdk_s3::Client {
         s3_client_for(&self.endpoint(), &self.access_key, &self.secret_key)
@@ -539,7 +594,10 @@ impl S3Server {
 
     /// Creates a bucket with a unique name and returns the name.
     pub async fn bucket(&self, prefix: &str) -> Result<String> {
-        let name = unique_name(prefix).to_lowercase();
+        let name = match &self.roles_bucket {
+            Some(bucket) => bucket.clone(),
+            None => unique_name(prefix).to_lowercase(),
+        };
         // A fresh volume server may refuse the first writes for a moment.
         let client = self.client();
         let mut last = None;
@@ -628,6 +686,18 @@ pub struct Servers {
 impl Servers {
     pub async fn start() -> Result<Servers> {
         Servers::start_with_nats_config(None).await
+    }
+
+    /// The production shape: `deploy/nats/permissions.conf` on NATS
+    /// ([`shipped_permissions`]) and `deploy/s3/render-identities` on S3
+    /// ([`S3Server::start_with_roles`]).
+    pub async fn start_shipped() -> Result<Servers> {
+        let permissions = shipped_permissions();
+        let (nats, s3) = tokio::try_join!(
+            NatsServer::start_with_config(Some(&permissions)),
+            S3Server::start_with_roles()
+        )?;
+        Ok(Servers { nats, s3 })
     }
 
     /// With `nats_config` in the NATS server's config file (auth, TLS).

@@ -9,7 +9,7 @@ use sluice_connect::NatsAuth;
 use sluice_producer::provision::Settings;
 use sluice_schemas::Secret;
 use sluice_tests::Servers;
-use sluice_tests::deploy::{Deployment, run_cli};
+use sluice_tests::deploy::{Deployment, run_cli, s3_role_args};
 use sluice_tests::fixtures::jsonl;
 
 const T: Duration = Duration::from_secs(120);
@@ -360,10 +360,7 @@ async fn mutual_tls_with_a_client_certificate() {
 /// waiting in the stream (its presigned URLs).
 #[tokio::test]
 async fn the_shipped_permissions_let_each_role_do_its_job_and_no_more() {
-    let permissions = sluice_tests::shipped_permissions();
-    let servers = Servers::start_with_nats_config(Some(&permissions))
-        .await
-        .unwrap();
+    let servers = Servers::start_shipped().await.unwrap();
     let as_user = |user: &str| NatsAuth {
         nats_user: Some(user.into()),
         nats_password: Some(Secret::new(sluice_tests::ROLE_PASSWORD)),
@@ -379,11 +376,17 @@ async fn the_shipped_permissions_let_each_role_do_its_job_and_no_more() {
     )
     .await
     .unwrap();
+    let consumer_s3 = s3_role_args("consumer");
     let consumer = d
         .start_consumer(&[
             "--nats-user=consumer",
             &format!("--nats-password={}", sluice_tests::ROLE_PASSWORD),
             "--nats-inbox-prefix=_INBOX_consumer",
+            &consumer_s3[0],
+            &consumer_s3[1],
+            // Its output to S3, written with its identity and read back
+            // with the publisher's.
+            "--inline-output-max-bytes=0",
         ])
         .await
         .unwrap();
@@ -391,12 +394,7 @@ async fn the_shipped_permissions_let_each_role_do_its_job_and_no_more() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("in.jsonl");
     std::fs::write(&input, jsonl(&["allowed".to_string()])).unwrap();
-    let mut env = d.publisher_env();
-    env.extend([
-        ("NATS_USER", "publisher".to_string()),
-        ("NATS_PASSWORD", sluice_tests::ROLE_PASSWORD.to_string()),
-        ("NATS_INBOX_PREFIX", "_INBOX_publisher".to_string()),
-    ]);
+    let env = d.role_env("publisher");
     let run = run_cli(
         &env,
         &[
@@ -415,6 +413,66 @@ async fn the_shipped_permissions_let_each_role_do_its_job_and_no_more() {
     assert!(run.stdout.contains("\"status\":\"ok\""), "{run:?}");
     let run = run_cli(&env, &["status", "perm-1"], None, T).await;
     assert_eq!(run.code, Some(0), "{run:?}");
+
+    // Each role's S3 identity reaches its own objects and no others: the
+    // attack is a consumer reading the publisher's input (a tenant's
+    // text) or a tenant's gateway file, a publisher forging an output or
+    // reading a gateway file, the gateway reading a publisher's input.
+    let input = d.keys_under("inputs/").await.unwrap();
+    let output = d.keys_under("outputs/").await.unwrap();
+    assert!(
+        input.len() == 1 && output.len() == 1,
+        "{input:?} {output:?}"
+    );
+    let gateway_file = "gateway/files/file-team-a";
+    d.servers
+        .s3
+        .client()
+        .put_object()
+        .bucket(&d.bucket)
+        .key(gateway_file)
+        .body(b"team A's private batch".to_vec().into())
+        .send()
+        .await
+        .unwrap();
+    s3_reach(&d, "consumer", &output[0], true, true).await;
+    s3_reach(&d, "consumer", &input[0], false, false).await;
+    s3_reach(&d, "consumer", gateway_file, false, false).await;
+    s3_reach(&d, "publisher", &input[0], true, true).await;
+    s3_reach(&d, "publisher", &output[0], true, false).await;
+    s3_reach(&d, "publisher", gateway_file, false, false).await;
+    s3_reach(&d, "gateway", gateway_file, true, true).await;
+    s3_reach(&d, "gateway", &input[0], false, false).await;
+    for role in ["consumer", "publisher", "gateway"] {
+        let listed = d
+            .servers
+            .s3
+            .role_client(role)
+            .list_objects_v2()
+            .bucket(&d.bucket)
+            .send()
+            .await;
+        assert!(listed.is_err(), "{role} listed the bucket: {listed:?}");
+    }
+    // A consumer given another role's identity is refused at start-up,
+    // naming what it needs.
+    let wrong = s3_role_args("publisher");
+    let refused = d
+        .start_consumer(&[
+            "--nats-user=consumer",
+            &format!("--nats-password={}", sluice_tests::ROLE_PASSWORD),
+            "--nats-inbox-prefix=_INBOX_consumer",
+            &wrong[0],
+            &wrong[1],
+        ])
+        .await
+        .err()
+        .expect("a consumer that cannot write its outputs does not start")
+        .to_string();
+    assert!(
+        refused.contains("is not reachable under outputs/") && refused.contains("AccessDenied"),
+        "{refused}"
+    );
 
     // Reading dead letters is not a publisher's business.
     let run = run_cli(&env, &["dlq", "ls"], None, T).await;
@@ -437,6 +495,8 @@ async fn the_shipped_permissions_let_each_role_do_its_job_and_no_more() {
             "--nats-user=consumer",
             &format!("--nats-password={}", sluice_tests::ROLE_PASSWORD),
             "--nats-inbox-prefix=_INBOX_consumer",
+            &consumer_s3[0],
+            &consumer_s3[1],
         ])
         .await
         .unwrap();
@@ -541,4 +601,35 @@ async fn the_shipped_permissions_let_each_role_do_its_job_and_no_more() {
         "the shipped permissions refused a role its own work:\n{}",
         refused.join("\n")
     );
+}
+
+/// Whether `role`'s shipped S3 identity reads `key` (`read`) and writes
+/// next to it (`write`: a new object beside it, then removed), as expected.
+async fn s3_reach(d: &Deployment, role: &str, key: &str, read: bool, write: bool) {
+    let got = d.role_reads(role, key).await;
+    assert_eq!(got.is_ok(), read, "{role} reading {key}: {got:?}");
+    let s3 = d.servers.s3.role_client(role);
+    let beside = format!("{key}.written-by-{role}");
+    let put = s3
+        .put_object()
+        .bucket(&d.bucket)
+        .key(&beside)
+        .body(b"forged".to_vec().into())
+        .send()
+        .await;
+    assert_eq!(
+        put.is_ok(),
+        write,
+        "{role} writing {beside}: {:?}",
+        put.err()
+            .map(|e| aws_sdk_s3::error::DisplayErrorContext(e).to_string())
+    );
+    if write {
+        s3.delete_object()
+            .bucket(&d.bucket)
+            .key(&beside)
+            .send()
+            .await
+            .unwrap();
+    }
 }

@@ -73,7 +73,7 @@ fn kubernetes_manifests_validate_strictly() {
     ];
     let (ok, out) = run(&validate, &[&["--strict"][..], &manifests[..]].concat());
     assert!(ok, "{out}");
-    assert_eq!(out.matches("passed for resource").count(), 10, "{out}");
+    assert_eq!(out.matches("passed for resource").count(), 11, "{out}");
     let dir = tempfile::tempdir().unwrap();
     let bad = typo_copy(
         dir.path(),
@@ -405,4 +405,131 @@ fn the_shipped_nats_permissions_let_no_one_in_with_a_password_from_the_repositor
         stderr.contains("SLUICE_NATS_") && stderr.contains("can not be found"),
         "the refusal names the unset variable: {stderr}"
     );
+}
+
+/// The compose file shipped S3 credentials anyone who read the repository
+/// could use (`sluice-secret-key-change-me`, one identity for every
+/// process, full access) and a NATS server with no auth at all. Now no
+/// shipped file holds an S3 secret or a NATS password: the identities are
+/// rendered from a template that is not JSON until its secrets are filled
+/// in (a server pointed at it refuses to start), the renderer refuses an
+/// unset or placeholder secret naming its variable, and compose refuses to
+/// start until every role's secret is set.
+#[test]
+fn no_shipped_file_holds_an_s3_secret_or_a_nats_password_and_compose_runs_each_role_as_itself() {
+    let root = repo_root();
+    let template =
+        std::fs::read_to_string(root.join("deploy/s3/identities.json.template")).unwrap();
+    assert!(
+        serde_json::from_str::<serde_json::Value>(&template).is_err(),
+        "the template parses as JSON: a server could run it with its placeholders as secrets"
+    );
+    let render = |secret: &str| {
+        let mut cmd = Command::new(root.join("deploy/s3/render-identities"));
+        cmd.env("SLUICE_BUCKET", "sluice");
+        for role in ["PUBLISHER", "CONSUMER", "GATEWAY", "ADMIN"] {
+            cmd.env(format!("SLUICE_S3_{role}_SECRET_KEY"), secret);
+        }
+        cmd.env_remove("SLUICE_S3_ADMIN_SECRET_KEY");
+        cmd.output().unwrap()
+    };
+    for refused in ["", "change-me", "has spaces in it and is long"] {
+        let out = render(refused);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{refused:?} was taken");
+        assert!(
+            stderr.contains("SLUICE_S3_") && stderr.contains("must be set"),
+            "the refusal names the variable: {stderr}"
+        );
+    }
+    let identities = sluice_tests::shipped_s3_identities("sluice").unwrap();
+    let identities = identities["identities"].as_array().unwrap();
+    let mut roles = Vec::new();
+    for identity in identities {
+        let name = identity["name"].as_str().unwrap();
+        let actions: Vec<&str> = identity["actions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        if name == "sluice-admin" {
+            continue;
+        }
+        roles.push(name);
+        assert!(
+            actions
+                .iter()
+                .all(|a| a.contains(":sluice/") && a.ends_with("/*")),
+            "{name} reaches past its own keys: {actions:?}"
+        );
+    }
+    assert_eq!(
+        roles,
+        ["sluice-publisher", "sluice-consumer", "sluice-gateway"]
+    );
+
+    // Compose: each secret a variable it refuses to start without, each
+    // process with its own role's identity, NATS with the permissions.
+    let compose = std::fs::read_to_string(root.join("docker-compose.yml")).unwrap();
+    for line in compose.lines().filter(|l| !l.trim_start().starts_with('#')) {
+        for key in [
+            "AWS_SECRET_ACCESS_KEY:",
+            "NATS_PASSWORD:",
+            "_SECRET_KEY:",
+            "_PASSWORD:",
+        ] {
+            if let Some((_, value)) = line.split_once(key) {
+                assert!(
+                    value.trim().starts_with("${SLUICE_"),
+                    "a secret written in docker-compose.yml: {line}"
+                );
+            }
+        }
+    }
+    for (service, user, s3) in [
+        ("init", "admin", "sluice-admin"),
+        ("consumer", "consumer", "sluice-consumer"),
+        ("gateway", "gateway", "sluice-gateway"),
+    ] {
+        let block = compose
+            .split(&format!("\n  {service}:\n"))
+            .nth(1)
+            .and_then(|rest| rest.split("\n\n").next())
+            .unwrap_or_else(|| panic!("no {service} service"));
+        assert!(
+            block.contains(&format!("NATS_USER: {user}\n"))
+                && block.contains(&format!("AWS_ACCESS_KEY_ID: {s3}\n")),
+            "{service} does not run as its role:\n{block}"
+        );
+    }
+    // The compose NATS config (with the shipped permissions beside it, as
+    // mounted) parses with every password set and refuses to without.
+    let dir = tempfile::tempdir().unwrap();
+    for (from, to) in [
+        ("deploy/compose/nats.conf", "compose.conf"),
+        ("deploy/nats/permissions.conf", "permissions.conf"),
+    ] {
+        std::fs::copy(root.join(from), dir.path().join(to)).unwrap();
+    }
+    let check = |set: bool| {
+        let mut cmd = Command::new(sluice_tests::bin_dir().join("nats-server"));
+        cmd.arg("-t").arg("-c").arg(dir.path().join("compose.conf"));
+        for role in ["PUBLISHER", "CONSUMER", "GATEWAY", "ADMIN"] {
+            let variable = sluice_tests::role_password_variable(role);
+            if set {
+                cmd.env(variable, "a-password");
+            } else {
+                cmd.env_remove(variable);
+            }
+        }
+        cmd.output().unwrap()
+    };
+    let out = check(true);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!check(false).status.success());
 }

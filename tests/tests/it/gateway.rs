@@ -1055,10 +1055,9 @@ async fn a_batch_is_one_trace_from_its_create_request_to_its_chunk_jobs() {
 /// listening on every inbox hears none of the gateway's online answers.
 #[tokio::test]
 async fn the_shipped_permissions_let_the_gateway_run_and_cancel_batches() {
-    let permissions = sluice_tests::shipped_permissions();
-    let servers = sluice_tests::Servers::start_with_nats_config(Some(&permissions))
-        .await
-        .unwrap();
+    let servers = sluice_tests::Servers::start_shipped().await.unwrap();
+    let gateway_s3 = sluice_tests::deploy::s3_role_args("gateway");
+    let consumer_s3 = sluice_tests::deploy::s3_role_args("consumer");
     let admin = sluice_connect::NatsAuth {
         nats_user: Some("admin".into()),
         nats_password: Some(sluice_schemas::Secret::new(sluice_tests::ROLE_PASSWORD)),
@@ -1076,6 +1075,8 @@ async fn the_shipped_permissions_let_the_gateway_run_and_cancel_batches() {
                 &format!("--nats-password={}", sluice_tests::ROLE_PASSWORD),
                 "--nats-inbox-prefix=_INBOX_gateway",
                 "--chunk-lines=4",
+                &gateway_s3[0],
+                &gateway_s3[1],
             ],
         )
         .await
@@ -1151,6 +1152,11 @@ async fn the_shipped_permissions_let_the_gateway_run_and_cancel_batches() {
             "--nats-user=consumer",
             &format!("--nats-password={}", sluice_tests::ROLE_PASSWORD),
             "--nats-inbox-prefix=_INBOX_consumer",
+            &consumer_s3[0],
+            &consumer_s3[1],
+            // Chunk outputs to S3: written with the consumer's identity,
+            // read and removed with the gateway's.
+            "--inline-output-max-bytes=0",
         ])
         .await
         .unwrap();
@@ -1182,6 +1188,15 @@ async fn the_shipped_permissions_let_the_gateway_run_and_cancel_batches() {
         );
     }
     drop(snoop);
+    // Nor does another role's S3 identity read team A's batch files (input
+    // and output), which only the gateway's reaches.
+    for file in [&run["input_file_id"], &done["output_file_id"]] {
+        let key = format!("gateway/files/{}", file.as_str().unwrap());
+        assert!(d.read_object(&key).await.is_ok(), "{key} is there");
+        for role in ["publisher", "consumer"] {
+            assert!(d.role_reads(role, &key).await.is_err(), "{role} read {key}");
+        }
+    }
 
     let (status, list) = api.get("/batches", KEY_A).await;
     assert_eq!(status, 200, "{list}");
