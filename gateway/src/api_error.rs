@@ -46,6 +46,27 @@ impl ApiError {
         error
     }
 
+    /// 429: `tenant`'s online requests used more model tokens than its
+    /// `per_minute` allows; one more is admitted after `wait`.
+    pub fn token_rate_limited(
+        tenant: &str,
+        per_minute: u64,
+        wait: std::time::Duration,
+    ) -> ApiError {
+        let mut error = ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "tokens",
+            format!(
+                "Rate limit reached for tenant {tenant} on tokens per minute: limit \
+                 {per_minute} (--token-rate-limit-tpm, shared by its keys): retry after {:.1} s.",
+                wait.as_secs_f64()
+            ),
+        )
+        .code("rate_limit_exceeded");
+        error.retry_after = Some(wait.as_secs_f64().ceil().max(1.0) as u64);
+        error
+    }
+
     pub fn code(mut self, code: &'static str) -> ApiError {
         self.code = Some(code);
         self

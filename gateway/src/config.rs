@@ -164,6 +164,18 @@ pub struct Config {
     /// bucket size).
     #[arg(long, env = "SLUICE_RATE_LIMIT_BURST", default_value_t = 400)]
     pub rate_limit_burst: u32,
+    /// Model tokens a minute each tenant's online requests may use (prompt
+    /// and completion, as each answer reports them; all its keys
+    /// together), as many at once after a quiet minute. A request is
+    /// admitted while its tenant has not used more; past it, it is
+    /// answered 429 `rate_limit_exceeded` (type `tokens`) with
+    /// `Retry-After`. Batches do not count. 0: no limit.
+    #[arg(
+        long,
+        env = "SLUICE_TOKEN_RATE_LIMIT_TPM",
+        default_value_t = 10_000_000
+    )]
+    pub token_rate_limit_tpm: u64,
 
     #[command(flatten)]
     pub otlp: sluice_connect::otlp::OtlpArgs,

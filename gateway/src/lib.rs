@@ -225,6 +225,8 @@ pub async fn start(config: Config) -> Result<Gateway> {
     tokio::spawn(refresh_models(Arc::downgrade(&models)));
     let state = AppState::new(state::Shared {
         online_slots: Arc::new(tokio::sync::Semaphore::new(config.max_online_requests)),
+        token_rate: (config.token_rate_limit_tpm > 0)
+            .then(|| rate::TokenRate::new(config.token_rate_limit_tpm)),
         config: Arc::new(config),
         keys: Arc::new(keys),
         topology,

@@ -199,6 +199,15 @@ pub async fn answer(
     online: OnlineRequest,
 ) -> Result<Response, ApiError> {
     let asked = tokio::time::Instant::now();
+    if let Some(rate) = &state.token_rate
+        && let Err(wait) = rate.admit(&tenant, std::time::Instant::now())
+    {
+        return Err(ApiError::token_rate_limited(
+            &tenant,
+            rate.per_minute(),
+            wait,
+        ));
+    }
     let OnlineRequest {
         endpoint,
         request,
@@ -285,7 +294,7 @@ pub async fn answer(
     let model = request.model.clone();
     if let Some(streaming) = streaming {
         let relay = Relay::new(
-            &state, &request, &job_id, streaming, start_by, asked, messages, guard,
+            &state, &request, &tenant, &job_id, streaming, start_by, asked, messages, guard,
         );
         return relay.respond(first).await;
     }
@@ -296,6 +305,7 @@ pub async fn answer(
         )));
     };
     let result = read_result(&message)?;
+    charge_tokens(&state, &tenant, &result.usage);
     if let Some(ms) = result.timings_ms.queue {
         state
             .metrics
@@ -316,6 +326,14 @@ pub async fn answer(
             Ok(Json(body).into_response())
         }
         Outcome::Error { error } => Err(job_error(&job_id, &start_by, &error)),
+    }
+}
+
+/// Takes what an answered request used from its tenant's token rate.
+fn charge_tokens(state: &AppState, tenant: &str, usage: &sluice_schemas::Usage) {
+    if let Some(rate) = &state.token_rate {
+        let used = usage.tokens + usage.completion_tokens;
+        rate.charge(tenant, used, std::time::Instant::now());
     }
 }
 
@@ -427,6 +445,8 @@ struct Choice {
 /// completions) or events (responses).
 struct Relay {
     state: AppState,
+    /// Whose token rate the answer is charged to.
+    tenant: String,
     endpoint: Endpoint,
     job_id: String,
     model: String,
@@ -451,6 +471,7 @@ impl Relay {
     fn new(
         state: &AppState,
         request: &openai::Request,
+        tenant: &str,
         job_id: &str,
         streaming: Streaming,
         start_by: StartBy,
@@ -474,6 +495,7 @@ impl Relay {
         });
         Relay {
             state: state.clone(),
+            tenant: tenant.to_string(),
             endpoint: request.endpoint,
             job_id: job_id.to_string(),
             model: request.model.clone(),
@@ -596,6 +618,7 @@ impl Relay {
     /// stream with the job's error.
     async fn result(&mut self, result: JobResult) {
         self.guard.disarm();
+        charge_tokens(&self.state, &self.tenant, &result.usage);
         match result.outcome {
             Outcome::Error { error } => {
                 let error = job_error(&self.job_id, &self.start_by, &error);

@@ -39,6 +39,9 @@ pub struct Shared {
     /// A permit per online request answered now, `--max-online-requests`
     /// in all (taken by `in_flight.rs`).
     pub online_slots: Arc<tokio::sync::Semaphore>,
+    /// Each tenant's model tokens a minute on online requests
+    /// (`--token-rate-limit-tpm`; none: unlimited).
+    pub token_rate: Option<crate::rate::TokenRate>,
     pub topology: Topology,
     pub records: Records,
     pub statuses: StatusStore,

@@ -143,6 +143,22 @@ impl Deployment {
         self.try_jobs_in_stream().await.expect("job stream info")
     }
 
+    /// Messages ever stored in the job stream (its last sequence): the
+    /// jobs published so far.
+    pub async fn jobs_published(&self) -> u64 {
+        let js = &self.producer.js;
+        let mut stream = js
+            .get_stream(&self.topology.job_stream)
+            .await
+            .expect("job stream");
+        stream
+            .info()
+            .await
+            .expect("job stream info")
+            .state
+            .last_sequence
+    }
+
     /// [`Deployment::jobs_in_stream`], or `None` while the stream cannot
     /// answer (its cluster electing a leader).
     pub async fn try_jobs_in_stream(&self) -> Option<u64> {

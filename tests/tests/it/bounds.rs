@@ -385,6 +385,80 @@ async fn a_tenant_past_its_request_rate_is_told_to_wait_and_others_are_served() 
     assert_eq!(status, 200, "after Retry-After, team A is served: {body}");
 }
 
+/// One tenant cannot take the model's tokens for itself: at
+/// `--token-rate-limit-tpm=60` (one a second), a request of team A's whose
+/// answer used more than that is served (it was admitted before it was
+/// known), and leaves team A in debt: its next request is answered 429
+/// `rate_limit_exceeded` of type `tokens` with the `Retry-After` that
+/// refills the debt, and no job is published for it; team B is served
+/// meanwhile.
+#[tokio::test]
+async fn a_tenant_past_its_token_rate_waits_for_what_it_used_and_others_are_served() {
+    const KEYS: &str = "team-a:sk-team-a-tokens,team-b:sk-team-b-tokens";
+    let d = Deployment::start().await.unwrap();
+    let _consumer = d.start_consumer(&[]).await.unwrap();
+    let gateway = d
+        .start_gateway(KEYS, &["--token-rate-limit-tpm=60"])
+        .await
+        .unwrap();
+    let http = reqwest::Client::new();
+    let url = format!("http://{}/v1/embeddings", gateway.addr);
+    let text = "the backlog waits in the stream while the consumers pull only what fits ".repeat(8);
+    let embed = |key: &'static str| {
+        let request = http
+            .post(&url)
+            .bearer_auth(key)
+            .header("content-type", "application/json")
+            .body(serde_json::json!({"model": "all-minilm-l6-v2", "input": text}).to_string());
+        async move {
+            let response = request.send().await.unwrap();
+            let status = response.status().as_u16();
+            let retry_after = response
+                .headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok());
+            let bytes = response.bytes().await.unwrap_or_default();
+            let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            (status, retry_after, body)
+        }
+    };
+    let (status, _, first) = embed("sk-team-a-tokens").await;
+    assert_eq!(status, 200, "{first}");
+    let used = first["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(
+        used > 60,
+        "the request used {used} tokens, more than a minute's 60"
+    );
+    let published = d.jobs_published().await;
+    let (status, retry_after, body) = embed("sk-team-a-tokens").await;
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(body["error"]["code"], "rate_limit_exceeded", "{body}");
+    assert_eq!(body["error"]["type"], "tokens", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--token-rate-limit-tpm"),
+        "{body}"
+    );
+    // In debt by `used - 60`, refilled at one a second: that many seconds
+    // (and one for the token it needs), give or take the second between.
+    let secs = retry_after.unwrap_or_else(|| panic!("no Retry-After: {body}"));
+    let debt = used - 60;
+    assert!(
+        (debt..=debt + 3).contains(&secs),
+        "Retry-After {secs} for a debt of {debt}: {body}"
+    );
+    assert_eq!(
+        d.jobs_published().await,
+        published,
+        "no job was published for the refused request"
+    );
+    let (status, _, body) = embed("sk-team-b-tokens").await;
+    assert_eq!(status, 200, "team B is not held by team A's tokens: {body}");
+}
+
 /// One gateway answers at most `--max-online-requests` online requests at
 /// once: with two held open (no consumer: their jobs wait out their 30 s
 /// deadlines), a third is answered 503 `too_many_requests_in_flight` with
