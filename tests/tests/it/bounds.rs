@@ -89,6 +89,19 @@ async fn post_form(
     answer
 }
 
+/// A response's status, `Retry-After` (seconds) and JSON body (or `Null`).
+async fn answered(response: reqwest::Response) -> (u16, Option<u64>, Value) {
+    let status = response.status().as_u16();
+    let retry_after = response
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let bytes = response.bytes().await.unwrap_or_default();
+    let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    (status, retry_after, body)
+}
+
 fn field_head(name: &str, filename: Option<&str>) -> Vec<u8> {
     let filename = filename.map_or(String::new(), |f| format!("; filename=\"{f}\""));
     format!("--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"{name}\"{filename}\r\n\r\n")
@@ -335,18 +348,7 @@ async fn a_tenant_past_its_request_rate_is_told_to_wait_and_others_are_served() 
     let models = format!("http://{}/v1/models", gateway.addr);
     let get = |key: &'static str| {
         let request = http.get(&models).bearer_auth(key);
-        async move {
-            let response = request.send().await.unwrap();
-            let status = response.status().as_u16();
-            let retry_after = response
-                .headers()
-                .get("retry-after")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse::<u64>().ok());
-            let bytes = response.bytes().await.unwrap_or_default();
-            let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-            (status, retry_after, body)
-        }
+        async move { answered(request.send().await.unwrap()).await }
     };
     let started = Instant::now();
     let mut answers = Vec::new();
@@ -410,18 +412,7 @@ async fn a_tenant_past_its_token_rate_waits_for_what_it_used_and_others_are_serv
             .bearer_auth(key)
             .header("content-type", "application/json")
             .body(serde_json::json!({"model": "all-minilm-l6-v2", "input": text}).to_string());
-        async move {
-            let response = request.send().await.unwrap();
-            let status = response.status().as_u16();
-            let retry_after = response
-                .headers()
-                .get("retry-after")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse::<u64>().ok());
-            let bytes = response.bytes().await.unwrap_or_default();
-            let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-            (status, retry_after, body)
-        }
+        async move { answered(request.send().await.unwrap()).await }
     };
     let (status, _, first) = embed("sk-team-a-tokens").await;
     assert_eq!(status, 200, "{first}");
