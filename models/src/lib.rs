@@ -3,11 +3,13 @@
 //! by role: [`encoder`] (the embedding and cross-encoders behind one trait,
 //! [`EmbeddingModel`]), [`decoder`] (our decoder-only transformer over a
 //! GGUF, the continuous-batching generator and the structured-output
-//! constraint) and [`tokenizer`] (a `tokenizer.json`'s, a GGUF's own). The
+//! constraint), [`tokenizer`] (a `tokenizer.json`'s, a GGUF's own) and
+//! [`audio`] (Whisper's log-mel features of 16 kHz samples). The
 //! consumer, the offline commands, the benchmarks and this crate's tests
 //! drive them the same way. A model reports its limits and what a batch
 //! costs in memory, which is what the budget and the batcher plan with.
 
+pub mod audio;
 pub mod decoder;
 pub mod encoder;
 mod error;
