@@ -4,7 +4,8 @@
 //! [`EmbeddingModel`]), [`decoder`] (our decoder-only transformer over a
 //! GGUF, the continuous-batching generator and the structured-output
 //! constraint), [`tokenizer`] (a `tokenizer.json`'s, a GGUF's own) and
-//! [`audio`] (Whisper's log-mel features of 16 kHz samples). The
+//! [`audio`] (a recording decoded to 16 kHz mono, Whisper's log-mel
+//! features). The
 //! consumer, the offline commands, the benchmarks and this crate's tests
 //! drive them the same way. A model reports its limits and what a batch
 //! costs in memory, which is what the budget and the batcher plan with.
