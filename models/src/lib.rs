@@ -5,7 +5,8 @@
 //! GGUF, the continuous-batching generator and the structured-output
 //! constraint), [`tokenizer`] (a `tokenizer.json`'s, a GGUF's own) and
 //! [`audio`] (a recording decoded to 16 kHz mono, Whisper's log-mel
-//! features). The
+//! features) and [`whisper`] (the speech model and its greedy decoding).
+//! The
 //! consumer, the offline commands, the benchmarks and this crate's tests
 //! drive them the same way. A model reports its limits and what a batch
 //! costs in memory, which is what the budget and the batcher plan with.
@@ -15,6 +16,7 @@ pub mod decoder;
 pub mod encoder;
 mod error;
 pub mod tokenizer;
+pub mod whisper;
 
 /// The CPU kernels (the `sluice-kernels` crate), under the names the models
 /// use.

@@ -30,40 +30,6 @@ struct Case {
     features_f32_base64: String,
 }
 
-const BLOCK: usize = 4000;
-
-fn lcg(state: u32) -> u32 {
-    state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223)
-}
-
-/// The fixture maker's `signal`: smoothed noise under a per-block
-/// envelope, plus a triangle tone, as 16-bit samples.
-fn signal(seed: u32, n: usize) -> Vec<i64> {
-    let (mut noise_state, mut env_state) = (seed, seed ^ 0x9E37_79B9);
-    let mut taps = [0i64; 3];
-    let mut envelope = 0i64;
-    (0..n)
-        .map(|i| {
-            if i % BLOCK == 0 {
-                env_state = lcg(env_state);
-                envelope = if (i / BLOCK) % 5 == 4 {
-                    0
-                } else {
-                    i64::from(env_state >> 24)
-                };
-            }
-            noise_state = lcg(noise_state);
-            let noise = i64::from(noise_state >> 16) - 32768;
-            let smoothed = (noise + taps[0] + taps[1] + taps[2]).div_euclid(4);
-            taps = [noise, taps[0], taps[1]];
-            let phase = (i % 37) as i64;
-            let tri = (phase * 4 * 2000).div_euclid(37) - 4000;
-            let tri = tri.abs() - 2000;
-            ((smoothed * envelope).div_euclid(256) + tri).clamp(-32768, 32767)
-        })
-        .collect()
-}
-
 #[test]
 fn features_equal_transformers_whisper_feature_extractor() {
     let text =
@@ -72,7 +38,7 @@ fn features_equal_transformers_whisper_feature_extractor() {
     let fixture: Fixture = serde_json::from_str(&text).unwrap();
     assert_eq!(fixture.cases.len(), 3);
     for case in &fixture.cases {
-        let pcm = signal(case.seed, case.samples);
+        let pcm = common::fixture_signal(case.seed, case.samples);
         assert_eq!(
             pcm.iter().sum::<i64>(),
             case.pcm_checksum,

@@ -118,3 +118,33 @@ pub fn gguf_content(path: &Path) -> candle_core::quantized::gguf_file::Content {
     candle_core::quantized::gguf_file::Content::read(&mut file)
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
+
+/// The 16-bit samples of `tests/fixtures/make/whisper_features.py`'s
+/// `signal` (the audio fixtures' reproducible input): 4-tap smoothed LCG
+/// noise under an envelope that changes every 4,000 samples (every fifth
+/// block silent), plus a triangle of period 37 and amplitude 2,000.
+pub fn fixture_signal(seed: u32, n: usize) -> Vec<i64> {
+    const BLOCK: usize = 4000;
+    let lcg = |s: u32| s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+    let (mut noise_state, mut env_state) = (seed, seed ^ 0x9E37_79B9);
+    let mut taps = [0i64; 3];
+    let mut envelope = 0i64;
+    (0..n)
+        .map(|i| {
+            if i % BLOCK == 0 {
+                env_state = lcg(env_state);
+                envelope = if (i / BLOCK) % 5 == 4 {
+                    0
+                } else {
+                    i64::from(env_state >> 24)
+                };
+            }
+            noise_state = lcg(noise_state);
+            let noise = i64::from(noise_state >> 16) - 32768;
+            let smoothed = (noise + taps[0] + taps[1] + taps[2]).div_euclid(4);
+            taps = [noise, taps[0], taps[1]];
+            let tri = ((i % 37) as i64 * 4 * 2000).div_euclid(37) - 4000;
+            ((smoothed * envelope).div_euclid(256) + tri.abs() - 2000).clamp(-32768, 32767)
+        })
+        .collect()
+}

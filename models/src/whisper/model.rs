@@ -1,0 +1,351 @@
+//! Whisper's network (transformers' `WhisperForConditionalGeneration`, its
+//! weight names), in f32 on candle: the encoder reads one 30 s window of
+//! log-mel features (two convolutions, exact GELU, the stored positions,
+//! pre-norm attention blocks) into 1,500 audio states; the decoder reads
+//! tokens against them, its self-attention keys and values cached per
+//! step and its cross-attention ones computed once per window.
+
+use std::path::Path;
+
+use candle_core::{DType, Device, Module, Tensor};
+use candle_nn::{Conv1d, Conv1dConfig, LayerNorm, Linear, VarBuilder};
+
+use super::config::WhisperConfig;
+use crate::error::{LoadError, ModelError};
+
+const LAYER_NORM_EPS: f64 = 1e-5;
+
+fn linear(
+    vb: &VarBuilder,
+    name: &str,
+    inputs: usize,
+    outputs: usize,
+    bias: bool,
+) -> candle_core::Result<Linear> {
+    let vb = vb.pp(name);
+    let weight = vb.get((outputs, inputs), "weight")?;
+    let bias = if bias {
+        Some(vb.get(outputs, "bias")?)
+    } else {
+        None
+    };
+    Ok(Linear::new(weight, bias))
+}
+
+fn layer_norm(vb: &VarBuilder, name: &str, width: usize) -> candle_core::Result<LayerNorm> {
+    let vb = vb.pp(name);
+    Ok(LayerNorm::new(
+        vb.get(width, "weight")?,
+        vb.get(width, "bias")?,
+        LAYER_NORM_EPS,
+    ))
+}
+
+/// Multi-head attention: Q, K (no bias), V, out.
+struct Attention {
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    out: Linear,
+    heads: usize,
+}
+
+impl Attention {
+    fn load(vb: &VarBuilder, width: usize, heads: usize) -> candle_core::Result<Attention> {
+        Ok(Attention {
+            q: linear(vb, "q_proj", width, width, true)?,
+            k: linear(vb, "k_proj", width, width, false)?,
+            v: linear(vb, "v_proj", width, width, true)?,
+            out: linear(vb, "out_proj", width, width, true)?,
+            heads,
+        })
+    }
+
+    /// `[batch, len, width]` to `[batch, heads, len, head width]`.
+    fn split(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let (batch, len, width) = x.dims3()?;
+        x.reshape((batch, len, self.heads, width / self.heads))?
+            .transpose(1, 2)?
+            .contiguous()
+    }
+
+    fn keys_values(&self, x: &Tensor) -> candle_core::Result<(Tensor, Tensor)> {
+        Ok((
+            self.split(&self.k.forward(x)?)?,
+            self.split(&self.v.forward(x)?)?,
+        ))
+    }
+
+    /// `x` attending to `keys`/`values` (already split), with `mask` added
+    /// to the scores.
+    fn attend(
+        &self,
+        x: &Tensor,
+        keys: &Tensor,
+        values: &Tensor,
+        mask: Option<&Tensor>,
+    ) -> candle_core::Result<Tensor> {
+        let (batch, len, width) = x.dims3()?;
+        let head = width / self.heads;
+        let q = (self.split(&self.q.forward(x)?)? * (head as f64).powf(-0.5))?;
+        let mut scores = q.matmul(&keys.transpose(2, 3)?.contiguous()?)?;
+        if let Some(mask) = mask {
+            scores = scores.broadcast_add(mask)?;
+        }
+        let weights = candle_nn::ops::softmax_last_dim(&scores)?;
+        let mixed = weights
+            .matmul(values)?
+            .transpose(1, 2)?
+            .reshape((batch, len, width))?;
+        self.out.forward(&mixed)
+    }
+}
+
+/// A pre-norm block: self-attention, cross-attention (decoder), MLP.
+struct Block {
+    self_attn: Attention,
+    self_attn_norm: LayerNorm,
+    cross: Option<(Attention, LayerNorm)>,
+    fc1: Linear,
+    fc2: Linear,
+    mlp_norm: LayerNorm,
+}
+
+impl Block {
+    fn load(
+        vb: &VarBuilder,
+        width: usize,
+        heads: usize,
+        ffn: usize,
+        cross: bool,
+    ) -> candle_core::Result<Block> {
+        Ok(Block {
+            self_attn: Attention::load(&vb.pp("self_attn"), width, heads)?,
+            self_attn_norm: layer_norm(vb, "self_attn_layer_norm", width)?,
+            cross: if cross {
+                Some((
+                    Attention::load(&vb.pp("encoder_attn"), width, heads)?,
+                    layer_norm(vb, "encoder_attn_layer_norm", width)?,
+                ))
+            } else {
+                None
+            },
+            fc1: linear(vb, "fc1", width, ffn, true)?,
+            fc2: linear(vb, "fc2", ffn, width, true)?,
+            mlp_norm: layer_norm(vb, "final_layer_norm", width)?,
+        })
+    }
+
+    fn mlp(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let h = self.fc1.forward(&self.mlp_norm.forward(x)?)?.gelu_erf()?;
+        x + self.fc2.forward(&h)?
+    }
+}
+
+/// One window's decoding state: each decoder layer's self-attention keys
+/// and values so far, and its cross-attention ones over the audio.
+pub struct DecoderState {
+    self_kv: Vec<Option<(Tensor, Tensor)>>,
+    cross_kv: Vec<(Tensor, Tensor)>,
+    /// Tokens read so far (the next one's position).
+    pub position: usize,
+}
+
+/// Whisper's encoder and decoder.
+pub struct WhisperModel {
+    pub config: WhisperConfig,
+    device: Device,
+    conv1: Conv1d,
+    conv2: Conv1d,
+    encoder_positions: Tensor,
+    encoder_blocks: Vec<Block>,
+    encoder_norm: LayerNorm,
+    embed_tokens: Tensor,
+    decoder_positions: Tensor,
+    decoder_blocks: Vec<Block>,
+    decoder_norm: LayerNorm,
+}
+
+impl WhisperModel {
+    /// From `dir`'s `config.json` and `model.safetensors` (f32, f16 or
+    /// bf16; run in f32).
+    pub fn load(dir: &Path, config: WhisperConfig) -> Result<WhisperModel, LoadError> {
+        let path = dir.join("model.safetensors");
+        let device = Device::Cpu;
+        let bytes = std::fs::read(&path).map_err(|source| LoadError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        let vb = VarBuilder::from_buffered_safetensors(bytes, DType::F32, &device).map_err(
+            |source| LoadError::Weights {
+                path: path.clone(),
+                source,
+            },
+        )?;
+        Self::build(&vb, config, device).map_err(|source| LoadError::Weights { path, source })
+    }
+
+    fn build(
+        vb: &VarBuilder,
+        config: WhisperConfig,
+        device: Device,
+    ) -> candle_core::Result<WhisperModel> {
+        let c = &config;
+        let d = c.d_model;
+        let enc = vb.pp("model.encoder");
+        let dec = vb.pp("model.decoder");
+        let conv = |name: &str, inputs: usize, stride: usize| -> candle_core::Result<Conv1d> {
+            let vb = enc.pp(name);
+            Ok(Conv1d::new(
+                vb.get((d, inputs, 3), "weight")?,
+                Some(vb.get(d, "bias")?),
+                Conv1dConfig {
+                    padding: 1,
+                    stride,
+                    dilation: 1,
+                    groups: 1,
+                    cudnn_fwd_algo: None,
+                },
+            ))
+        };
+        let blocks = |vb: &VarBuilder, n: usize, heads: usize, ffn: usize, cross: bool| {
+            (0..n)
+                .map(|i| Block::load(&vb.pp(format!("layers.{i}")), d, heads, ffn, cross))
+                .collect::<candle_core::Result<Vec<_>>>()
+        };
+        Ok(WhisperModel {
+            conv1: conv("conv1", c.num_mel_bins, 1)?,
+            conv2: conv("conv2", d, 2)?,
+            encoder_positions: enc.get((c.max_source_positions, d), "embed_positions.weight")?,
+            encoder_blocks: blocks(
+                &enc,
+                c.encoder_layers,
+                c.encoder_attention_heads,
+                c.encoder_ffn_dim,
+                false,
+            )?,
+            encoder_norm: layer_norm(&enc, "layer_norm", d)?,
+            embed_tokens: dec.get((c.vocab_size, d), "embed_tokens.weight")?,
+            decoder_positions: dec.get((c.max_target_positions, d), "embed_positions.weight")?,
+            decoder_blocks: blocks(
+                &dec,
+                c.decoder_layers,
+                c.decoder_attention_heads,
+                c.decoder_ffn_dim,
+                true,
+            )?,
+            decoder_norm: layer_norm(&dec, "layer_norm", d)?,
+            config,
+            device,
+        })
+    }
+
+    /// The audio states of one window: `features` is `n_mels` rows of
+    /// 3,000 frames (row-major); `[1, 1500, d_model]` out.
+    pub fn encode(&self, features: &[f32], frames: usize) -> Result<Tensor, ModelError> {
+        let mels = self.config.num_mel_bins;
+        if features.len() != mels * frames || frames != 2 * self.config.max_source_positions {
+            return Err(ModelError::Failed(format!(
+                "the encoder reads {mels} mel rows of {} frames, got {} values for {frames} frames",
+                2 * self.config.max_source_positions,
+                features.len()
+            )));
+        }
+        let x = Tensor::from_slice(features, (1, mels, frames), &self.device)?;
+        let x = self.conv1.forward(&x)?.gelu_erf()?;
+        let x = self.conv2.forward(&x)?.gelu_erf()?;
+        let mut x = x.transpose(1, 2)?.broadcast_add(&self.encoder_positions)?;
+        for block in &self.encoder_blocks {
+            let h = block.self_attn_norm.forward(&x)?;
+            let (k, v) = block.self_attn.keys_values(&h)?;
+            x = (&x + block.self_attn.attend(&h, &k, &v, None)?)?;
+            x = block.mlp(&x)?;
+        }
+        Ok(self.encoder_norm.forward(&x)?)
+    }
+
+    /// A fresh decoding state over `audio` (from [`WhisperModel::encode`]).
+    pub fn start(&self, audio: &Tensor) -> Result<DecoderState, ModelError> {
+        let cross_kv = self
+            .decoder_blocks
+            .iter()
+            .map(|b| match &b.cross {
+                Some((attn, _)) => attn.keys_values(audio),
+                None => Err(candle_core::Error::Msg(
+                    "a decoder block without cross-attention".into(),
+                )),
+            })
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        Ok(DecoderState {
+            self_kv: vec![None; self.decoder_blocks.len()],
+            cross_kv,
+            position: 0,
+        })
+    }
+
+    /// Reads `tokens` after what `state` has read; the logits at the last
+    /// one (`vocab_size` values).
+    pub fn step(&self, state: &mut DecoderState, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+        let n = tokens.len();
+        let start = state.position;
+        if n == 0 || start + n > self.config.max_target_positions {
+            return Err(ModelError::Failed(format!(
+                "the decoder holds {} tokens; {start} read and {n} more asked",
+                self.config.max_target_positions
+            )));
+        }
+        let ids = Tensor::from_slice(tokens, (1, n), &self.device)?;
+        let embedded = self
+            .embed_tokens
+            .embedding(&ids.flatten_all()?)?
+            .unsqueeze(0)?;
+        let mut x = embedded.broadcast_add(&self.decoder_positions.narrow(0, start, n)?)?;
+        // Causal over the new tokens; every earlier one is visible.
+        let mask = (n > 1)
+            .then(|| {
+                let values: Vec<f32> = (0..n)
+                    .flat_map(|i| {
+                        (0..start + n).map(move |j| {
+                            if j > start + i {
+                                f32::NEG_INFINITY
+                            } else {
+                                0.0
+                            }
+                        })
+                    })
+                    .collect();
+                Tensor::from_vec(values, (n, start + n), &self.device)
+            })
+            .transpose()?;
+        for (i, block) in self.decoder_blocks.iter().enumerate() {
+            let h = block.self_attn_norm.forward(&x)?;
+            let (k, v) = block.self_attn.keys_values(&h)?;
+            let (k, v) = match state.self_kv[i].take() {
+                Some((pk, pv)) => (Tensor::cat(&[&pk, &k], 2)?, Tensor::cat(&[&pv, &v], 2)?),
+                None => (k, v),
+            };
+            x = (&x + block.self_attn.attend(&h, &k, &v, mask.as_ref())?)?;
+            state.self_kv[i] = Some((k, v));
+            if let Some((attn, norm)) = &block.cross {
+                let (ck, cv) = &state.cross_kv[i];
+                x = (&x + attn.attend(&norm.forward(&x)?, ck, cv, None)?)?;
+            }
+            x = block.mlp(&x)?;
+        }
+        state.position += n;
+        let last = self.decoder_norm.forward(&x.narrow(1, n - 1, 1)?)?;
+        let logits = last.squeeze(0)?.matmul(&self.embed_tokens.t()?)?;
+        Ok(logits.squeeze(0)?.to_vec1::<f32>()?)
+    }
+
+    /// Index of the largest logit (the first, on a tie).
+    pub fn argmax(logits: &[f32]) -> u32 {
+        let mut best = 0;
+        for (i, &l) in logits.iter().enumerate() {
+            if l > logits[best] {
+                best = i;
+            }
+        }
+        best as u32
+    }
+}
