@@ -516,6 +516,25 @@ mod tests {
         }
     }
 
+    /// A job's streamed text goes where its answer goes, one token deeper
+    /// (so `<inbox>.*` hears results and not text); without a reply
+    /// subject, to the shared subject only an admin reads.
+    #[test]
+    fn a_jobs_text_streams_under_its_reply_subject() {
+        let t = Topology::namespaced("ns1");
+        let table = [
+            (
+                Some("_INBOX_publisher.abc.job-1"),
+                "_INBOX_publisher.abc.job-1.text",
+            ),
+            (Some("_INBOX_gateway.xyz"), "_INBOX_gateway.xyz.text"),
+            (None, "ns1.sluice.stream.job-1"),
+        ];
+        for (reply_to, subject) in table {
+            assert_eq!(t.stream_subject_of("job-1", reply_to), subject);
+        }
+    }
+
     #[test]
     fn stream_subjects_do_not_overlap_and_tenant_consumers_are_named_apart() {
         let t = Topology::default();
