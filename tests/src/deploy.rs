@@ -537,6 +537,20 @@ pub fn s3_role_args(role: &str) -> Vec<String> {
     ]
 }
 
+/// The flags running a consumer or gateway as `role` on a deployment on
+/// [`crate::Servers::start_shipped`]: its NATS user and password, its inbox
+/// prefix (`deploy/nats/permissions.conf`), then its S3 identity
+/// ([`s3_role_args`]).
+pub fn role_args(role: &str) -> Vec<String> {
+    let mut args = vec![
+        format!("--nats-user={role}"),
+        format!("--nats-password={}", crate::ROLE_PASSWORD),
+        format!("--nats-inbox-prefix=_INBOX_{role}"),
+    ];
+    args.extend(s3_role_args(role));
+    args
+}
+
 impl Deployment {
     /// [`Deployment::publisher_env`] with `role`'s shipped NATS user and
     /// inbox prefix (`deploy/nats/permissions.conf`) and S3 identity

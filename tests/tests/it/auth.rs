@@ -9,7 +9,7 @@ use sluice_connect::NatsAuth;
 use sluice_producer::provision::Settings;
 use sluice_schemas::Secret;
 use sluice_tests::Servers;
-use sluice_tests::deploy::{Deployment, run_cli, s3_role_args};
+use sluice_tests::deploy::{Deployment, role_args, run_cli, s3_role_args};
 use sluice_tests::fixtures::jsonl;
 
 const T: Duration = Duration::from_secs(120);
@@ -376,18 +376,18 @@ async fn the_shipped_permissions_let_each_role_do_its_job_and_no_more() {
     )
     .await
     .unwrap();
-    let consumer_s3 = s3_role_args("consumer");
+    let as_consumer = role_args("consumer");
+    let as_consumer: Vec<&str> = as_consumer.iter().map(String::as_str).collect();
     let consumer = d
-        .start_consumer(&[
-            "--nats-user=consumer",
-            &format!("--nats-password={}", sluice_tests::ROLE_PASSWORD),
-            "--nats-inbox-prefix=_INBOX_consumer",
-            &consumer_s3[0],
-            &consumer_s3[1],
-            // Its output to S3, written with its identity and read back
-            // with the publisher's.
-            "--inline-output-max-bytes=0",
-        ])
+        .start_consumer(
+            &[
+                &as_consumer[..],
+                // Its output to S3, written with its identity and read back
+                // with the publisher's.
+                &["--inline-output-max-bytes=0"],
+            ]
+            .concat(),
+        )
         .await
         .unwrap();
 
@@ -458,13 +458,7 @@ async fn the_shipped_permissions_let_each_role_do_its_job_and_no_more() {
     // naming what it needs.
     let wrong = s3_role_args("publisher");
     let refused = d
-        .start_consumer(&[
-            "--nats-user=consumer",
-            &format!("--nats-password={}", sluice_tests::ROLE_PASSWORD),
-            "--nats-inbox-prefix=_INBOX_consumer",
-            &wrong[0],
-            &wrong[1],
-        ])
+        .start_consumer(&[&as_consumer[..3], &[&wrong[0], &wrong[1]]].concat())
         .await
         .err()
         .expect("a consumer that cannot write its outputs does not start")
@@ -487,17 +481,18 @@ async fn the_shipped_permissions_let_each_role_do_its_job_and_no_more() {
     // role runs it (its cancel watch on the job's status record, its
     // stream messages), and the publisher reads its text and its result.
     let generator = d
-        .start_consumer(&[
-            "--task=generate",
-            "--max-new-tokens=16",
-            "--max-prompt-tokens=256",
-            "--max-items-per-job=32",
-            "--nats-user=consumer",
-            &format!("--nats-password={}", sluice_tests::ROLE_PASSWORD),
-            "--nats-inbox-prefix=_INBOX_consumer",
-            &consumer_s3[0],
-            &consumer_s3[1],
-        ])
+        .start_consumer(
+            &[
+                &[
+                    "--task=generate",
+                    "--max-new-tokens=16",
+                    "--max-prompt-tokens=256",
+                    "--max-items-per-job=32",
+                ][..],
+                &as_consumer[..],
+            ]
+            .concat(),
+        )
         .await
         .unwrap();
     let prompts = dir.path().join("prompts.jsonl");

@@ -1056,8 +1056,10 @@ async fn a_batch_is_one_trace_from_its_create_request_to_its_chunk_jobs() {
 #[tokio::test]
 async fn the_shipped_permissions_let_the_gateway_run_and_cancel_batches() {
     let servers = sluice_tests::Servers::start_shipped().await.unwrap();
-    let gateway_s3 = sluice_tests::deploy::s3_role_args("gateway");
-    let consumer_s3 = sluice_tests::deploy::s3_role_args("consumer");
+    let as_gateway = sluice_tests::deploy::role_args("gateway");
+    let as_gateway: Vec<&str> = as_gateway.iter().map(String::as_str).collect();
+    let as_consumer = sluice_tests::deploy::role_args("consumer");
+    let as_consumer: Vec<&str> = as_consumer.iter().map(String::as_str).collect();
     let admin = sluice_connect::NatsAuth {
         nats_user: Some("admin".into()),
         nats_password: Some(sluice_schemas::Secret::new(sluice_tests::ROLE_PASSWORD)),
@@ -1068,17 +1070,7 @@ async fn the_shipped_permissions_let_the_gateway_run_and_cancel_batches() {
         .await
         .unwrap();
     let gateway = d
-        .start_gateway(
-            KEYS,
-            &[
-                "--nats-user=gateway",
-                &format!("--nats-password={}", sluice_tests::ROLE_PASSWORD),
-                "--nats-inbox-prefix=_INBOX_gateway",
-                "--chunk-lines=4",
-                &gateway_s3[0],
-                &gateway_s3[1],
-            ],
-        )
+        .start_gateway(KEYS, &[&as_gateway[..], &["--chunk-lines=4"]].concat())
         .await
         .unwrap();
     let api = Api::new(gateway.addr);
@@ -1148,16 +1140,15 @@ async fn the_shipped_permissions_let_the_gateway_run_and_cancel_batches() {
 
     // A consumer with its own role runs the next one to the end.
     let consumer = d
-        .start_consumer(&[
-            "--nats-user=consumer",
-            &format!("--nats-password={}", sluice_tests::ROLE_PASSWORD),
-            "--nats-inbox-prefix=_INBOX_consumer",
-            &consumer_s3[0],
-            &consumer_s3[1],
-            // Chunk outputs to S3: written with the consumer's identity,
-            // read and removed with the gateway's.
-            "--inline-output-max-bytes=0",
-        ])
+        .start_consumer(
+            &[
+                &as_consumer[..],
+                // Chunk outputs to S3: written with the consumer's
+                // identity, read and removed with the gateway's.
+                &["--inline-output-max-bytes=0"],
+            ]
+            .concat(),
+        )
         .await
         .unwrap();
     let run = api.batch(KEY_A, &to_jsonl(&lines), "24h").await;
