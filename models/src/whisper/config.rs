@@ -55,6 +55,10 @@ pub struct GenerationSettings {
     pub task_to_id: BTreeMap<String, u32>,
     #[serde(default)]
     pub is_multilingual: bool,
+    /// How far into a window its first timestamp may be, in 0.02 s steps
+    /// (50 = 1 s, openai-whisper's `max_initial_timestamp`); none: anywhere.
+    #[serde(default)]
+    pub max_initial_timestamp_index: Option<u32>,
 }
 
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, LoadError> {

@@ -1,13 +1,17 @@
 //! Whisper (encoder-decoder speech recognition) from a transformers
 //! directory: `config` (its shape and generation settings, refusing what
 //! is not run), `model` (the network, f32 on candle), `generate` (greedy
-//! decoding of a window with the forced prompt). The features come from
+//! decoding of a window with the forced prompt), `timestamps` (the rules a
+//! window decoded with timestamps follows) and `transcribe` (a recording of
+//! any length to timed segments, window after window). The features come from
 //! [`crate::audio`]. Held to transformers' `generate` on random-weight
 //! models by `models/tests/whisper.rs`.
 
 pub mod config;
 pub mod generate;
 pub mod model;
+pub mod timestamps;
+pub mod transcribe;
 
 pub use config::{GenerationSettings, WhisperConfig};
 pub use generate::{WhisperTask, greedy, prompt};

@@ -1,0 +1,176 @@
+//! Transcripts with timestamps against transformers'
+//! `generate(..., return_timestamps=True)` (`tests/fixtures/whisper/
+//! longform.json`, made by `tests/fixtures/make/whisper_longform.py`):
+//!
+//! - the random-weight models of both shapes on a 4 s signal (one window,
+//!   padded) and a 45 s one (sequential long-form: the next window starts
+//!   at the last closed segment), in a given language, translating, and
+//!   with the language detected: every segment's tokens (timestamps
+//!   included) and times;
+//! - the real tiny.en on its speech said ten times (89 s, three windows and
+//!   more): the same segments, and so no sentence lost or doubled at a
+//!   window's cut.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use serde::Deserialize;
+use sluice_models::audio::decode_file;
+use sluice_models::audio::features::FeatureExtractor;
+use sluice_models::whisper::transcribe::{Options, Segment, transcribe};
+use sluice_models::whisper::{GenerationSettings, WhisperConfig, WhisperModel, WhisperTask};
+
+#[derive(Deserialize)]
+struct Reference {
+    random: Vec<RandomCase>,
+    speech: SpeechCase,
+}
+
+#[derive(Deserialize)]
+struct RandomCase {
+    model: String,
+    signal_seed: u32,
+    seconds: usize,
+    language: Option<String>,
+    task: String,
+    max_new_tokens: usize,
+    segments: Vec<RefSegment>,
+}
+
+#[derive(Deserialize)]
+struct SpeechCase {
+    file: String,
+    repeats: usize,
+    gap_samples: usize,
+    segments: Vec<RefSegment>,
+    text: String,
+}
+
+#[derive(Deserialize, Debug)]
+struct RefSegment {
+    start: f64,
+    end: f64,
+    tokens: Vec<u32>,
+}
+
+fn load(dir: &std::path::Path) -> (WhisperModel, GenerationSettings, FeatureExtractor) {
+    let config = WhisperConfig::load(dir).unwrap();
+    let mels = config.num_mel_bins;
+    (
+        WhisperModel::load(dir, config).unwrap(),
+        GenerationSettings::load(dir).unwrap(),
+        FeatureExtractor::new(mels),
+    )
+}
+
+fn same_segments(what: &str, got: &[Segment], want: &[RefSegment]) {
+    let brief = |s: &[Segment]| {
+        s.iter()
+            .map(|s| (s.start, s.end, s.tokens.len()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        got.len(),
+        want.len(),
+        "{what}: {:?} against {:?}",
+        brief(got),
+        want.iter()
+            .map(|s| (s.start, s.end, s.tokens.len()))
+            .collect::<Vec<_>>()
+    );
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.tokens, w.tokens, "{what}: segment {i}");
+        assert!(
+            (g.start - w.start).abs() < 1e-3 && (g.end - w.end).abs() < 1e-3,
+            "{what}: segment {i} at {}..{}, the reference's {}..{}",
+            g.start,
+            g.end,
+            w.start,
+            w.end
+        );
+    }
+}
+
+fn reference() -> Reference {
+    common::fixture("whisper/longform.json").unwrap()
+}
+
+#[test]
+fn random_models_segment_short_and_long_recordings_as_transformers_does() {
+    for case in reference().random {
+        let dir = common::repo_root()
+            .join("tests/fixtures/whisper")
+            .join(&case.model);
+        let (model, settings, extractor) = load(&dir);
+        let samples: Vec<f32> = common::fixture_signal(case.signal_seed, 16_000 * case.seconds)
+            .into_iter()
+            .map(|s| s as f32 / 32768.0)
+            .collect();
+        let options = Options {
+            language: case.language.clone(),
+            task: match case.task.as_str() {
+                "translate" => WhisperTask::Translate,
+                _ => WhisperTask::Transcribe,
+            },
+            max_new_tokens: Some(case.max_new_tokens),
+        };
+        let (language, segments) =
+            transcribe(&model, &settings, &extractor, &samples, &options, &|| true).unwrap();
+        let what = format!(
+            "{} {} s {:?} {}",
+            case.model, case.seconds, case.language, case.task
+        );
+        same_segments(&what, &segments, &case.segments);
+        if let Some(given) = &case.language {
+            assert_eq!(language.as_ref(), Some(given));
+        } else {
+            eprintln!("{what}: detected {language:?}");
+            assert!(language.is_some());
+        }
+    }
+}
+
+#[test]
+fn tiny_en_transcribes_a_long_recording_window_by_window_as_transformers_does() {
+    let speech = reference().speech;
+    let dir = common::models_dir().join("whisper-tiny-en");
+    assert!(
+        dir.join("model.safetensors").is_file(),
+        "{} not found: run ./scripts/setup",
+        dir.display()
+    );
+    let (model, settings, extractor) = load(&dir);
+    let once = decode_file(&common::repo_root().join(&speech.file), 600.0)
+        .unwrap()
+        .unwrap()
+        .samples;
+    let mut samples = Vec::new();
+    for _ in 0..speech.repeats {
+        samples.extend_from_slice(&once);
+        samples.extend(std::iter::repeat_n(0.0, speech.gap_samples));
+    }
+    let options = Options {
+        language: None,
+        task: WhisperTask::Transcribe,
+        max_new_tokens: None,
+    };
+    let (_, segments) =
+        transcribe(&model, &settings, &extractor, &samples, &options, &|| true).unwrap();
+    same_segments("tiny.en, 89 s", &segments, &speech.segments);
+    let tokenizer = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+    let ids: Vec<u32> = segments
+        .iter()
+        .flat_map(|s| s.tokens.iter().copied())
+        .filter(|&t| t < settings.eos_token_id)
+        .collect();
+    assert_eq!(tokenizer.decode(&ids, true).unwrap(), speech.text);
+    // Each sentence once per repeat: none lost or doubled at the cuts.
+    for sentence in ["The quick", "Message cues keep"] {
+        assert_eq!(
+            speech.text.matches(sentence).count(),
+            speech.repeats,
+            "{sentence}"
+        );
+    }
+}
