@@ -283,6 +283,10 @@ pub struct ItemCost {
     /// Bytes each item holds beyond its units (its vector and its `.npy`
     /// copy; its score).
     pub bytes_per_item: u64,
+    /// How many times over a job holds its input bytes at once: 3 for JSONL
+    /// (the download, its text and the parsed values), 1 for an audio file
+    /// (decoded from the download as it stands; the samples are units).
+    pub input_copies: u64,
 }
 
 impl JobCost {
@@ -291,7 +295,7 @@ impl JobCost {
     const PER_ITEM: u64 = 256;
 
     /// The most a job can hold before its inputs are read: the raw input and
-    /// its parsed copy, and every item at the longest the input allows.
+    /// its copies, and every item at the longest the input allows.
     pub fn worst_bytes(&self) -> u64 {
         // A JSONL item takes at least 3 bytes ("" and a newline).
         let items = self.max_items.min(self.max_input_bytes / 3 + 1);
@@ -300,7 +304,7 @@ impl JobCost {
             Some(extra) => at_most.min(self.max_input_bytes + extra * items),
             None => at_most,
         };
-        3 * self.max_input_bytes + self.actual_bytes(items, units)
+        self.per_item.input_copies * self.max_input_bytes + self.actual_bytes(items, units)
     }
 
     /// What a job holds once its items are counted in units (embed: the
@@ -331,6 +335,7 @@ mod tests {
                 units_beyond_bytes,
                 bytes_per_unit: 8,
                 bytes_per_item: 100,
+                input_copies: 3,
             },
         };
         let item = 100 + JobCost::PER_ITEM;

@@ -183,12 +183,20 @@ pub struct Config {
     /// A batch is sent to the model when full or when its oldest item has waited this long.
     #[arg(long, env = "SLUICE_MAX_WAIT_MS", default_value_t = 5)]
     pub max_wait_ms: u64,
-    /// Largest input download (and inline job message) accepted, in bytes.
-    #[arg(long, env = "SLUICE_MAX_INPUT_BYTES", default_value_t = 8 * 1024 * 1024)]
-    pub max_input_bytes: u64,
-    /// Most items (texts or prompts) one job may hold (default 10000 for
-    /// embed, 64 for generate: a generate job reserves the KV cache of all its
-    /// prompts at their longest before its inputs are read).
+    /// Largest input download (and inline job message) accepted, in bytes,
+    /// all of a job's inputs together (default 8 MiB; 1 GiB for transcribe,
+    /// whose input is an audio file).
+    #[arg(long, env = "SLUICE_MAX_INPUT_BYTES")]
+    pub max_input_bytes: Option<u64>,
+    /// transcribe: the longest recording accepted, in seconds (default 4
+    /// hours); a job reserves the memory of its recordings at this length
+    /// before their files are read, and of their real length after.
+    #[arg(long, env = "SLUICE_MAX_AUDIO_SECONDS", default_value_t = 4 * 3600)]
+    pub max_audio_seconds: u64,
+    /// Most items (texts, prompts or recordings) one job may hold (default
+    /// 10000 for the encoder tasks, 64 for generate: a generate job
+    /// reserves the KV cache of all its prompts at their longest before
+    /// its inputs are read; 1 for transcribe).
     #[arg(long, env = "SLUICE_MAX_ITEMS_PER_JOB")]
     pub max_items_per_job: Option<u64>,
     /// Timeout of one input download, in seconds.
@@ -281,7 +289,7 @@ impl ModelConfig {
             // --model-dir.
             match task.work() {
                 Work::Generate => PathBuf::from("weights/smollm2"),
-                Work::Encode => Path::new("weights").join(task.default_model()),
+                Work::Encode | Work::Transcribe => Path::new("weights").join(task.default_model()),
             }
         })
     }
@@ -386,6 +394,15 @@ impl Config {
         self.max_items_per_job.unwrap_or(match self.task().work() {
             Work::Encode => 10_000,
             Work::Generate => 64,
+            Work::Transcribe => 1,
+        })
+    }
+
+    /// The cap on a job's input bytes, or the task's default.
+    pub fn max_input_bytes(&self) -> u64 {
+        self.max_input_bytes.unwrap_or(match self.task().work() {
+            Work::Encode | Work::Generate => 8 << 20,
+            Work::Transcribe => 1 << 30,
         })
     }
 
@@ -429,7 +446,14 @@ impl Config {
                 "progress_interval_secs (--progress-interval-secs)",
                 self.progress_interval_secs,
             ),
-            ("max_input_bytes (--max-input-bytes)", self.max_input_bytes),
+            (
+                "max_input_bytes (--max-input-bytes)",
+                self.max_input_bytes(),
+            ),
+            (
+                "max_audio_seconds (--max-audio-seconds)",
+                self.max_audio_seconds,
+            ),
             (
                 "max_items_per_job (--max-items-per-job)",
                 self.max_items_per_job(),

@@ -134,7 +134,7 @@ pub async fn start(config: Config) -> anyhow::Result<Consumer> {
         model_name,
         model_route,
         limits: JobLimits {
-            max_input_bytes: config.max_input_bytes,
+            max_input_bytes: config.max_input_bytes(),
             max_items_per_job: config.max_items_per_job(),
         },
         cost,
@@ -142,7 +142,7 @@ pub async fn start(config: Config) -> anyhow::Result<Consumer> {
             allow_hosts: config.input_allow_hosts.clone(),
             trusted_hosts: s3_endpoint_host(&config),
             allow_link_local: config.input_allow_link_local,
-            max_bytes: config.max_input_bytes,
+            max_bytes: config.max_input_bytes(),
             timeout: Duration::from_secs(config.fetch_timeout_secs),
         })
         .context("cannot build the HTTP client for inputs")?,

@@ -50,6 +50,15 @@ pub struct Config {
     /// Models the classify consumers serve (default none, as for rerank).
     #[arg(long, env = "SLUICE_CLASSIFY_MODELS", value_delimiter = ',')]
     pub classify_models: Vec<String>,
+    /// Models the transcribe consumers serve (default whisper-tiny-en,
+    /// the one `scripts/setup` installs).
+    #[arg(
+        long,
+        env = "SLUICE_TRANSCRIBE_MODELS",
+        value_delimiter = ',',
+        default_value = Task::Transcribe.default_model()
+    )]
+    pub transcribe_models: Vec<String>,
 
     /// Largest file accepted by `POST /v1/files` (OpenAI's: 200 MB).
     #[arg(long, env = "SLUICE_MAX_FILE_BYTES", default_value_t = 200_000_000)]
@@ -194,7 +203,8 @@ impl Config {
     }
 
     /// The models `task`'s consumers serve by the flags (`--embed-models`,
-    /// `--generate-models`, `--rerank-models`, `--classify-models`): what
+    /// `--generate-models`, `--rerank-models`, `--classify-models`,
+    /// `--transcribe-models`): what
     /// the gateway routes when `sluice init` deployed none of the task's.
     pub fn models_of(&self, task: Task) -> &[String] {
         match task {
@@ -202,6 +212,7 @@ impl Config {
             Task::Generate => &self.generate_models,
             Task::Rerank => &self.rerank_models,
             Task::Classify => &self.classify_models,
+            Task::Transcribe => &self.transcribe_models,
         }
     }
 

@@ -147,6 +147,19 @@ impl Producer {
         body: Vec<u8>,
         deadline: Option<time::OffsetDateTime>,
     ) -> Result<Input> {
+        self.upload_input_as(name, body, InputFormat::Jsonl, deadline)
+            .await
+    }
+
+    /// [`Producer::upload_input_until`] of an input in `format` (an audio
+    /// file for transcribe).
+    pub async fn upload_input_as(
+        &self,
+        name: &str,
+        body: Vec<u8>,
+        format: InputFormat,
+        deadline: Option<time::OffsetDateTime>,
+    ) -> Result<Input> {
         let key = format!("{}{name}", self.config.input_prefix);
         self.s3
             .put_object()
@@ -172,7 +185,7 @@ impl Producer {
             .await?;
         Ok(Input::Url {
             url,
-            format: InputFormat::Jsonl,
+            format,
             object: Some(ObjectRef {
                 bucket: self.config.bucket.clone(),
                 key,

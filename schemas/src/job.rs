@@ -10,6 +10,7 @@ use crate::names::is_valid_job_id;
 use crate::task::parameters::{ParameterGroup, field_names};
 use crate::task::{
     ClassifyParameters, EmbedParameters, EncoderParameters, GenerateParameters, Item, Task,
+    TranscribeParameters,
 };
 
 /// The wire version every message of this crate carries.
@@ -77,6 +78,9 @@ pub enum Input {
 pub enum InputFormat {
     /// One item per line: a JSON string, or an object such as `{"text": "..."}`.
     Jsonl,
+    /// One audio file (WAV, FLAC, MP3, Ogg Vorbis, AAC in MP4/M4A; the
+    /// container read from its bytes), one item: transcribe's input.
+    Audio,
 }
 
 /// An object in S3.
@@ -101,6 +105,8 @@ pub struct Parameters {
     pub generate: GenerateParameters,
     /// classify: `top_k`, `raw_scores`.
     pub classify: ClassifyParameters,
+    /// transcribe: `language`, `translate`.
+    pub transcribe: TranscribeParameters,
 }
 
 /// One group's parameters as the wire has them, with the tasks they apply
@@ -122,7 +128,7 @@ impl Parameters {
     }
 
     /// Every group, as the wire has it.
-    fn groups(&self) -> Result<[Given; 4], serde_json::Error> {
+    fn groups(&self) -> Result<[Given; 5], serde_json::Error> {
         fn given<G: ParameterGroup>(group: &G) -> Result<Given, serde_json::Error> {
             let values = match serde_json::to_value(group)? {
                 Value::Object(map) => map,
@@ -139,6 +145,7 @@ impl Parameters {
             given(&self.embed)?,
             given(&self.generate)?,
             given(&self.classify)?,
+            given(&self.transcribe)?,
         ])
     }
 
@@ -163,7 +170,8 @@ impl Parameters {
         self.encoder.check()?;
         ParameterGroup::check(&self.embed)?;
         ParameterGroup::check(&self.generate)?;
-        ParameterGroup::check(&self.classify)
+        ParameterGroup::check(&self.classify)?;
+        ParameterGroup::check(&self.transcribe)
     }
 
     /// Every parameter name any task knows, for serde's "expected one of".
@@ -175,6 +183,7 @@ impl Parameters {
                 field_names::<EmbedParameters>(),
                 field_names::<GenerateParameters>(),
                 field_names::<ClassifyParameters>(),
+                field_names::<TranscribeParameters>(),
             ]
             .concat()
         })
@@ -201,12 +210,13 @@ impl<'de> Deserialize<'de> for Parameters {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         use serde::de::Error;
         let wire = serde_json::Map::<String, Value>::deserialize(deserializer)?;
-        let mut parts: [serde_json::Map<String, Value>; 4] = Default::default();
+        let mut parts: [serde_json::Map<String, Value>; 5] = Default::default();
         let names = [
             field_names::<EncoderParameters>(),
             field_names::<EmbedParameters>(),
             field_names::<GenerateParameters>(),
             field_names::<ClassifyParameters>(),
+            field_names::<TranscribeParameters>(),
         ];
         for (key, value) in wire {
             let Some(group) = names.iter().position(|n| n.contains(&key.as_str())) else {
@@ -222,12 +232,13 @@ impl<'de> Deserialize<'de> for Parameters {
                 E::custom(format!("{path}: {}", e.into_inner()))
             })
         }
-        let [encoder, embed, generate, classify] = parts;
+        let [encoder, embed, generate, classify, transcribe] = parts;
         Ok(Parameters {
             encoder: group(encoder)?,
             embed: group(embed)?,
             generate: group(generate)?,
             classify: group(classify)?,
+            transcribe: group(transcribe)?,
         })
     }
 }
@@ -441,12 +452,24 @@ impl Job {
         }
         for (i, input) in self.inputs.iter().enumerate() {
             match input {
-                Input::Url { url, .. } => {
+                Input::Url { url, format, .. } => {
                     if !(url.starts_with("http://") || url.starts_with("https://")) {
                         return violation(format!(
                             "inputs[{i}].url must be an http:// or https:// URL, found {:?}",
                             truncate_for_message(url)
                         ));
+                    }
+                    let audio = task == Task::Transcribe;
+                    if audio != (*format == InputFormat::Audio) {
+                        return violation(if audio {
+                            format!(
+                                "inputs[{i}].format must be \"audio\": a transcribe job's URL inputs are audio files"
+                            )
+                        } else {
+                            format!(
+                                "inputs[{i}].format \"audio\" is transcribe's; a {task} job reads \"jsonl\""
+                            )
+                        });
                     }
                 }
                 Input::Inline { items } if items.is_empty() => {

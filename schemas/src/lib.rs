@@ -34,7 +34,7 @@ pub use stream::{StreamChunk, StreamUsage};
 pub use task::{
     ChatMessage, ClassifyParameters, EmbedParameters, EncoderParameters, GenerateParameters, Item,
     JsonSchemaFormat, LabelScore, MAX_PROMPT_NAME, Pair, Prompt, PromptInput, ResponseFormat, Task,
-    Work,
+    TranscribeParameters, Transcript, TranscriptSegment, Work,
 };
 
 /// The JSON Schema files, embedded so tools can print or serve them.

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
 use crate::error_code::{ErrorCode, ErrorInfo};
-use crate::task::LabelScore;
+use crate::task::{LabelScore, Transcript};
 
 /// The answer to one job.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -72,6 +72,9 @@ pub enum Output {
         /// `top_k`), in item order.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         classifications: Vec<Vec<LabelScore>>,
+        /// transcribe: one transcript per recording, in item order.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        transcripts: Vec<Transcript>,
     },
     /// Large outputs are written to S3 at a key derived from the job id.
     S3(S3Output),
@@ -85,6 +88,7 @@ impl Output {
             generations: Vec::new(),
             scores: Vec::new(),
             classifications: Vec::new(),
+            transcripts: Vec::new(),
         }
     }
     /// An inline generate output.
@@ -94,6 +98,7 @@ impl Output {
             generations,
             scores: Vec::new(),
             classifications: Vec::new(),
+            transcripts: Vec::new(),
         }
     }
     /// An inline rerank output.
@@ -103,6 +108,7 @@ impl Output {
             generations: Vec::new(),
             scores,
             classifications: Vec::new(),
+            transcripts: Vec::new(),
         }
     }
     /// An inline classify output.
@@ -112,6 +118,17 @@ impl Output {
             generations: Vec::new(),
             scores: Vec::new(),
             classifications,
+            transcripts: Vec::new(),
+        }
+    }
+    /// An inline transcribe output.
+    pub fn transcripts(transcripts: Vec<Transcript>) -> Output {
+        Output::Inline {
+            embeddings: Vec::new(),
+            generations: Vec::new(),
+            scores: Vec::new(),
+            classifications: Vec::new(),
+            transcripts,
         }
     }
 
@@ -124,6 +141,7 @@ impl Output {
             generations,
             scores,
             classifications,
+            transcripts,
         } = self
         else {
             return None;
@@ -134,6 +152,8 @@ impl Output {
             InlineItems::Lines(json_lines(generations))
         } else if !classifications.is_empty() {
             InlineItems::Lines(json_lines(classifications))
+        } else if !transcripts.is_empty() {
+            InlineItems::Lines(json_lines(transcripts))
         } else {
             InlineItems::Vectors(embeddings)
         })
@@ -283,6 +303,9 @@ pub struct Usage {
     /// item order, when the job asked with `output.item_tokens`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub item_tokens: Vec<u64>,
+    /// transcribe: milliseconds of audio, over all recordings.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub audio_ms: u64,
 }
 
 fn is_zero(n: &u64) -> bool {

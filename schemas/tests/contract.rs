@@ -163,6 +163,7 @@ fn every_rust_value_validates_and_round_trips() {
             truncated_items: 1,
             completion_tokens: 0,
             item_tokens: Vec::new(),
+            audio_ms: 0,
         },
         timings_ms: Timings {
             queue: Some(1.5),
@@ -233,6 +234,7 @@ fn every_rust_value_validates_and_round_trips() {
             truncated_items: 0,
             completion_tokens: 4,
             item_tokens: vec![20, 15],
+            audio_ms: 0,
         },
         ..ok_s3.clone()
     };
@@ -355,6 +357,7 @@ fn every_rust_value_validates_and_round_trips() {
             truncated_items: 0,
             completion_tokens: 0,
             item_tokens: vec![20, 15],
+            audio_ms: 0,
         }),
         deadline: None,
         answered: vec![],

@@ -320,11 +320,18 @@ pub fn read_input(
             InputFormat::Jsonl => {
                 parse_jsonl(task, index, &object.bytes, &mut out.items, max_items)
             }
+            // The job's checks refuse it first; a task reading audio reads
+            // its own inputs.
+            InputFormat::Audio => Err(JobError::new(
+                ErrorCode::InputInvalid,
+                format!("inputs[{index}] is an audio file; the {task} task reads jsonl"),
+            )),
         },
     }
 }
 
-fn check_count(out: &FetchedItems, max_items: u64) -> Result<(), JobError> {
+/// Refuses a job past `max_items` items.
+pub fn check_count(out: &FetchedItems, max_items: u64) -> Result<(), JobError> {
     if out.items.len() as u64 > max_items {
         return Err(JobError::new(
             ErrorCode::TooManyItems,

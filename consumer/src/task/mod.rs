@@ -9,7 +9,8 @@
 //!
 //! `encoder` serves embed, rerank and classify (items of many jobs batched by token
 //! sum for one executor thread); `generate` hands sequences to a
-//! continuous-batching generation thread. `startup` holds what every
+//! continuous-batching generation thread; `transcribe` hands recordings
+//! to a thread that takes their 30 s windows in turn. `startup` holds what every
 //! task's start-up shares; `placement` says where each part runs on the
 //! configured device (logged at start-up).
 //!
@@ -27,6 +28,7 @@ pub mod engine;
 pub mod generate;
 pub mod placement;
 pub mod startup;
+pub mod transcribe;
 
 use std::sync::Arc;
 
@@ -45,6 +47,7 @@ pub fn start(
     let started = match config.task().work() {
         Work::Encode => encoder::start(config, stats, tracing)?,
         Work::Generate => generate::start(config, stats)?,
+        Work::Transcribe => transcribe::start(config)?,
     };
     let plan = placement::plan(config.task(), &config.model, config.generate.weights);
     placement::log(&started.device, &plan);

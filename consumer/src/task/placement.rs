@@ -40,6 +40,7 @@ pub fn plan(task: Task, model: &ModelConfig, weights: WeightFormat) -> Vec<Part>
     match task.work() {
         Work::Encode => encoder(task, model.device, model.embed_weights),
         Work::Generate => generate(model.device, weights),
+        Work::Transcribe => transcribe(),
     }
 }
 
@@ -116,6 +117,32 @@ fn encoder(task: Task, device: DeviceKind, weights: EmbedWeights) -> Vec<Part> {
             parts
         }
     }
+}
+
+/// Transcription runs on the host only (start-up refuses a GPU).
+fn transcribe() -> Vec<Part> {
+    vec![
+        part(
+            "decode",
+            Runs::Host,
+            "symphonia's demuxers and decoders, resampled to 16 kHz mono",
+        ),
+        part(
+            "features",
+            Runs::Host,
+            "Whisper's log-mel features (transformers' WhisperFeatureExtractor)",
+        ),
+        part(
+            "encode",
+            Runs::Host,
+            "candle's Whisper encoder, f32, one 30 s window at a time",
+        ),
+        part(
+            "decode-tokens",
+            Runs::Host,
+            "candle's Whisper decoder, greedy with timestamps, windows of the recordings in turn",
+        ),
+    ]
 }
 
 fn generate(device: DeviceKind, weights: WeightFormat) -> Vec<Part> {

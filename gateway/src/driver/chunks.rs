@@ -57,6 +57,8 @@ impl Chunker {
             // A rerank document is one pair, one encoder item, as a text is.
             Work::Encode => self.limits.texts,
             Work::Generate => self.limits.prompts,
+            // A recording is a job of its own (a consumer's default).
+            Work::Transcribe => 1,
         };
         let n = request.items.len();
         let fits = self.open.as_ref().is_some_and(|c| {

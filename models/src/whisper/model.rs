@@ -338,6 +338,25 @@ impl WhisperModel {
         Ok(logits.squeeze(0)?.to_vec1::<f32>()?)
     }
 
+    /// The most one window's encoding and decoding hold at once, in bytes
+    /// (f32): one encoder layer's attention scores and their softmax (heads
+    /// x 1,500 x 1,500, twice), its widest activations (a few copies of
+    /// 3,000 frames or 1,500 positions x the feed-forward width), the
+    /// window's states, and the decoder's cross-attention keys and values
+    /// of every layer with its self-attention cache at its full length.
+    pub fn window_activation_bytes(&self) -> u64 {
+        let c = &self.config;
+        let positions = c.max_source_positions as u64;
+        let frames = 2 * positions;
+        let d = c.d_model as u64;
+        let wide = (c.encoder_ffn_dim.max(c.d_model) as u64).max(d);
+        let scores = 2 * c.encoder_attention_heads as u64 * positions * positions;
+        let encoder = scores + 4 * positions * wide + 2 * frames * d.max(c.num_mel_bins as u64);
+        let decoder = c.decoder_layers as u64 * 2 * d * (positions + c.max_target_positions as u64)
+            + 2 * c.vocab_size as u64;
+        4 * (encoder + positions * d + decoder)
+    }
+
     /// Index of the largest logit (the first, on a tie).
     pub fn argmax(logits: &[f32]) -> u32 {
         let mut best = 0;

@@ -6,7 +6,7 @@ use serde_json::Value;
 use super::generate::Prompt;
 use super::kind::Task;
 use super::rerank::Pair;
-use super::{classify, embed, generate, rerank};
+use super::{classify, embed, generate, rerank, transcribe};
 
 /// One item of a job, parsed from a JSONL line or an inline list entry.
 #[derive(Debug, Clone, PartialEq)]
@@ -17,6 +17,8 @@ pub enum Item {
     Prompt(Prompt),
     /// A (query, document) pair to score.
     Pair(Pair),
+    /// A recording to transcribe: the audio file's bytes.
+    Audio(Vec<u8>),
 }
 
 impl Item {
@@ -28,6 +30,7 @@ impl Item {
             Task::Generate => generate::item(value).map(Item::Prompt),
             Task::Rerank => rerank::item(value).map(Item::Pair),
             Task::Classify => classify::item(value).map(Item::Text),
+            Task::Transcribe => transcribe::item(value).map(Item::Audio),
         }
     }
 }

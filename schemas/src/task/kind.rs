@@ -15,6 +15,8 @@ pub enum Task {
     Rerank,
     /// Score a text's labels with a sequence classifier.
     Classify,
+    /// Speech to text with Whisper: recordings, each to a timed transcript.
+    Transcribe,
 }
 
 /// What a task's consumers do with one item: which engine runs it, and so
@@ -26,6 +28,9 @@ pub enum Work {
     Encode,
     /// A sequence decoded token by token: generate.
     Generate,
+    /// A recording cut into 30 s windows, each encoded and decoded with
+    /// timestamps: transcribe.
+    Transcribe,
 }
 
 /// One task's row of [`SPECS`].
@@ -48,7 +53,7 @@ pub struct Spec {
 }
 
 /// Every task's row, in [`Task`]'s order.
-pub const SPECS: [Spec; 4] = [
+pub const SPECS: [Spec; 5] = [
     Spec {
         task: Task::Embed,
         name: "embed",
@@ -80,6 +85,14 @@ pub const SPECS: [Spec; 4] = [
         default_model: "classifier",
         work: Work::Encode,
         summary: "Label scores of texts (a sequence classifier's directory, as transformers saves it, given with --model-dir)",
+    },
+    Spec {
+        task: Task::Transcribe,
+        name: "transcribe",
+        letter: 't',
+        default_model: "whisper-tiny-en",
+        work: Work::Transcribe,
+        summary: "Speech to timed text (a Whisper directory, as transformers saves it; Whisper tiny.en from scripts/setup)",
     },
 ];
 

@@ -14,6 +14,7 @@ pub mod item;
 pub mod kind;
 pub mod parameters;
 pub mod rerank;
+pub mod transcribe;
 
 pub use classify::{ClassifyParameters, LabelScore};
 pub use embed::{EmbedParameters, MAX_PROMPT_NAME};
@@ -25,3 +26,4 @@ pub use item::Item;
 pub use kind::{SPECS, Spec, Task, Work};
 pub use parameters::ParameterGroup;
 pub use rerank::Pair;
+pub use transcribe::{TranscribeParameters, Transcript, TranscriptSegment};

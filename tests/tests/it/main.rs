@@ -34,3 +34,4 @@ mod status;
 mod streaming;
 mod structured;
 mod tenants;
+mod transcribe;

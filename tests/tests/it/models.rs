@@ -157,6 +157,7 @@ async fn three_models_share_a_namespace_and_every_job_is_answered_by_its_own() {
                 Task::Embed | Task::Classify => json!(long_text(i)),
                 Task::Generate => json!({"prompt": format!("Count: {i},"), "max_new_tokens": 1}),
                 Task::Rerank => json!({"query": "which text?", "document": long_text(i)}),
+                Task::Transcribe => unreachable!("no transcribe model in this test"),
             };
             wanted.insert(id.clone(), model);
             Submission::new(&d.producer, job(&d, task, model, &id, vec![item]), None)

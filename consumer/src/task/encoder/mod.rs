@@ -90,12 +90,14 @@ impl EncoderInputs {
                 units_beyond_bytes: Some(2),
                 bytes_per_unit: TOKEN_ID_BYTES,
                 bytes_per_item: 2 * 4 * dim,
+                input_copies: 3,
             },
             EncoderInputs::Pairs => ItemCost {
                 max_units: max_tokens_per_item,
                 units_beyond_bytes: Some(4),
                 bytes_per_unit: 2 * TOKEN_ID_BYTES,
                 bytes_per_item: 2 * 4,
+                input_copies: 3,
             },
             EncoderInputs::Labels { labels, .. } => {
                 const LABEL_JSON_BYTES: u64 = 64;
@@ -108,6 +110,7 @@ impl EncoderInputs {
                     units_beyond_bytes: Some(2),
                     bytes_per_unit: TOKEN_ID_BYTES,
                     bytes_per_item: 4 * dim + 2 * json,
+                    input_copies: 3,
                 }
             }
         }
@@ -223,7 +226,7 @@ pub fn start(config: &Config, stats: &Arc<Stats>, tracing: &Tracing) -> anyhow::
     );
     let activation = model.batch_cost_bytes(n, len);
     let cost = JobCost {
-        max_input_bytes: config.max_input_bytes,
+        max_input_bytes: config.max_input_bytes(),
         max_items: config.max_items_per_job(),
         per_item: loaded
             .inputs
@@ -240,7 +243,7 @@ pub fn start(config: &Config, stats: &Arc<Stats>, tracing: &Tracing) -> anyhow::
             config.model.max_batch_tokens,
             activation >> 20,
             worst_job >> 20,
-            config.max_input_bytes,
+            config.max_input_bytes(),
             config.max_items_per_job(),
         );
     }
@@ -394,6 +397,7 @@ impl EncoderEngine {
             truncated_items: tokenized.iter().filter(|(_, cut)| *cut).count() as u64,
             completion_tokens: 0,
             item_tokens: tokenized.iter().map(|(t, _)| t.ids.len() as u64).collect(),
+            audio_ms: 0,
         };
         Ok(Prepared {
             items: tokenized.into_iter().map(|(t, _)| t).collect(),

@@ -77,6 +77,7 @@ impl TaskEngine for GenerateEngine {
                 items,
                 tokens: prompt_tokens,
                 truncated_items: 0,
+                audio_ms: 0,
                 completion_tokens: generations.iter().map(|g| g.completion_tokens).sum(),
                 item_tokens: if job.output.item_tokens() {
                     generations.iter().map(|g| g.prompt_tokens).collect()

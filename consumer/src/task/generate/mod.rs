@@ -147,7 +147,7 @@ pub fn start(config: &Config, stats: &Arc<Stats>) -> anyhow::Result<Started> {
             .config
             .step_activation_bytes(g.max_step_tokens, g.max_sequences, chunk, context);
     let cost = JobCost {
-        max_input_bytes: config.max_input_bytes,
+        max_input_bytes: config.max_input_bytes(),
         max_items: config.max_items_per_job(),
         per_item: item_cost(
             llama.config.kv_bytes_per_token(),
@@ -437,6 +437,7 @@ fn item_cost(kv_bytes_per_token: u64, max_sequence_tokens: u64) -> ItemCost {
         units_beyond_bytes: None,
         bytes_per_unit: kv_bytes_per_token + 8 + 2 * 16,
         bytes_per_item: 0,
+        input_copies: 3,
     }
 }
 

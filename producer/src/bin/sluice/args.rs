@@ -55,11 +55,13 @@ pub(crate) enum Command {
     Submit {
         /// The task: embed (a JSON string or {"text": ...} per line), generate
         /// (a JSON string, {"prompt": ...} or {"messages": [...]} per line),
-        /// rerank ({"query": ..., "document": ...} per line) or classify (a
-        /// JSON string or {"text": ...} per line).
+        /// rerank ({"query": ..., "document": ...} per line), classify (a
+        /// JSON string or {"text": ...} per line) or transcribe (audio files:
+        /// WAV, FLAC, MP3, Ogg Vorbis, M4A; one job each).
         #[arg(long, env = "SLUICE_TASK", default_value = "embed", value_parser = parse_task)]
         task: Task,
-        /// JSONL files, directories of .jsonl files, or "-" for stdin.
+        /// JSONL files (audio files for transcribe), directories of .jsonl
+        /// files, or "-" for stdin.
         paths: Vec<PathBuf>,
         /// Already-presigned URLs of JSONL inputs, one job each.
         #[arg(long = "url")]
@@ -135,6 +137,14 @@ pub(crate) enum Command {
         /// every label).
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
         top_k: Option<u32>,
+        /// transcribe: the spoken language's code (en, fr, ...); default:
+        /// detected on a multilingual model, English on an English-only one.
+        #[arg(long, env = "SLUICE_LANGUAGE")]
+        language: Option<String>,
+        /// transcribe: translate the speech into English (a multilingual
+        /// model's translate task).
+        #[arg(long)]
+        translate: bool,
     },
     /// Show a job's status record.
     Status { id: String },

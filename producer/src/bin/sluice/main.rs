@@ -158,7 +158,17 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             stream,
             prompt_name,
             top_k,
+            language,
+            translate,
         } => {
+            if (language.is_some() || translate) && task != Task::Transcribe {
+                bail!("--language and --translate apply to --task transcribe");
+            }
+            if task == Task::Transcribe && each_line {
+                bail!(
+                    "--each-line reads JSONL; an audio file is one recording (give several files)"
+                );
+            }
             if top_k.is_some() && task != Task::Classify {
                 bail!("--top-k applies to --task classify (the labels it keeps per text)");
             }
@@ -177,7 +187,11 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 );
             }
             for (name, body) in &inputs {
-                check_jsonl(task, name, body)?;
+                if task != Task::Transcribe {
+                    check_jsonl(task, name, body)?;
+                } else if body.is_empty() {
+                    bail!("{name}: the file is empty (0 bytes), not a recording");
+                }
             }
             for url in &urls {
                 check_url(url)?;
@@ -185,7 +199,20 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             if (inline || each_line) && !urls.is_empty() {
                 bail!("--inline and --each-line apply to files and stdin, not to --url inputs");
             }
-            let sources = job_sources(inputs, urls, inline || each_line, each_line)?;
+            let sources = if task == Task::Transcribe && inline {
+                inputs
+                    .into_iter()
+                    .map(|(name, body)| JobSource::Inline {
+                        name,
+                        items: vec![serde_json::json!({
+                            "audio_base64": base64::Engine::encode(&base64::engine::general_purpose::STANDARD, body)
+                        })],
+                    })
+                    .chain(urls.into_iter().map(JobSource::Url))
+                    .collect()
+            } else {
+                job_sources(inputs, urls, inline || each_line, each_line)?
+            };
             if id.is_some() && sources.len() != 1 {
                 bail!("--id applies to a single job; {} given", sources.len());
             }
@@ -247,6 +274,8 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     stream,
                     prompt_name,
                     top_k,
+                    language,
+                    translate,
                     wait,
                 },
                 window as usize,

@@ -23,6 +23,9 @@ pub(crate) fn check_jsonl(task: Task, name: &str, body: &[u8]) -> Result<()> {
             Task::Classify => {
                 bail!("{name}: no items (expected one JSON string or {{\"text\": ...}} per line)")
             }
+            Task::Transcribe => bail!(
+                "{name}: no items (expected one {{\"audio_base64\": ...}} per line; an audio file is submitted as it is)"
+            ),
         },
         Ok(()) => Ok(()),
         Err(JsonlError::Invalid(m)) => bail!("{name}: {m}"),
@@ -148,6 +151,9 @@ pub(crate) struct JobOptions {
     pub(crate) prompt_name: Option<String>,
     /// classify: `parameters.top_k`.
     pub(crate) top_k: Option<u32>,
+    /// transcribe: `parameters.language`, `parameters.translate`.
+    pub(crate) language: Option<String>,
+    pub(crate) translate: bool,
     /// This process waits for the results: they come to its own inbox.
     /// Else they go to the default subjects (`sluice.results.<job id>`),
     /// for whoever listens there.
@@ -171,6 +177,8 @@ pub(crate) async fn submit_sources(
         stream,
         prompt_name,
         top_k,
+        language,
+        translate,
         wait,
     } = options;
     use futures::StreamExt;
@@ -181,9 +189,27 @@ pub(crate) async fn submit_sources(
                 .clone()
                 .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
             let prompt_name = prompt_name.clone();
+            let language = language.clone();
             async move {
                 let name = source.name().to_string();
                 let input = match source {
+                    JobSource::Upload { name, body } if task == Task::Transcribe => {
+                        // The file as it is, under its own extension.
+                        let extension = Path::new(&name)
+                            .extension()
+                            .and_then(|e| e.to_str())
+                            .filter(|e| e.chars().all(|c| c.is_ascii_alphanumeric()))
+                            .unwrap_or("audio")
+                            .to_ascii_lowercase();
+                        p.upload_input_as(
+                            &format!("{job_id}.{extension}"),
+                            body,
+                            InputFormat::Audio,
+                            deadline,
+                        )
+                        .await
+                        .with_context(|| format!("uploading {name}"))?
+                    }
                     JobSource::Upload { name, body } => p
                         .upload_input_until(&format!("{job_id}.jsonl"), body, deadline)
                         .await
@@ -191,7 +217,11 @@ pub(crate) async fn submit_sources(
                     JobSource::Inline { items, .. } => Input::Inline { items },
                     JobSource::Url(url) => Input::Url {
                         url,
-                        format: InputFormat::Jsonl,
+                        format: if task == Task::Transcribe {
+                            InputFormat::Audio
+                        } else {
+                            InputFormat::Jsonl
+                        },
                         object: None,
                     },
                 };
@@ -199,6 +229,8 @@ pub(crate) async fn submit_sources(
                 job.deadline = deadline;
                 job.parameters.embed.prompt_name = prompt_name;
                 job.parameters.classify.top_k = top_k;
+                job.parameters.transcribe.language = language;
+                job.parameters.transcribe.translate = translate.then_some(true);
                 job.output.stream = stream.then_some(true);
                 Ok::<_, anyhow::Error>((name, job))
             }

@@ -352,6 +352,26 @@ pub(crate) fn report_result(json: bool, r: &JobResult) {
             id, r.usage.items, r.usage.tokens, total, o.bucket, o.key, o.bytes, o.shape
         ),
         Outcome::Ok {
+            output: Output::Inline { transcripts, .. },
+        } if !transcripts.is_empty() => {
+            println!(
+                "{}: ok, {} recordings, {:.1} s of audio, {:.0} ms -> inline",
+                id,
+                r.usage.items,
+                r.usage.audio_ms as f64 / 1000.0,
+                total
+            );
+            for (i, t) in transcripts.iter().enumerate() {
+                println!(
+                    "  [{i}] ({}, {:.1} s, {} segments) {}",
+                    t.language,
+                    t.duration,
+                    t.segments.len(),
+                    t.text.trim()
+                );
+            }
+        }
+        Outcome::Ok {
             output: Output::Inline { scores, .. },
         } if !scores.is_empty() => {
             println!(

@@ -1,0 +1,233 @@
+//! The transcribe task end to end: a consumer started with `--task
+//! transcribe` on the real Whisper tiny.en (`scripts/setup`), real
+//! nats-server and SeaweedFS. A recording uploaded as a WAV file (the
+//! espeak-ng speech said ten times, 89 s: three windows and more) is
+//! answered with the segments transformers' long-form `generate` gives
+//! (`tests/fixtures/whisper/longform.json`); a FLAC at 22.05 kHz carried
+//! inline is transcribed; every bad recording and bad parameter is
+//! answered with its code and dead-lettered, none lost.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use base64::Engine;
+use serde::Deserialize;
+use serde_json::json;
+use sluice_schemas::{ErrorCode, Input, InputFormat, Outcome, Output, Task, Transcript};
+use sluice_tests::deploy::Deployment;
+use sluice_tests::results::wait_results;
+
+#[derive(Deserialize)]
+struct Reference {
+    speech: Speech,
+}
+
+#[derive(Deserialize)]
+struct Speech {
+    repeats: usize,
+    gap_samples: usize,
+    segments: Vec<RefSegment>,
+    text: String,
+}
+
+#[derive(Deserialize)]
+struct RefSegment {
+    start: f64,
+    end: f64,
+    tokens: Vec<u32>,
+}
+
+/// 16-bit mono PCM as a WAV file.
+fn wav(samples: &[i16], rate: u32) -> Vec<u8> {
+    let data = samples.len() as u32 * 2;
+    let mut out = Vec::with_capacity(44 + data as usize);
+    out.extend_from_slice(b"RIFF");
+    out.extend_from_slice(&(36 + data).to_le_bytes());
+    out.extend_from_slice(b"WAVEfmt ");
+    out.extend_from_slice(&16u32.to_le_bytes());
+    out.extend_from_slice(&1u16.to_le_bytes());
+    out.extend_from_slice(&1u16.to_le_bytes());
+    out.extend_from_slice(&rate.to_le_bytes());
+    out.extend_from_slice(&(rate * 2).to_le_bytes());
+    out.extend_from_slice(&2u16.to_le_bytes());
+    out.extend_from_slice(&16u16.to_le_bytes());
+    out.extend_from_slice(b"data");
+    out.extend_from_slice(&data.to_le_bytes());
+    for s in samples {
+        out.extend_from_slice(&s.to_le_bytes());
+    }
+    out
+}
+
+fn transcript(outcome: &Outcome, id: &str) -> Transcript {
+    match outcome {
+        Outcome::Ok {
+            output: Output::Inline { transcripts, .. },
+        } if transcripts.len() == 1 => transcripts[0].clone(),
+        other => panic!("{id}: {other:?}"),
+    }
+}
+
+fn inline(bytes: &[u8]) -> Input {
+    Input::Inline {
+        items: vec![json!({
+            "audio_base64": base64::engine::general_purpose::STANDARD.encode(bytes)
+        })],
+    }
+}
+
+#[tokio::test]
+async fn recordings_are_transcribed_as_transformers_does_and_bad_ones_fail_alone() {
+    let d = Deployment::start().await.unwrap();
+    let model = sluice_tests::models_dir().join("whisper-tiny-en");
+    assert!(
+        model.join("model.safetensors").is_file(),
+        "{} not found: run ./scripts/setup",
+        model.display()
+    );
+    let _consumer = d
+        .start_consumer_of(
+            &model,
+            &[
+                "--task=transcribe",
+                "--max-audio-seconds=600",
+                "--max-input-bytes=33554432",
+            ],
+        )
+        .await
+        .unwrap();
+    let audio = sluice_tests::repo_root().join("tests/fixtures/audio");
+    let reference: Reference = serde_json::from_str(
+        &std::fs::read_to_string(
+            sluice_tests::repo_root().join("tests/fixtures/whisper/longform.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let speech = reference.speech;
+    // The reference's recording, as 16-bit PCM (the FLAC's own samples).
+    let once = sluice_models::audio::decode_file(&audio.join("speech-en.flac"), 60.0)
+        .unwrap()
+        .unwrap()
+        .samples;
+    let mut pcm: Vec<i16> = Vec::new();
+    for _ in 0..speech.repeats {
+        pcm.extend(once.iter().map(|s| (s * 32768.0).round() as i16));
+        pcm.extend(std::iter::repeat_n(0, speech.gap_samples));
+    }
+    let long = d
+        .producer
+        .upload_input_as("long.wav", wav(&pcm, 16_000), InputFormat::Audio, None)
+        .await
+        .unwrap();
+    let read = |name: &str| std::fs::read(audio.join(name)).unwrap();
+    let mut truncated = wav(&pcm[..16_000 * 5], 16_000);
+    truncated.truncate(truncated.len() / 2);
+    let empty = d
+        .producer
+        .upload_input_as("empty.mp3", Vec::new(), InputFormat::Audio, None)
+        .await
+        .unwrap();
+
+    let job = |id: &str, input: Input| {
+        let mut j = d.producer.job(Task::Transcribe, id, vec![input]);
+        j.model = Task::Transcribe.default_model().into();
+        j
+    };
+    let mut french = job("french", inline(&read("tones.wav")));
+    french.parameters.transcribe.language = Some("fr".into());
+    let mut translate = job("translate", inline(&read("tones.wav")));
+    translate.parameters.transcribe.translate = Some(true);
+    let jobs = vec![
+        job("long-wav", long),
+        job("inline-flac-22k", inline(&read("speech-en-22k.flac"))),
+        job("opus", inline(&read("tones.opus.ogg"))),
+        job("garbage", inline(b"this is not audio at all, just text")),
+        job("truncated", inline(&truncated)),
+        job("empty", empty),
+        french,
+        translate,
+    ];
+    let mut results = d.producer.subscribe_results().await.unwrap();
+    for j in &jobs {
+        d.producer.submit(j).await.unwrap();
+    }
+    let got = wait_results(&mut results, jobs.len(), Duration::from_secs(240)).await;
+    let by_id: HashMap<_, _> = got
+        .into_iter()
+        .map(|r| (r.job_id.clone().unwrap_or_default(), r))
+        .collect();
+    assert_eq!(by_id.len(), jobs.len(), "every job answered: {by_id:?}");
+
+    // The long recording: the reference's segments, tokens and times.
+    let r = &by_id["long-wav"];
+    let t = transcript(&r.outcome, "long-wav");
+    assert_eq!(t.text, speech.text);
+    assert_eq!(t.language, "en");
+    assert!((t.duration - pcm.len() as f64 / 16_000.0).abs() < 1e-3);
+    assert_eq!(t.segments.len(), speech.segments.len());
+    for (i, (s, want)) in t.segments.iter().zip(&speech.segments).enumerate() {
+        assert_eq!(s.id as usize, i);
+        assert_eq!(s.tokens, want.tokens, "segment {i}");
+        assert!(
+            (s.start - want.start).abs() < 1e-3 && (s.end - want.end).abs() < 1e-3,
+            "segment {i}: {}..{} against {}..{}",
+            s.start,
+            s.end,
+            want.start,
+            want.end
+        );
+        assert!((0.0..=1.0).contains(&s.no_speech_prob) && s.avg_logprob <= 0.0);
+    }
+    assert_eq!(r.usage.audio_ms, (t.duration * 1000.0).round() as u64);
+    let srt = sluice_schemas::task::transcribe::srt(&t);
+    assert!(
+        srt.starts_with("1\n00:00:00,000 --> 00:00:03,200\nThe quick brown fox"),
+        "{srt}"
+    );
+    eprintln!(
+        "long-wav: {} segments over {:.1} s in {:.0} ms of inference",
+        t.segments.len(),
+        t.duration,
+        r.timings_ms.inference.unwrap_or(0.0)
+    );
+
+    // The 22.05 kHz FLAC, inline: read through the resampler.
+    let t = transcript(&by_id["inline-flac-22k"].outcome, "inline-flac-22k");
+    assert!((t.duration - 7.935).abs() < 0.01, "{}", t.duration);
+    assert!(
+        t.text.contains("lazy dog") && t.text.contains("memory"),
+        "{}",
+        t.text
+    );
+    assert!(!t.segments.is_empty());
+
+    // Each bad one with its code and what it saw.
+    for (id, code, says) in [
+        ("opus", ErrorCode::InputInvalid, "opus"),
+        ("garbage", ErrorCode::InputInvalid, "not audio"),
+        ("truncated", ErrorCode::InputInvalid, "WAV"),
+        ("empty", ErrorCode::InputInvalid, "empty"),
+        ("french", ErrorCode::InvalidParameters, "English-only"),
+        (
+            "translate",
+            ErrorCode::InvalidParameters,
+            "cannot translate",
+        ),
+    ] {
+        match &by_id[id].outcome {
+            Outcome::Error { error } => {
+                assert_eq!(error.code, code, "{id}: {error:?}");
+                assert!(
+                    error.message.to_lowercase().contains(&says.to_lowercase()),
+                    "{id}: {}",
+                    error.message
+                );
+                eprintln!("{id}: {} {}", error.code, error.message);
+            }
+            other => panic!("{id}: {other:?}"),
+        }
+    }
+    assert_eq!(d.dead_letters().await, 6);
+    assert_eq!(d.jobs_in_stream_settled(0).await, 0);
+}
