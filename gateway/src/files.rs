@@ -135,29 +135,14 @@ async fn read_form(
                 }
                 let id = new_file_id();
                 let filename = field.file_name().unwrap_or("upload.jsonl").to_string();
-                let mut writer = ObjectWriter::new(&state.s3, state.bucket(), &state.file_key(&id));
-                loop {
-                    let chunk = match field.chunk().await {
-                        Ok(Some(c)) => c,
-                        Ok(None) => break,
-                        Err(e) => {
-                            writer.abort().await;
-                            return Err(bad_form(e));
-                        }
-                    };
-                    if writer.len() + chunk.len() as u64 > room.bytes {
-                        writer.abort().await;
-                        return Err(room.refusal(
-                            state.config.max_file_bytes,
-                            state.config.max_tenant_file_bytes,
-                        ));
-                    }
-                    if let Err(e) = writer.write(&chunk).await {
-                        writer.abort().await;
-                        return Err(e.into());
-                    }
-                }
-                let bytes = writer.finish().await?;
+                let writer = ObjectWriter::new(&state.s3, state.bucket(), &state.file_key(&id));
+                let bytes = stream_field(&mut field, writer, room.bytes, || {
+                    room.refusal(
+                        state.config.max_file_bytes,
+                        state.config.max_tenant_file_bytes,
+                    )
+                })
+                .await?;
                 form.file = Some(FileRecord {
                     id,
                     tenant: tenant.to_string(),
@@ -174,9 +159,39 @@ async fn read_form(
     Ok(())
 }
 
+/// Streams a form field into `writer`'s object, at most `cap` bytes (past
+/// it, `over`'s refusal); the object's size. Nothing is left behind on an
+/// error: the upload is aborted.
+pub(crate) async fn stream_field(
+    field: &mut axum::extract::multipart::Field<'_>,
+    mut writer: ObjectWriter,
+    cap: u64,
+    over: impl FnOnce() -> ApiError,
+) -> Result<u64, ApiError> {
+    loop {
+        let chunk = match field.chunk().await {
+            Ok(Some(c)) => c,
+            Ok(None) => break,
+            Err(e) => {
+                writer.abort().await;
+                return Err(bad_form(e));
+            }
+        };
+        if writer.len() + chunk.len() as u64 > cap {
+            writer.abort().await;
+            return Err(over());
+        }
+        if let Err(e) = writer.write(&chunk).await {
+            writer.abort().await;
+            return Err(e.into());
+        }
+    }
+    Ok(writer.finish().await?)
+}
+
 /// A small text field, refused past [`MAX_FORM_FIELD_BYTES`] without
 /// reading (or echoing) the rest.
-async fn small_field(
+pub(crate) async fn small_field(
     mut field: axum::extract::multipart::Field<'_>,
     param: &'static str,
 ) -> Result<String, ApiError> {
@@ -202,7 +217,7 @@ async fn small_field(
 
 /// A multipart body that cannot be read, answered as the caller's error:
 /// 408 when it stopped arriving, 413 past the size limit, else 400.
-fn bad_form(e: axum::extract::multipart::MultipartError) -> ApiError {
+pub(crate) fn bad_form(e: axum::extract::multipart::MultipartError) -> ApiError {
     if let Some(stall) = BodyStalled::in_chain(&e) {
         ApiError::stalled(stall)
     } else if e.status() == StatusCode::PAYLOAD_TOO_LARGE {

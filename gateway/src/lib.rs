@@ -9,6 +9,7 @@
 //! records and writes the output and error files.
 
 pub mod api_error;
+pub mod audio;
 pub mod auth;
 pub mod batch_record;
 pub mod batches;
@@ -72,6 +73,18 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/v1/files/{id}", get(files::retrieve).delete(files::delete))
         .route("/v1/files/{id}/content", get(files::content))
+        .route(
+            "/v1/audio/transcriptions",
+            post(audio::transcriptions)
+                .layer(DefaultBodyLimit::max(upload_limit))
+                .layer(slot.clone()),
+        )
+        .route(
+            "/v1/audio/translations",
+            post(audio::translations)
+                .layer(DefaultBodyLimit::max(upload_limit))
+                .layer(slot.clone()),
+        )
         .route("/v1/models", get(online::models))
         .route("/v1/batches", post(batches::create).get(batches::list))
         .route("/v1/batches/{id}", get(batches::retrieve))

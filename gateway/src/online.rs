@@ -199,33 +199,14 @@ pub async fn answer(
     online: OnlineRequest,
 ) -> Result<Response, ApiError> {
     let asked = tokio::time::Instant::now();
-    if let Some(rate) = &state.token_rate
-        && let Err(wait) = rate.admit(&tenant, std::time::Instant::now())
-    {
-        return Err(ApiError::token_rate_limited(
-            &tenant,
-            rate.per_minute(),
-            wait,
-        ));
-    }
+    admit_tokens(&state, &tenant)?;
     let OnlineRequest {
         endpoint,
         request,
         streaming,
         deadline_secs,
     } = online;
-    let start_by = match state.config.max_queue_wait_secs {
-        Some(limit) if limit < deadline_secs => StartBy {
-            at: asked + Duration::from_secs_f64(limit),
-            secs: limit,
-            by_queue_limit: true,
-        },
-        _ => StartBy {
-            at: asked + Duration::from_secs_f64(deadline_secs),
-            secs: deadline_secs,
-            by_queue_limit: false,
-        },
-    };
+    let start_by = start_by(&state, asked, deadline_secs);
     let job_id = uuid::Uuid::now_v7().to_string();
     let job = Job {
         version: VERSION,
@@ -250,47 +231,15 @@ pub async fn answer(
             ..OutputOptions::default()
         },
     };
-    let nats = state.js.client();
-    let subscribe_failed = |e| {
-        ApiError::unavailable(anyhow::anyhow!(
-            "cannot subscribe for the job's answer: {e}"
-        ))
-    };
-    let inbox = nats.new_inbox();
-    let results = nats
-        .subscribe(inbox.clone())
-        .await
-        .map_err(subscribe_failed)?;
-    let mut messages: Messages = if streaming.is_some() {
-        let chunks = nats
-            .subscribe(state.topology.stream_subject_of(&job_id, Some(&inbox)))
-            .await
-            .map_err(subscribe_failed)?;
-        futures::stream::select(results.map(Incoming::Result), chunks.map(Incoming::Chunk)).boxed()
-    } else {
-        results.map(Incoming::Result).boxed()
-    };
-    // Boxed: a large future that only needs to live while it runs (see
-    // `read_output`).
-    let route = state
-        .models
-        .route(&job, Priority::Normal, Some(&tenant))
-        .await?;
-    Box::pin(sluice_producer::publish(
-        &state.js,
-        &state.topology,
-        &state.statuses,
+    let (first, messages, guard) = publish_and_wait(
+        &state,
+        &tenant,
+        &trace,
         &job,
-        &route,
-        &inbox,
-        Some(&trace.0),
-    ))
+        &start_by,
+        streaming.is_some(),
+    )
     .await?;
-    let mut guard = CancelOnDrop {
-        state: state.clone(),
-        job_id: Some(job_id.clone()),
-    };
-    let first = first_message(&state, &job_id, &mut messages, &start_by).await?;
     let model = request.model.clone();
     if let Some(streaming) = streaming {
         let relay = Relay::new(
@@ -298,6 +247,7 @@ pub async fn answer(
         );
         return relay.respond(first).await;
     }
+    let mut guard = guard;
     guard.disarm();
     let Incoming::Result(message) = first else {
         return Err(ApiError::unavailable(anyhow::anyhow!(
@@ -327,6 +277,123 @@ pub async fn answer(
         }
         Outcome::Error { error } => Err(job_error(&job_id, &start_by, &error)),
     }
+}
+
+/// When a request's job must start: by its deadline, or by the queue
+/// limit (`--max-queue-wait-secs`) where that is nearer.
+fn start_by(state: &AppState, asked: tokio::time::Instant, deadline_secs: f64) -> StartBy {
+    match state.config.max_queue_wait_secs {
+        Some(limit) if limit < deadline_secs => StartBy {
+            at: asked + Duration::from_secs_f64(limit),
+            secs: limit,
+            by_queue_limit: true,
+        },
+        _ => StartBy {
+            at: asked + Duration::from_secs_f64(deadline_secs),
+            secs: deadline_secs,
+            by_queue_limit: false,
+        },
+    }
+}
+
+/// Publishes `job` as `tenant`'s on its route, answered on a fresh inbox
+/// (and, `streaming`, under it on the job's stream subject); the first
+/// message in time, the rest, and the guard that cancels the job if the
+/// request goes away first.
+async fn publish_and_wait(
+    state: &AppState,
+    tenant: &str,
+    trace: &RequestTrace,
+    job: &Job,
+    start_by: &StartBy,
+    streaming: bool,
+) -> Result<(Incoming, Messages, CancelOnDrop), ApiError> {
+    let nats = state.js.client();
+    let subscribe_failed = |e| {
+        ApiError::unavailable(anyhow::anyhow!(
+            "cannot subscribe for the job's answer: {e}"
+        ))
+    };
+    let inbox = nats.new_inbox();
+    let results = nats
+        .subscribe(inbox.clone())
+        .await
+        .map_err(subscribe_failed)?;
+    let mut messages: Messages = if streaming {
+        let chunks = nats
+            .subscribe(state.topology.stream_subject_of(&job.id, Some(&inbox)))
+            .await
+            .map_err(subscribe_failed)?;
+        futures::stream::select(results.map(Incoming::Result), chunks.map(Incoming::Chunk)).boxed()
+    } else {
+        results.map(Incoming::Result).boxed()
+    };
+    // Boxed: a large future that only needs to live while it runs (see
+    // `read_output`).
+    let route = state
+        .models
+        .route(job, Priority::Normal, Some(tenant))
+        .await?;
+    Box::pin(sluice_producer::publish(
+        &state.js,
+        &state.topology,
+        &state.statuses,
+        job,
+        &route,
+        &inbox,
+        Some(&trace.0),
+    ))
+    .await?;
+    let guard = CancelOnDrop {
+        state: state.clone(),
+        job_id: Some(job.id.clone()),
+    };
+    let first = first_message(state, &job.id, &mut messages, start_by).await?;
+    Ok((first, messages, guard))
+}
+
+/// Runs `job` for an online request that waits for its whole answer (no
+/// stream): its result's output, read back wherever it is, and usage; an
+/// error result as the request's error. The job is cancelled if the
+/// request goes away before it is answered.
+pub(crate) async fn run_to_output(
+    state: &AppState,
+    tenant: &str,
+    trace: &RequestTrace,
+    mut job: Job,
+    deadline_secs: f64,
+) -> Result<(Outputs, sluice_schemas::Usage), ApiError> {
+    let asked = tokio::time::Instant::now();
+    let start_by = start_by(state, asked, deadline_secs);
+    job.deadline = Some(time::OffsetDateTime::now_utc() + Duration::from_secs_f64(start_by.secs));
+    let (first, _, mut guard) =
+        publish_and_wait(state, tenant, trace, &job, &start_by, false).await?;
+    guard.disarm();
+    let Incoming::Result(message) = first else {
+        return Err(ApiError::unavailable(anyhow::anyhow!(
+            "a stream message came for a request that did not stream"
+        )));
+    };
+    let result = read_result(&message)?;
+    charge_tokens(state, tenant, &result.usage);
+    match result.outcome {
+        Outcome::Ok { output } => Ok((read_output(state, &job.id, output).await?, result.usage)),
+        Outcome::Error { error } => Err(job_error(&job.id, &start_by, &error)),
+    }
+}
+
+/// Refuses a request of a tenant past its token rate.
+pub(crate) fn admit_tokens(state: &AppState, tenant: &str) -> Result<(), ApiError> {
+    if let Some(rate) = &state.token_rate
+        && let Err(wait) = rate.admit(tenant, std::time::Instant::now())
+    {
+        return Err(ApiError::token_rate_limited(
+            tenant,
+            rate.per_minute(),
+            wait,
+        ));
+    }
+    Ok(())
 }
 
 /// Takes what an answered request used from its tenant's token rate.
@@ -880,7 +947,7 @@ fn take_streaming(
 }
 
 /// The request's deadline in seconds: its header's, else the default.
-fn deadline_secs(state: &AppState, headers: &HeaderMap) -> Result<f64, ApiError> {
+pub(crate) fn deadline_secs(state: &AppState, headers: &HeaderMap) -> Result<f64, ApiError> {
     let Some(value) = headers.get(DEADLINE_HEADER) else {
         return Ok(state.config.online_deadline_secs as f64);
     };

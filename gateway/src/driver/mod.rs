@@ -30,6 +30,7 @@ mod input;
 mod lease;
 mod progress;
 mod publish;
+pub use publish::PRESIGN_PAST_DEADLINE;
 pub mod sweep;
 mod trace;
 mod validate;

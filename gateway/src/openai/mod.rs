@@ -12,6 +12,7 @@
 //!   error files' lines.
 //! - `embeddings.rs`, `chat.rs`, `completions.rs`, `rerank.rs`,
 //!   `classify.rs`, `responses.rs`: each endpoint's body as job items, and its answer;
+//!   `transcriptions.rs` the audio endpoints' form fields and answers;
 //!   `sampling.rs` the generate endpoints' shared parameters,
 //!   `generation.rs` their answers and stream chunks, `logprobs.rs` token
 //!   logprobs in each of their shapes.
@@ -36,6 +37,7 @@ pub mod responses;
 mod sampling;
 #[cfg(test)]
 mod tests;
+pub mod transcriptions;
 
 pub use answer::{Share, answer_body, read_lines};
 pub use embeddings::unit_vectors;

@@ -95,7 +95,11 @@ async fn the_openai_sdk_calls_the_online_endpoints_through_the_queue() {
     let got = run_sdk(SDK_SCRIPT, &texts, &base).await;
     assert_eq!(
         got["models"],
-        json!(["all-minilm-l6-v2", "smollm2-135m-instruct"])
+        json!([
+            "all-minilm-l6-v2",
+            "smollm2-135m-instruct",
+            "whisper-tiny-en"
+        ])
     );
     let vectors: Vec<Vec<f32>> = serde_json::from_value(got["vectors"].clone()).unwrap();
     let offline = sluice_tests::offline_vectors(&texts).await;

@@ -76,26 +76,31 @@ fn inline(bytes: &[u8]) -> Input {
     }
 }
 
-#[tokio::test]
-async fn recordings_are_transcribed_as_transformers_does_and_bad_ones_fail_alone() {
-    let d = Deployment::start().await.unwrap();
+/// An in-process transcribe consumer of the real tiny.en, sized for the
+/// tests' recordings.
+async fn transcriber(d: &Deployment) -> sluice_consumer::Consumer {
     let model = sluice_tests::models_dir().join("whisper-tiny-en");
     assert!(
         model.join("model.safetensors").is_file(),
         "{} not found: run ./scripts/setup",
         model.display()
     );
-    let _consumer = d
-        .start_consumer_of(
-            &model,
-            &[
-                "--task=transcribe",
-                "--max-audio-seconds=600",
-                "--max-input-bytes=33554432",
-            ],
-        )
-        .await
-        .unwrap();
+    d.start_consumer_of(
+        &model,
+        &[
+            "--task=transcribe",
+            "--max-audio-seconds=600",
+            "--max-input-bytes=33554432",
+        ],
+    )
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn recordings_are_transcribed_as_transformers_does_and_bad_ones_fail_alone() {
+    let d = Deployment::start().await.unwrap();
+    let _consumer = transcriber(&d).await;
     let audio = sluice_tests::repo_root().join("tests/fixtures/audio");
     let reference: Reference = serde_json::from_str(
         &std::fs::read_to_string(
@@ -229,5 +234,101 @@ async fn recordings_are_transcribed_as_transformers_does_and_bad_ones_fail_alone
         }
     }
     assert_eq!(d.dead_letters().await, 6);
+    assert_eq!(d.jobs_in_stream_settled(0).await, 0);
+}
+
+const KEY: &str = "sk-team-a-0123456789";
+const KEYS: &str = "team-a:sk-team-a-0123456789";
+
+const SDK_SCRIPT: &str = r#"
+import json, sys
+from openai import OpenAI
+client = OpenAI()
+path = sys.argv[1]
+out = {}
+for fmt in ["json", "text", "srt", "vtt", "verbose_json"]:
+    with open(path, "rb") as f:
+        r = client.audio.transcriptions.create(
+            model="whisper-tiny-en", file=f, response_format=fmt,
+            timestamp_granularities=["segment"] if fmt == "verbose_json" else None or [])
+    out[fmt] = r if isinstance(r, str) else r.model_dump()
+def refused(call):
+    try:
+        call()
+        return "answered"
+    except Exception as e:
+        return [getattr(e, "status_code", None), str(e)]
+with open(path, "rb") as f:
+    out["translate"] = refused(lambda: client.audio.translations.create(model="whisper-tiny-en", file=f))
+with open(path, "rb") as f:
+    out["warm"] = refused(lambda: client.audio.transcriptions.create(
+        model="whisper-tiny-en", file=f, temperature=0.5))
+with open(path, "rb") as f:
+    out["unknown_model"] = refused(lambda: client.audio.transcriptions.create(model="whisper-9", file=f))
+print(json.dumps(out))
+"#;
+
+/// The official Python SDK's `audio.transcriptions.create` against the
+/// gateway, in each `response_format`: one recording, one job through the
+/// queue, answered in OpenAI's shapes; a translation on an English-only
+/// model and a temperature refused with 400, an unknown model with 404
+/// `model_not_found`, as OpenAI answers it.
+#[tokio::test]
+async fn the_openai_sdk_transcribes_through_the_queue_in_every_format() {
+    let d = Deployment::start().await.unwrap();
+    let consumer = transcriber(&d).await;
+    let gateway = d.start_gateway(KEYS, &[]).await.unwrap();
+    let base = format!("http://{}/v1", gateway.addr);
+    let file = sluice_tests::repo_root().join("tests/fixtures/audio/speech-en-22k.flac");
+    let got = sluice_tests::sdk::run_python(
+        SDK_SCRIPT,
+        &[file.display().to_string()],
+        &base,
+        KEY,
+        Duration::from_secs(300),
+    )
+    .await;
+    let text = got["json"]["text"].as_str().unwrap().to_string();
+    eprintln!("the SDK's transcript: {text}");
+    assert!(text.contains("dog.") && text.contains("memory"), "{got}");
+    assert_eq!(got["json"]["usage"]["seconds"].as_f64(), Some(8.0), "{got}");
+    assert_eq!(got["text"].as_str().unwrap().trim(), text, "{got}");
+    let verbose = &got["verbose_json"];
+    assert_eq!(verbose["text"], text.as_str(), "{got}");
+    assert_eq!(verbose["language"], "en");
+    assert_eq!(verbose["task"], "transcribe");
+    let segments = verbose["segments"].as_array().unwrap();
+    assert!(!segments.is_empty());
+    let srt = got["srt"].as_str().unwrap();
+    let vtt = got["vtt"].as_str().unwrap();
+    let cues = segments
+        .iter()
+        .filter(|s| !s["text"].as_str().unwrap().trim().is_empty())
+        .count();
+    assert_eq!(srt.matches(" --> ").count(), cues, "{srt}");
+    assert!(srt.starts_with("1\n00:00:00,000 --> "), "{srt}");
+    assert!(vtt.starts_with("WEBVTT\n\n00:00:00.000 --> "), "{vtt}");
+    assert_eq!(vtt.matches(" --> ").count(), cues, "{vtt}");
+    for (case, says) in [
+        ("translate", "cannot translate"),
+        ("warm", "temperature"),
+        ("unknown_model", "whisper-9"),
+    ] {
+        let refusal = &got[case];
+        let status = if case == "unknown_model" { 404 } else { 400 };
+        assert_eq!(refusal[0], status, "{case}: {refusal}");
+        assert!(
+            refusal[1].as_str().unwrap().contains(says),
+            "{case}: {refusal}"
+        );
+    }
+    // Five formats answered, one translation refused by the consumer: six
+    // jobs; the refused temperature and model never became jobs.
+    let ok = consumer
+        .stats
+        .jobs_ok
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(ok, 5);
+    assert_eq!(d.dead_letters().await, 1);
     assert_eq!(d.jobs_in_stream_settled(0).await, 0);
 }
