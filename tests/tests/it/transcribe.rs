@@ -270,11 +270,12 @@ print(json.dumps(out))
 
 /// The official Python SDK's `audio.transcriptions.create` against the
 /// gateway, in each `response_format`: one recording, one job through the
-/// queue, answered in OpenAI's shapes; a translation on an English-only
+/// queue, answered in OpenAI's shapes; `sluice submit --task transcribe
+/// --wait` prints the same transcript; a translation on an English-only
 /// model and a temperature refused with 400, an unknown model with 404
 /// `model_not_found`, as OpenAI answers it.
 #[tokio::test]
-async fn the_openai_sdk_transcribes_through_the_queue_in_every_format() {
+async fn the_openai_sdk_and_the_cli_transcribe_through_the_queue() {
     let d = Deployment::start().await.unwrap();
     let consumer = transcriber(&d).await;
     let gateway = d.start_gateway(KEYS, &[]).await.unwrap();
@@ -322,13 +323,70 @@ async fn the_openai_sdk_transcribes_through_the_queue_in_every_format() {
             "{case}: {refusal}"
         );
     }
-    // Five formats answered, one translation refused by the consumer: six
-    // jobs; the refused temperature and model never became jobs.
+
+    // The CLI: the file uploaded as it is, its transcript printed.
+    let path = file.to_str().unwrap();
+    let run = d
+        .cli(
+            &["submit", "--task", "transcribe", "--wait", path],
+            None,
+            Duration::from_secs(120),
+        )
+        .await;
+    eprintln!("{}", run.stdout);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(
+        run.stdout.contains("ok, 1 recordings, 7.9 s of audio")
+            && run
+                .stdout
+                .contains(&format!("(en, 7.9 s, {} segments) {text}", segments.len())),
+        "{}",
+        run.stdout
+    );
+    let run = d
+        .cli(
+            &[
+                "submit",
+                "--task",
+                "transcribe",
+                "--language",
+                "fr",
+                "--wait",
+                path,
+            ],
+            None,
+            Duration::from_secs(120),
+        )
+        .await;
+    assert_eq!(run.code, Some(1), "{}", run.stderr);
+    assert!(
+        run.stdout.contains("error invalid_parameters") && run.stdout.contains("English-only"),
+        "{}",
+        run.stdout
+    );
+    let run = d
+        .cli(
+            &["submit", "--language", "en", path],
+            None,
+            Duration::from_secs(60),
+        )
+        .await;
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("--language and --translate apply to --task transcribe"),
+        "{}",
+        run.stderr
+    );
+
+    // Five formats and the CLI's file answered; the translation and the
+    // CLI's French refused by the consumer, dead-lettered; the refused
+    // temperature and model never became jobs.
     let ok = consumer
         .stats
         .jobs_ok
         .load(std::sync::atomic::Ordering::Relaxed);
-    assert_eq!(ok, 5);
-    assert_eq!(d.dead_letters().await, 1);
+    assert_eq!(ok, 6);
+    assert_eq!(d.dead_letters().await, 2);
     assert_eq!(d.jobs_in_stream_settled(0).await, 0);
 }
