@@ -240,9 +240,10 @@ impl Deployment {
     /// [`Deployment::consumer_args`] reaching NATS at `nats_urls` (proxies
     /// in front of the nodes, say) instead of the nodes themselves.
     pub fn consumer_args_via(&self, nats_urls: &str, extra: &[&str]) -> Vec<String> {
-        let generate = extra.contains(&"--task=generate");
-        let model = models_dir().join(if generate {
+        let model = models_dir().join(if extra.contains(&"--task=generate") {
             "smollm2"
+        } else if extra.contains(&"--task=transcribe") {
+            "whisper-tiny-en"
         } else {
             "all-minilm-l6-v2"
         });

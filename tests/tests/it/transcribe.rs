@@ -37,6 +37,29 @@ struct RefSegment {
     tokens: Vec<u32>,
 }
 
+/// The reference's recording: the speech said `repeats` times with its
+/// gap after each, as 16-bit PCM (the FLAC's own samples).
+fn long_recording(speech: &Speech) -> Vec<i16> {
+    let audio = sluice_tests::repo_root().join("tests/fixtures/audio/speech-en.flac");
+    let once = sluice_models::audio::decode_file(&audio, 60.0)
+        .unwrap()
+        .unwrap()
+        .samples;
+    let mut pcm: Vec<i16> = Vec::new();
+    for _ in 0..speech.repeats {
+        pcm.extend(once.iter().map(|s| (s * 32768.0).round() as i16));
+        pcm.extend(std::iter::repeat_n(0, speech.gap_samples));
+    }
+    pcm
+}
+
+fn reference() -> Speech {
+    let path = sluice_tests::repo_root().join("tests/fixtures/whisper/longform.json");
+    let reference: Reference =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    reference.speech
+}
+
 /// 16-bit mono PCM as a WAV file.
 fn wav(samples: &[i16], rate: u32) -> Vec<u8> {
     let data = samples.len() as u32 * 2;
@@ -102,24 +125,8 @@ async fn recordings_are_transcribed_as_transformers_does_and_bad_ones_fail_alone
     let d = Deployment::start().await.unwrap();
     let _consumer = transcriber(&d).await;
     let audio = sluice_tests::repo_root().join("tests/fixtures/audio");
-    let reference: Reference = serde_json::from_str(
-        &std::fs::read_to_string(
-            sluice_tests::repo_root().join("tests/fixtures/whisper/longform.json"),
-        )
-        .unwrap(),
-    )
-    .unwrap();
-    let speech = reference.speech;
-    // The reference's recording, as 16-bit PCM (the FLAC's own samples).
-    let once = sluice_models::audio::decode_file(&audio.join("speech-en.flac"), 60.0)
-        .unwrap()
-        .unwrap()
-        .samples;
-    let mut pcm: Vec<i16> = Vec::new();
-    for _ in 0..speech.repeats {
-        pcm.extend(once.iter().map(|s| (s * 32768.0).round() as i16));
-        pcm.extend(std::iter::repeat_n(0, speech.gap_samples));
-    }
+    let speech = reference();
+    let pcm = long_recording(&speech);
     let long = d
         .producer
         .upload_input_as("long.wav", wav(&pcm, 16_000), InputFormat::Audio, None)
@@ -389,4 +396,85 @@ async fn the_openai_sdk_and_the_cli_transcribe_through_the_queue() {
     assert_eq!(ok, 6);
     assert_eq!(d.dead_letters().await, 2);
     assert_eq!(d.jobs_in_stream_settled(0).await, 0);
+}
+
+/// SIGKILL of the consumer process while it transcribes: each recording is
+/// redelivered to the next consumer, transcribed whole from its first
+/// window, answered once, with the reference's transcript; none lost, none
+/// dead-lettered.
+#[tokio::test]
+async fn a_consumer_killed_mid_recording_loses_nothing() {
+    let d = Deployment::start_with(sluice_producer::provision::Settings {
+        max_deliver: 100,
+        ack_wait: Duration::from_secs(10),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let speech = reference();
+    let wav_file = wav(&long_recording(&speech), 16_000);
+    let input = d
+        .producer
+        .upload_input_as("long.wav", wav_file, InputFormat::Audio, None)
+        .await
+        .unwrap();
+    let mut results = d.producer.subscribe_results().await.unwrap();
+    let ids: Vec<String> = (0..2).map(|i| format!("killed-{i}")).collect();
+    for id in &ids {
+        let mut job = d.producer.job(Task::Transcribe, id, vec![input.clone()]);
+        job.model = Task::Transcribe.default_model().into();
+        d.producer.submit(&job).await.unwrap();
+    }
+    let args = [
+        "--task=transcribe",
+        "--max-audio-seconds=600",
+        "--max-input-bytes=33554432",
+        "--progress-interval-secs=3",
+    ];
+    let first = d.spawn_consumer(&args).await.unwrap();
+    // Mid-file: its first recording running for a while (a few windows in).
+    let started = std::time::Instant::now();
+    loop {
+        let status = d.producer.status(&ids[0]).await.unwrap();
+        if status.is_some_and(|s| s.state == sluice_schemas::JobState::Running) {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "never ran");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let pid = first.pid().unwrap();
+    std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap();
+    eprintln!("killed consumer {pid} mid-recording");
+    drop(first);
+    let mut second = d.spawn_consumer(&args).await.unwrap();
+    let got = wait_results(&mut results, ids.len(), Duration::from_secs(300)).await;
+    let mut answered: HashMap<String, usize> = HashMap::new();
+    for r in &got {
+        let id = r.job_id.clone().unwrap_or_default();
+        let t = transcript(&r.outcome, &id);
+        assert_eq!(t.text, speech.text, "{id}");
+        assert_eq!(t.segments.len(), speech.segments.len(), "{id}");
+        *answered.entry(id).or_default() += 1;
+    }
+    assert_eq!(
+        answered.len(),
+        ids.len(),
+        "every job answered: {answered:?}"
+    );
+    assert!(
+        answered.values().all(|&n| n == 1),
+        "each once: {answered:?}"
+    );
+    for id in &ids {
+        let status = d.producer.status(id).await.unwrap().unwrap();
+        assert_eq!(status.state, sluice_schemas::JobState::Done, "{id}");
+    }
+    assert_eq!(d.dead_letters().await, 0);
+    assert_eq!(d.jobs_in_stream_settled(0).await, 0);
+    let status = second.terminate(Duration::from_secs(30));
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
 }
