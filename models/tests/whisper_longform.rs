@@ -8,8 +8,8 @@
 //!   with the language detected: every segment's tokens (timestamps
 //!   included) and times;
 //! - the real tiny.en on its speech said ten times (89 s, three windows and
-//!   more): the same segments, and so no sentence lost or doubled at a
-//!   window's cut.
+//!   more) and 68 times (10 minutes): the same segments, so no sentence
+//!   lost or doubled at a window's cut, in order and end to end.
 
 #![allow(clippy::unwrap_used)]
 
@@ -25,6 +25,7 @@ use sluice_models::whisper::{GenerationSettings, WhisperConfig, WhisperModel, Wh
 struct Reference {
     random: Vec<RandomCase>,
     speech: SpeechCase,
+    ten_minutes: SpeechCase,
 }
 
 #[derive(Deserialize)]
@@ -41,6 +42,7 @@ struct RandomCase {
 #[derive(Deserialize)]
 struct SpeechCase {
     file: String,
+    seconds: f64,
     repeats: usize,
     gap_samples: usize,
     segments: Vec<RefSegment>,
@@ -131,9 +133,11 @@ fn random_models_segment_short_and_long_recordings_as_transformers_does() {
     }
 }
 
-#[test]
-fn tiny_en_transcribes_a_long_recording_window_by_window_as_transformers_does() {
-    let speech = reference().speech;
+/// tiny.en on `speech` said `repeats` times: the reference's segments and
+/// text, each second sentence ("... out of memory ...") once per repeat
+/// (none lost or doubled at a window's cut), the segments in order, end to
+/// end, from the start to the last word.
+fn tiny_en_as_transformers(speech: &SpeechCase, what: &str) {
     let dir = common::models_dir().join("whisper-tiny-en");
     assert!(
         dir.join("model.safetensors").is_file(),
@@ -150,27 +154,56 @@ fn tiny_en_transcribes_a_long_recording_window_by_window_as_transformers_does() 
         samples.extend_from_slice(&once);
         samples.extend(std::iter::repeat_n(0.0, speech.gap_samples));
     }
+    assert!((samples.len() as f64 / 16_000.0 - speech.seconds).abs() < 1e-6);
     let options = Options {
         language: None,
         task: WhisperTask::Transcribe,
         max_new_tokens: None,
     };
+    let started = std::time::Instant::now();
     let (_, segments) =
         transcribe(&model, &settings, &extractor, &samples, &options, &|| true).unwrap();
-    same_segments("tiny.en, 89 s", &segments, &speech.segments);
+    eprintln!(
+        "{what}: {} segments over {:.1} s of audio in {:.1} s",
+        segments.len(),
+        speech.seconds,
+        started.elapsed().as_secs_f64()
+    );
+    same_segments(what, &segments, &speech.segments);
     let tokenizer = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
     let ids: Vec<u32> = segments
         .iter()
         .flat_map(|s| s.tokens.iter().copied())
         .filter(|&t| t < settings.eos_token_id)
         .collect();
-    assert_eq!(tokenizer.decode(&ids, true).unwrap(), speech.text);
-    // Each sentence once per repeat: none lost or doubled at the cuts.
-    for sentence in ["The quick", "Message cues keep"] {
-        assert_eq!(
-            speech.text.matches(sentence).count(),
-            speech.repeats,
-            "{sentence}"
+    let text = tokenizer.decode(&ids, true).unwrap();
+    assert_eq!(text, speech.text);
+    assert_eq!(text.matches("memory").count(), speech.repeats, "{text}");
+    assert_eq!(segments[0].start, 0.0);
+    for pair in segments.windows(2) {
+        assert!(
+            pair[1].start >= pair[0].end - 1e-9 && pair[0].end >= pair[0].start,
+            "{what}: segments out of order: {:?} then {:?}",
+            (pair[0].start, pair[0].end),
+            (pair[1].start, pair[1].end)
         );
     }
+    let last = segments.last().unwrap().end;
+    let gap = speech.gap_samples as f64 / 16_000.0;
+    assert!(
+        last >= speech.seconds - gap - 0.5 && last <= speech.seconds,
+        "{what}: the segments end at {last} s of {} s",
+        speech.seconds
+    );
+}
+
+#[test]
+fn tiny_en_transcribes_a_long_recording_window_by_window_as_transformers_does() {
+    tiny_en_as_transformers(&reference().speech, "tiny.en, 89 s");
+}
+
+/// The ten minutes: 20 windows and more, 138 segments.
+#[test]
+fn tiny_en_transcribes_ten_minutes_with_segments_that_cover_it() {
+    tiny_en_as_transformers(&reference().ten_minutes, "tiny.en, 10 minutes");
 }
