@@ -1,74 +1,135 @@
-//! sluice's Whisper alone on one recording: decode, resample and features,
-//! the encoder, greedy decoding; the model loaded once, the recording
-//! transcribed `reps` times after one warm-up, the median of each stage
-//! printed as one JSON line (what bench/transcribe compares with
-//! faster-whisper).
+//! sluice's Whisper on recordings, as its transcribe task runs them (the
+//! features of the whole recording, 30 s windows decoded greedily with
+//! timestamps, each starting at the last closed segment): what
+//! bench/transcribe compares with faster-whisper.
 //!
-//!   bench-transcribe MODEL_DIR AUDIO_FILE REPS
+//!   bench-transcribe make SPEECH_FILE OUT_DIR
+//!       writes OUT_DIR/long.wav (the speech said 68 times with 1 s after
+//!       each: about 10 minutes) and OUT_DIR/short.wav (10 times: 89 s)
+//!   bench-transcribe run MODEL_DIR AUDIO_FILE COPIES
+//!       transcribes COPIES of the file at once (one thread taking a window
+//!       of each in turn, as the consumer's transcription thread does) and
+//!       prints one JSON line: audio seconds, wall seconds, segments, the
+//!       first copy's text
 
+use std::path::Path;
 use std::time::Instant;
 
 use anyhow::Context;
 use sluice_models::audio::decode_file;
-use sluice_models::audio::features::{FeatureExtractor, WINDOW_FRAMES, WINDOW_SAMPLES};
-use sluice_models::whisper::{
-    GenerationSettings, WhisperConfig, WhisperModel, WhisperTask, greedy, prompt,
-};
+use sluice_models::audio::features::WINDOW_FRAMES;
+use sluice_models::whisper::transcribe::{Recording, decode_window, timestamp_prompt};
+use sluice_models::whisper::{Whisper, WhisperTask};
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+fn wav(samples: &[f32]) -> Vec<u8> {
+    let data = samples.len() as u32 * 2;
+    let mut out = Vec::with_capacity(44 + data as usize);
+    for part in [
+        &b"RIFF"[..],
+        &(36 + data).to_le_bytes(),
+        b"WAVEfmt ",
+        &16u32.to_le_bytes(),
+        &1u16.to_le_bytes(),
+        &1u16.to_le_bytes(),
+        &16_000u32.to_le_bytes(),
+        &32_000u32.to_le_bytes(),
+        &2u16.to_le_bytes(),
+        &16u16.to_le_bytes(),
+        b"data",
+        &data.to_le_bytes(),
+    ] {
+        out.extend_from_slice(part);
+    }
+    for s in samples {
+        out.extend_from_slice(&((s * 32768.0).round() as i16).to_le_bytes());
+    }
+    out
+}
+
+fn make(speech: &Path, out: &Path) -> anyhow::Result<()> {
+    let once = decode_file(speech, 600.0)??.samples;
+    std::fs::create_dir_all(out)?;
+    for (name, repeats) in [("long.wav", 68), ("short.wav", 10)] {
+        let mut samples = Vec::new();
+        for _ in 0..repeats {
+            samples.extend_from_slice(&once);
+            samples.extend(std::iter::repeat_n(0.0, 16_000));
+        }
+        std::fs::write(out.join(name), wav(&samples))?;
+    }
+    Ok(())
+}
+
+fn run(dir: &Path, audio: &Path, copies: usize) -> anyhow::Result<()> {
+    let whisper = Whisper::load(dir)?;
+    let prompt = timestamp_prompt(&whisper.settings, None, WhisperTask::Transcribe)
+        .map_err(anyhow::Error::msg)?;
+    let started = Instant::now();
+    let mut recordings = Vec::with_capacity(copies);
+    let mut seconds = 0.0;
+    for _ in 0..copies {
+        let decoded = decode_file(audio, 4.0 * 3600.0)??;
+        let recording = Recording::new(&whisper.extractor, &decoded.samples);
+        seconds += recording.seconds;
+        recordings.push(recording);
+    }
+    let input_s = started.elapsed().as_secs_f64();
+    let (mut encode_s, mut decode_s, mut windows) = (0.0, 0.0, 0);
+    while recordings.iter().any(|r| !r.is_done()) {
+        for recording in recordings.iter_mut().filter(|r| !r.is_done()) {
+            let Some(window) = recording.next_window() else {
+                continue;
+            };
+            let t = Instant::now();
+            let states = whisper.model.encode(&window.features, WINDOW_FRAMES)?;
+            let encoded = Instant::now();
+            let decoded = decode_window(
+                &whisper.model,
+                &whisper.settings,
+                &whisper.rules,
+                &states,
+                &prompt,
+                None,
+            )?;
+            decode_s += encoded.elapsed().as_secs_f64();
+            encode_s += (encoded - t).as_secs_f64();
+            windows += 1;
+            recording.accept(&window, &decoded, &whisper.rules);
+        }
+    }
+    let total_s = started.elapsed().as_secs_f64();
+    let first = recordings.into_iter().next().context("no copies")?;
+    let segments = first.segments().len();
+    let tokens: Vec<u32> = first
+        .into_segments()
+        .into_iter()
+        .flat_map(|s| s.tokens)
+        .collect();
+    println!(
+        "{}",
+        serde_json::json!({
+            "audio_s": seconds,
+            "total_s": total_s,
+            "input_s": input_s,
+            "encode_s": encode_s,
+            "decode_s": decode_s,
+            "windows": windows,
+            "segments": segments,
+            "text": whisper.text(&tokens).trim(),
+        })
+    );
+    Ok(())
 }
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let [_, dir, audio, reps] = args.as_slice() else {
-        anyhow::bail!("usage: bench-transcribe MODEL_DIR AUDIO_FILE REPS");
-    };
-    let dir = std::path::Path::new(dir);
-    let reps: usize = reps.parse().context("REPS")?;
-    let model = WhisperModel::load(dir, WhisperConfig::load(dir)?)?;
-    let settings = GenerationSettings::load(dir)?;
-    let tokenizer = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json"))
-        .map_err(|e| anyhow::anyhow!("tokenizer: {e}"))?;
-    let extractor = FeatureExtractor::new(model.config.num_mel_bins);
-    let forced = prompt(&settings, None, WhisperTask::Transcribe).map_err(anyhow::Error::msg)?;
-    let (mut input, mut encode, mut decode, mut total) = (vec![], vec![], vec![], vec![]);
-    let mut text = String::new();
-    let mut tokens = 0;
-    for rep in 0..=reps {
-        let started = Instant::now();
-        let decoded = decode_file(std::path::Path::new(audio), 3600.0)??;
-        let features = extractor.compute(&decoded.samples, WINDOW_SAMPLES);
-        let features_done = Instant::now();
-        let states = model.encode(&features.values, WINDOW_FRAMES)?;
-        let encoded = Instant::now();
-        let ids = greedy(&model, &settings, &states, &forced, 200)?;
-        let done = Instant::now();
-        if rep == 0 {
-            continue; // warm-up
+    match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+        [_, "make", speech, out] => make(Path::new(speech), Path::new(out)),
+        [_, "run", dir, audio, copies] => {
+            run(Path::new(dir), Path::new(audio), copies.parse().context("COPIES")?)
         }
-        input.push((features_done - started).as_secs_f64());
-        encode.push((encoded - features_done).as_secs_f64());
-        decode.push((done - encoded).as_secs_f64());
-        total.push((done - started).as_secs_f64());
-        tokens = ids.len();
-        text = tokenizer
-            .decode(&ids, true)
-            .map_err(|e| anyhow::anyhow!("{e}"))?
-            .trim()
-            .to_string();
+        _ => anyhow::bail!(
+            "usage: bench-transcribe make SPEECH_FILE OUT_DIR | run MODEL_DIR AUDIO_FILE COPIES"
+        ),
     }
-    println!(
-        "{}",
-        serde_json::json!({
-            "input_s": median(input),
-            "encode_s": median(encode),
-            "decode_s": median(decode),
-            "total_s": median(total),
-            "tokens": tokens,
-            "text": text,
-        })
-    );
-    Ok(())
 }
