@@ -123,11 +123,18 @@ fn run(dir: &Path, audio: &Path, copies: usize) -> anyhow::Result<()> {
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+    match args
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
         [_, "make", speech, out] => make(Path::new(speech), Path::new(out)),
-        [_, "run", dir, audio, copies] => {
-            run(Path::new(dir), Path::new(audio), copies.parse().context("COPIES")?)
-        }
+        [_, "run", dir, audio, copies] => run(
+            Path::new(dir),
+            Path::new(audio),
+            copies.parse().context("COPIES")?,
+        ),
         _ => anyhow::bail!(
             "usage: bench-transcribe make SPEECH_FILE OUT_DIR | run MODEL_DIR AUDIO_FILE COPIES"
         ),
