@@ -61,6 +61,7 @@ pub fn router(state: AppState) -> Router {
     // one handler (the body is read by the route's endpoint).
     let online = openai::Endpoint::ALL
         .into_iter()
+        .filter(|e| e.takes_json())
         .fold(Router::new(), |router, endpoint| {
             router.route(endpoint.as_str(), post(online::answer).layer(slot.clone()))
         });

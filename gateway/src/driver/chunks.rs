@@ -164,6 +164,7 @@ mod tests {
             prompt_name: None,
             ranking: Default::default(),
             echo: None,
+            audio: None,
         }
     }
 

@@ -7,12 +7,14 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use aws_sdk_s3::presigning::PresigningConfig;
 use sluice_schemas::{
-    EmbedParameters, Input, InputFormat, Job, ObjectRef, OutputOptions, Parameters, VERSION,
+    EmbedParameters, ErrorCode, ErrorInfo, Input, InputFormat, Job, ObjectRef, OutputOptions,
+    Parameters, Task, TranscribeParameters, VERSION,
 };
 
 use super::chunks::{self, OpenChunk};
 use super::input::runnable_lines;
 use crate::batch_record::{BatchRecord, Chunk, ChunkState};
+use crate::file_record::FileRecord;
 use crate::objects::ObjectWriter;
 use crate::state::AppState;
 
@@ -103,34 +105,43 @@ pub async fn publish(
         return Ok(());
     }
     let lifetime = presign_lifetime(now, deadline, state.config.presign_secs);
-    let presigned = state
-        .s3
-        .get_object()
-        .bucket(state.bucket())
-        .key(&key)
-        .presigned(PresigningConfig::expires_in(lifetime)?)
-        .await
-        .with_context(|| format!("presigning {key}"))?;
-    let job = Job {
-        version: VERSION,
-        id: job_id.to_string(),
-        task: task.as_str().into(),
-        model: chunk.model.clone(),
-        inputs: vec![Input::Url {
-            url: presigned.uri().to_string(),
+    let mut parameters = Parameters {
+        embed: EmbedParameters {
+            prompt_name: chunk.prompt_name.clone(),
+            normalize: crate::openai::unit_vectors(task),
+        },
+        ..Parameters::default()
+    };
+    let input = if task == Task::Transcribe {
+        match audio_input(state, batch, &key, lifetime).await? {
+            Ok((input, transcribe)) => {
+                parameters.transcribe = transcribe;
+                input
+            }
+            Err(refused) => {
+                // Never published: the job fails as the consumer would
+                // fail it, and the line gets the error.
+                fail_unpublished(state, job_id, deadline, refused).await?;
+                return Ok(());
+            }
+        }
+    } else {
+        Input::Url {
+            url: presign(state, &key, lifetime).await?,
             format: InputFormat::Jsonl,
             object: Some(ObjectRef {
                 bucket: state.bucket().to_string(),
                 key,
             }),
-        }],
-        parameters: Parameters {
-            embed: EmbedParameters {
-                prompt_name: chunk.prompt_name.clone(),
-                normalize: crate::openai::unit_vectors(task),
-            },
-            ..Parameters::default()
-        },
+        }
+    };
+    let job = Job {
+        version: VERSION,
+        id: job_id.to_string(),
+        task: task.as_str().into(),
+        model: chunk.model.clone(),
+        inputs: vec![input],
+        parameters,
         token_estimate: None,
         deadline,
         submitted_at: Some(time::OffsetDateTime::now_utc()),
@@ -163,6 +174,101 @@ pub async fn publish(
         batch.traceparent.as_deref(),
     )
     .await?;
+    Ok(())
+}
+
+/// A GET URL of `key` in the bucket, for `lifetime`.
+async fn presign(state: &AppState, key: &str, lifetime: Duration) -> Result<String> {
+    let presigned = state
+        .s3
+        .get_object()
+        .bucket(state.bucket())
+        .key(key)
+        .presigned(PresigningConfig::expires_in(lifetime)?)
+        .await
+        .with_context(|| format!("presigning {key}"))?;
+    Ok(presigned.uri().to_string())
+}
+
+/// A transcription line's recording as its job's input, from the chunk's
+/// one item (`openai/transcriptions.rs`'s `batch_item`): a file of the
+/// batch's tenant (presigned for `lifetime`) or an https URL, with the
+/// line's parameters; a file that is not the tenant's (or has expired) is
+/// refused (`invalid_parameters`, naming it) and never presigned.
+async fn audio_input(
+    state: &AppState,
+    batch: &BatchRecord,
+    chunk_key: &str,
+    lifetime: Duration,
+) -> Result<Result<(Input, TranscribeParameters), ErrorInfo>> {
+    let body = crate::objects::read_all(&state.s3, state.bucket(), chunk_key).await?;
+    let item: serde_json::Value = body
+        .split(|b| *b == b'\n')
+        .find(|l| !l.is_empty())
+        .map(serde_json::from_slice)
+        .transpose()?
+        .context("a transcription chunk without its item")?;
+    let transcribe = TranscribeParameters {
+        language: item["language"].as_str().map(str::to_string),
+        translate: item["translate"].as_bool(),
+    };
+    if let Some(url) = item["audio_url"].as_str() {
+        let input = Input::Url {
+            url: url.to_string(),
+            format: InputFormat::Audio,
+            object: None,
+        };
+        return Ok(Ok((input, transcribe)));
+    }
+    let id = item["audio_file"].as_str().unwrap_or_default();
+    let file = state
+        .records
+        .owned::<FileRecord>(&batch.tenant, id)
+        .await?
+        .filter(|f| !f.expired(crate::state::now()));
+    if file.is_none() {
+        // The caller's mistake, so its message reaches the caller.
+        return Ok(Err(ErrorInfo::new(
+            ErrorCode::InvalidParameters,
+            format!("`file`: the recording {id} is not one of your files (or it has expired)"),
+        )));
+    }
+    let key = state.file_key(id);
+    let input = Input::Url {
+        url: presign(state, &key, lifetime).await?,
+        format: InputFormat::Audio,
+        object: Some(ObjectRef {
+            bucket: state.bucket().to_string(),
+            key,
+        }),
+    };
+    Ok(Ok((input, transcribe)))
+}
+
+/// Records job `job_id` failed with `error` without publishing it.
+async fn fail_unpublished(
+    state: &AppState,
+    job_id: &str,
+    deadline: Option<time::OffsetDateTime>,
+    error: ErrorInfo,
+) -> Result<()> {
+    state
+        .statuses
+        .finish(&sluice_schemas::StatusRecord {
+            version: VERSION,
+            job_id: job_id.to_string(),
+            state: sluice_schemas::JobState::Failed,
+            updated_at: time::OffsetDateTime::now_utc(),
+            attempts: 0,
+            stream_sequence: None,
+            output: None,
+            error: Some(error),
+            replays: 0,
+            usage: None,
+            deadline,
+            answered: Vec::new(),
+        })
+        .await?;
     Ok(())
 }
 

@@ -8,7 +8,7 @@ use serde_json::Value;
 use sluice_schemas::{Generation, LabelScore};
 
 use super::request::{Endpoint, Request};
-use super::{classify, embeddings, generation, rerank};
+use super::{classify, embeddings, generation, rerank, transcriptions};
 
 /// One request's share of its job's output, its items' rows in order: as
 /// the consumer wrote them (`npy` vectors or scores, `jsonl` lines).
@@ -75,6 +75,19 @@ pub fn answer_body(
                 model,
                 &generations,
             ))
+        }
+        (Endpoint::AudioTranscriptions | Endpoint::AudioTranslations, Share::Lines(lines)) => {
+            let [transcript]: [sluice_schemas::Transcript; 1] = read_lines(lines, "a transcript")?
+                .try_into()
+                .map_err(|t: Vec<_>| format!("{} transcripts for one recording", t.len()))?;
+            let answering = request.audio.unwrap_or_default();
+            Ok(
+                match transcriptions::answer(&transcript, answering.format, answering.translate) {
+                    transcriptions::Answer::Json(body) => body,
+                    // A batch line's body is JSON: the text as a string.
+                    transcriptions::Answer::Text { body, .. } => Value::String(body),
+                },
+            )
         }
         (endpoint, share) => Err(format!(
             "the job's output is {}, which {} does not answer with",

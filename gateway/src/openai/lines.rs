@@ -5,7 +5,7 @@ use serde_json::{Map, Value, json};
 use sluice_schemas::{ErrorCode, Task};
 
 use super::request::{Endpoint, Line, LineError, Ranking, Request, RequestError};
-use super::{chat, classify, completions, embeddings, rerank, responses};
+use super::{chat, classify, completions, embeddings, rerank, responses, transcriptions};
 
 /// Reads one line. `serves` says whether a task's consumers serve a model.
 pub fn read_line(text: &[u8], serves: &dyn Fn(Task, &str) -> bool) -> Result<Line, LineError> {
@@ -93,6 +93,7 @@ pub fn parse_request(
     }
     let mut ranking = Ranking::default();
     let mut echo = None;
+    let mut audio = None;
     let (items, base64, prompt_name) = match endpoint {
         Endpoint::Embeddings => {
             let (items, base64) = embeddings::embedding_items(&mut body)?;
@@ -122,6 +123,12 @@ pub fn parse_request(
             })?;
             (vec![item], false, None)
         }
+        Endpoint::AudioTranscriptions | Endpoint::AudioTranslations => {
+            let translate = endpoint == Endpoint::AudioTranslations;
+            let (item, answering) = transcriptions::batch_item(&mut body, &model, translate)?;
+            audio = Some(answering);
+            (vec![item], false, None)
+        }
     };
     Ok(Request {
         endpoint,
@@ -131,6 +138,7 @@ pub fn parse_request(
         prompt_name,
         ranking,
         echo,
+        audio,
     })
 }
 

@@ -21,16 +21,23 @@ pub enum Endpoint {
     Responses,
     /// vLLM's classify API (not OpenAI's): texts, each to its labels.
     Classify,
+    /// OpenAI's audio endpoints: a recording to its transcript, or to
+    /// English. Online they take a multipart form (`audio.rs`); a batch
+    /// line's body names the recording (`transcriptions.rs`).
+    AudioTranscriptions,
+    AudioTranslations,
 }
 
 impl Endpoint {
-    pub const ALL: [Endpoint; 6] = [
+    pub const ALL: [Endpoint; 8] = [
         Endpoint::Embeddings,
         Endpoint::ChatCompletions,
         Endpoint::Completions,
         Endpoint::Rerank,
         Endpoint::Responses,
         Endpoint::Classify,
+        Endpoint::AudioTranscriptions,
+        Endpoint::AudioTranslations,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -41,6 +48,8 @@ impl Endpoint {
             Endpoint::Rerank => "/v1/rerank",
             Endpoint::Responses => "/v1/responses",
             Endpoint::Classify => "/v1/classify",
+            Endpoint::AudioTranscriptions => "/v1/audio/transcriptions",
+            Endpoint::AudioTranslations => "/v1/audio/translations",
         }
     }
 
@@ -56,7 +65,14 @@ impl Endpoint {
             }
             Endpoint::Rerank => Task::Rerank,
             Endpoint::Classify => Task::Classify,
+            Endpoint::AudioTranscriptions | Endpoint::AudioTranslations => Task::Transcribe,
         }
+    }
+
+    /// Whether an online request is a JSON body (`online.rs`); the audio
+    /// endpoints take a multipart form (`audio.rs`).
+    pub fn takes_json(self) -> bool {
+        self.task() != Task::Transcribe
     }
 
     /// Whether the endpoint answers `stream: true` (the generate ones).
@@ -125,6 +141,9 @@ pub struct Request {
     pub ranking: Ranking,
     /// responses: the request's fields its answer repeats.
     pub echo: Option<Echo>,
+    /// audio: how the transcript is answered, and whether it is a
+    /// translation.
+    pub audio: Option<super::transcriptions::Answering>,
 }
 
 /// What a rerank answer lists: the `top_n` best documents (none: all),

@@ -195,6 +195,7 @@ fn a_rerank_answer_ranks_the_documents() {
             return_documents,
         },
         echo: None,
+        audio: None,
     };
     let scores = [0.25f32, 0.75, 0.25, -1.0];
     let body = rerank_body("x", "m", &request(None, false), &scores, 12);

@@ -6,7 +6,7 @@
 //! `temperature` other than 0 (it decodes greedily), a `prompt` (no
 //! conditioning text), word timestamps, streaming.
 
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 use sluice_schemas::Transcript;
 use sluice_schemas::task::transcribe::{srt, vtt};
 
@@ -47,6 +47,98 @@ pub struct Fields {
     pub temperature: Option<String>,
     pub timestamp_granularities: Vec<String>,
     pub stream: Option<String>,
+}
+
+/// How a request's transcript is answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Answering {
+    pub format: ResponseFormat,
+    pub translate: bool,
+}
+
+impl Default for Answering {
+    fn default() -> Answering {
+        Answering {
+            format: ResponseFormat::Json,
+            translate: false,
+        }
+    }
+}
+
+/// A batch line's body (`/v1/audio/transcriptions` or `/translations`,
+/// `model` already read): the recording is `file`, the id of a file the
+/// tenant uploaded (`file-...`) or an `https://` URL; the other fields as
+/// the form's. The job item names the recording and the parameters, which
+/// the batch driver turns into the chunk job's audio input.
+pub fn batch_item(
+    body: &mut Map<String, Value>,
+    model: &str,
+    translate: bool,
+) -> Result<(Value, Answering), super::RequestError> {
+    let text = |body: &mut Map<String, Value>,
+                name: &str|
+     -> Result<Option<String>, super::RequestError> {
+        match body.remove(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(Value::Number(n)) => Ok(Some(n.to_string())),
+            Some(_) => Err(super::RequestError::invalid(
+                format!("`{name}` must be a string"),
+                None,
+            )),
+        }
+    };
+    let file = text(body, "file")?.unwrap_or_default();
+    let source = if file.starts_with("file-") {
+        json!({"audio_file": file})
+    } else if file.starts_with("https://") {
+        json!({"audio_url": file})
+    } else {
+        return Err(super::RequestError::invalid(
+            "`file` must name the recording: the id of a file you uploaded (file-...) or an https:// URL",
+            Some("file"),
+        ));
+    };
+    let timestamp_granularities = match body.remove("timestamp_granularities") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(list)) => list
+            .into_iter()
+            .map(|v| v.as_str().unwrap_or_default().to_string())
+            .collect(),
+        Some(_) => {
+            return Err(super::RequestError::invalid(
+                "`timestamp_granularities` must be a list",
+                Some("timestamp_granularities"),
+            ));
+        }
+    };
+    let fields = Fields {
+        model: Some(model.to_string()),
+        language: text(body, "language")?,
+        prompt: text(body, "prompt")?,
+        response_format: text(body, "response_format")?,
+        temperature: text(body, "temperature")?,
+        timestamp_granularities,
+        stream: match body.remove("stream") {
+            Some(Value::Bool(true)) => Some("true".into()),
+            _ => None,
+        },
+    };
+    let asked = read_fields(fields).map_err(|(m, _)| super::RequestError::invalid(m, None))?;
+    let mut item = source;
+    if let Some(language) = asked.language {
+        item["language"] = json!(language);
+    }
+    if translate {
+        item["translate"] = json!(true);
+    }
+    Ok((
+        item,
+        Answering {
+            format: asked.format,
+            translate,
+        },
+    ))
 }
 
 /// A request that can run.

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use base64::Engine;
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::{Value, json};
 use sluice_schemas::{ErrorCode, Input, InputFormat, Outcome, Output, Task, Transcript};
 use sluice_tests::deploy::Deployment;
 use sluice_tests::results::wait_results;
@@ -477,4 +477,122 @@ async fn a_consumer_killed_mid_recording_loses_nothing() {
     assert_eq!(d.jobs_in_stream_settled(0).await, 0);
     let status = second.terminate(Duration::from_secs(30));
     assert!(status.is_some_and(|s| s.success()), "{status:?}");
+}
+
+const SDK_BATCH_SCRIPT: &str = r#"
+import io, json, sys, time
+from openai import OpenAI
+client = OpenAI()
+speech, tones, other_key = sys.argv[1], sys.argv[2], sys.argv[3]
+with open(speech, "rb") as f:
+    speech_id = client.files.create(file=f, purpose="batch").id
+# Another tenant's recording, which team-a's lines must not reach.
+with open(speech, "rb") as f:
+    theirs = OpenAI(api_key=other_key).files.create(file=f, purpose="batch").id
+with open(tones, "rb") as f:
+    tones_id = client.files.create(file=f, purpose="batch").id
+def line(custom_id, body, url="/v1/audio/transcriptions"):
+    return {"custom_id": custom_id, "method": "POST", "url": url,
+            "body": {"model": "whisper-tiny-en", **body}}
+lines = [
+    line("speech-json", {"file": speech_id}),
+    line("speech-srt", {"file": speech_id, "response_format": "srt"}),
+    line("speech-verbose", {"file": speech_id, "response_format": "verbose_json", "language": "en"}),
+    line("tones-text", {"file": tones_id, "response_format": "text"}),
+    line("french", {"file": speech_id, "language": "fr"}),
+    line("not-mine", {"file": theirs}),
+    line("no-such-file", {"file": "file-0123456789abcdef0123456789abcdef"}),
+    line("warm", {"file": speech_id, "temperature": 0.7}),
+    line("translate", {"file": speech_id}, url="/v1/audio/translations"),
+]
+body = "".join(json.dumps(l) + "\n" for l in lines).encode()
+batch_input = client.files.create(file=("lines.jsonl", io.BytesIO(body)), purpose="batch")
+batch = client.batches.create(input_file_id=batch_input.id, endpoint="/v1/audio/transcriptions",
+                              completion_window="24h")
+deadline = time.time() + 240
+while batch.status not in ("completed", "failed", "expired", "cancelled") and time.time() < deadline:
+    time.sleep(0.5)
+    batch = client.batches.retrieve(batch.id)
+read = lambda fid: [json.loads(l) for l in client.files.content(fid).text.splitlines() if l] if fid else []
+print(json.dumps({"batch": batch.model_dump(), "output": read(batch.output_file_id),
+                  "errors": read(batch.error_file_id)}))
+"#;
+
+/// A Batch of transcription lines through the official SDK (what OpenAI's
+/// Batch API does not take): recordings uploaded as files, each line one
+/// job; every line answered once, in its `response_format`; a language the
+/// model lacks, a file that does not exist, a temperature and a
+/// translation on an English-only model each fail alone, and so does the
+/// attack: a line naming another tenant's uploaded recording by its id
+/// (refused before any URL to it is made).
+#[tokio::test]
+async fn a_batch_of_transcription_lines_answers_every_line() {
+    let d = Deployment::start().await.unwrap();
+    let _consumer = transcriber(&d).await;
+    let gateway = d
+        .start_gateway(
+            "team-a:sk-team-a-0123456789,team-b:sk-team-b-0123456789",
+            &[],
+        )
+        .await
+        .unwrap();
+    let base = format!("http://{}/v1", gateway.addr);
+    let audio = sluice_tests::repo_root().join("tests/fixtures/audio");
+    let got = sluice_tests::sdk::run_python(
+        SDK_BATCH_SCRIPT,
+        &[
+            audio.join("speech-en-22k.flac").display().to_string(),
+            audio.join("tones.wav").display().to_string(),
+            "sk-team-b-0123456789".to_string(),
+        ],
+        &base,
+        KEY,
+        Duration::from_secs(300),
+    )
+    .await;
+    let batch = &got["batch"];
+    assert_eq!(batch["status"], "completed", "{got}");
+    assert_eq!(
+        batch["request_counts"],
+        json!({"total": 9, "completed": 4, "failed": 5}),
+        "{got}"
+    );
+    let by_id = |lines: &Value| -> HashMap<String, Value> {
+        lines
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| (l["custom_id"].as_str().unwrap().to_string(), l.clone()))
+            .collect()
+    };
+    let output = by_id(&got["output"]);
+    let errors = by_id(&got["errors"]);
+    assert_eq!(output.len() + errors.len(), 9, "each line once: {got}");
+    let body = |id: &str| output[id]["response"]["body"].clone();
+    let text = body("speech-json")["text"].as_str().unwrap().to_string();
+    assert!(text.contains("dog.") && text.contains("memory"), "{text}");
+    let srt = body("speech-srt");
+    assert!(
+        srt.as_str().unwrap().starts_with("1\n00:00:00,000 --> "),
+        "{srt}"
+    );
+    let verbose = body("speech-verbose");
+    assert_eq!(verbose["text"], text.as_str());
+    assert!(!verbose["segments"].as_array().unwrap().is_empty());
+    assert!(body("tones-text").is_string());
+    for (id, says) in [
+        ("french", "English-only"),
+        ("not-mine", "not one of your files"),
+        ("no-such-file", "not one of your files"),
+        ("warm", "temperature"),
+        ("translate", "cannot translate"),
+    ] {
+        let line = &errors[id];
+        let message = line["response"]["body"]["error"]["message"]
+            .as_str()
+            .or(line["error"]["message"].as_str())
+            .unwrap_or_default();
+        assert!(message.contains(says), "{id}: {line}");
+    }
+    gateway.stop();
 }
