@@ -125,7 +125,8 @@ pub fn parse_request(
         }
         Endpoint::AudioTranscriptions | Endpoint::AudioTranslations => {
             let translate = endpoint == Endpoint::AudioTranslations;
-            let (item, answering) = transcriptions::batch_item(&mut body, &model, translate)?;
+            let (item, answering) = transcriptions::batch_item(&mut body, &model, translate)
+                .map_err(|(message, param)| RequestError::invalid(message, Some(param)))?;
             audio = Some(answering);
             (vec![item], false, None)
         }

@@ -74,29 +74,25 @@ pub fn batch_item(
     body: &mut Map<String, Value>,
     model: &str,
     translate: bool,
-) -> Result<(Value, Answering), super::RequestError> {
-    let text = |body: &mut Map<String, Value>,
-                name: &str|
-     -> Result<Option<String>, super::RequestError> {
+) -> Result<(Value, Answering), Refusal> {
+    fn text(body: &mut Map<String, Value>, name: &'static str) -> Result<Option<String>, Refusal> {
         match body.remove(name) {
             None | Some(Value::Null) => Ok(None),
             Some(Value::String(s)) => Ok(Some(s)),
             Some(Value::Number(n)) => Ok(Some(n.to_string())),
-            Some(_) => Err(super::RequestError::invalid(
-                format!("`{name}` must be a string"),
-                None,
-            )),
+            Some(_) => Err((format!("`{name}` must be a string"), name)),
         }
-    };
+    }
     let file = text(body, "file")?.unwrap_or_default();
     let source = if file.starts_with("file-") {
         json!({"audio_file": file})
     } else if file.starts_with("https://") {
         json!({"audio_url": file})
     } else {
-        return Err(super::RequestError::invalid(
-            "`file` must name the recording: the id of a file you uploaded (file-...) or an https:// URL",
-            Some("file"),
+        return Err((
+            "`file` must name the recording: the id of a file you uploaded (file-...) or an https:// URL"
+                .into(),
+            "file",
         ));
     };
     let timestamp_granularities = match body.remove("timestamp_granularities") {
@@ -106,9 +102,9 @@ pub fn batch_item(
             .map(|v| v.as_str().unwrap_or_default().to_string())
             .collect(),
         Some(_) => {
-            return Err(super::RequestError::invalid(
-                "`timestamp_granularities` must be a list",
-                Some("timestamp_granularities"),
+            return Err((
+                "`timestamp_granularities` must be a list".into(),
+                "timestamp_granularities",
             ));
         }
     };
@@ -124,7 +120,7 @@ pub fn batch_item(
             _ => None,
         },
     };
-    let asked = read_fields(fields).map_err(|(m, _)| super::RequestError::invalid(m, None))?;
+    let asked = read_fields(fields)?;
     let mut item = source;
     if let Some(language) = asked.language {
         item["language"] = json!(language);

@@ -38,10 +38,11 @@ async fn init_creates_then_changes_nothing_then_applies_a_settings_file() {
     let first = run_cli(&env, &["init", "--json"], None, T).await;
     let first = actions(&first);
     // Job stream, one durable consumer per task and priority level (3 per
-    // task: embed, generate, rerank, classify), models bucket, dead-letter
-    // stream, status bucket, gateway bucket, consumers bucket, S3 bucket.
+    // task: embed, generate, rerank, classify, transcribe), models bucket,
+    // dead-letter stream, status bucket, gateway bucket, consumers bucket,
+    // S3 bucket.
     let resources = 1 + 3 * sluice_schemas::Task::ALL.len() + 6;
-    assert_eq!(resources, 19);
+    assert_eq!(resources, 22);
     assert_eq!(first.len(), resources, "{first:?}");
     assert!(first.iter().all(|a| a.starts_with("created ")), "{first:?}");
 
