@@ -237,6 +237,14 @@ fn padded_bias(bias: Option<&[f32]>, outputs: usize, padded: usize) -> Vec<f32> 
     out
 }
 
+/// The most rows a product shares among threads by output panels rather
+/// than by rows (where the rows fill fewer tiles than there are threads):
+/// its tiles are 4 rows high.
+const FEW_ROWS: usize = 64;
+/// The fewest weight panels a thread takes in a few-row product (less is
+/// not worth the hand-off).
+const MIN_PANELS_PER_TASK: usize = 4;
+
 /// A linear layer: its packed weights ([`LinearPanels`]) and the kernel
 /// level they were packed for, which runs them.
 pub struct PackedLinear {
@@ -372,6 +380,19 @@ impl PackedLinear {
         self.layout.panels[((output / nr) * self.layout.inputs + input) * nr + output % nr]
     }
 
+    /// Output `output`'s weights (`inputs` of them, as stored; bf16 ones
+    /// widened): a tied embedding's row read back from its projection.
+    pub fn weight_row(&self, output: usize) -> Vec<f32> {
+        assert!(
+            output < self.layout.outputs,
+            "output {output} of {}",
+            self.layout.outputs
+        );
+        (0..self.layout.inputs)
+            .map(|k| self.weight(output, k))
+            .collect()
+    }
+
     /// `x` is `[rows, inputs]` row-major; returns `[rows, outputs]`.
     pub fn forward(&self, x: &[f32], rows: usize) -> Vec<f32> {
         let mut out = Vec::new();
@@ -391,6 +412,15 @@ impl PackedLinear {
             return;
         }
         let threads = rayon::current_num_threads().max(1);
+        // Fewer row tiles than threads (a decoder step's few tokens): shared
+        // by output panels instead.
+        let few = rows <= FEW_ROWS && rows.div_ceil(12) < threads;
+        if few && self.bf16.is_none() && self.few_rows(x, rows, out, threads) {
+            if activation == Activation::Gelu {
+                gelu_rows(self.kernels, out);
+            }
+            return;
+        }
         // Whole tiles at every level (6 rows at AVX2, 12 at AVX-512, 32 on
         // AMX).
         let tile_rows = match self.bf16 {
@@ -414,6 +444,58 @@ impl PackedLinear {
                     gelu_rows(self.kernels, out);
                 }
             });
+    }
+
+    /// A product of a few rows (a decoder step's) shared among the threads
+    /// by output panels, each thread's outputs written where they go (one
+    /// row) or gathered from its own buffer; `false` (nothing done) at the
+    /// plain-Rust level, which splits by rows.
+    fn few_rows(&self, x: &[f32], rows: usize, out: &mut [f32], threads: usize) -> bool {
+        let run = |panels: std::ops::Range<usize>, out: &mut [f32]| match self.kernels {
+            F32Kernels::Avx512(t) => t.linear_few(&self.layout, panels, x, out),
+            F32Kernels::Avx2(t) => t.linear_few(&self.layout, panels, x, out),
+            F32Kernels::Reference => unreachable!("checked below"),
+        };
+        if matches!(self.kernels, F32Kernels::Reference) {
+            return false;
+        }
+        let (nr, outputs) = (self.layout.nr, self.layout.outputs);
+        let count = outputs.div_ceil(nr);
+        let per_part = count.div_ceil(threads).max(MIN_PANELS_PER_TASK);
+        let parts: Vec<std::ops::Range<usize>> = (0..count)
+            .step_by(per_part)
+            .map(|p| p..(p + per_part).min(count))
+            .collect();
+        let width =
+            |panels: &std::ops::Range<usize>| outputs.min(panels.end * nr) - panels.start * nr;
+        if rows == 1 {
+            let mut rest = &mut out[..];
+            let mut tasks = Vec::with_capacity(parts.len());
+            for panels in parts {
+                let (mine, tail) = rest.split_at_mut(width(&panels));
+                tasks.push((panels, mine));
+                rest = tail;
+            }
+            tasks
+                .into_par_iter()
+                .for_each(|(panels, out)| run(panels, out));
+        } else {
+            let computed: Vec<Vec<f32>> = parts
+                .par_iter()
+                .map(|panels| {
+                    let mut part = vec![0f32; rows * width(panels)];
+                    run(panels.clone(), &mut part);
+                    part
+                })
+                .collect();
+            for (panels, part) in parts.iter().zip(computed) {
+                let (first, w) = (panels.start * nr, width(panels));
+                for (dst, src) in out.chunks_exact_mut(outputs).zip(part.chunks_exact(w)) {
+                    dst[first..first + w].copy_from_slice(src);
+                }
+            }
+        }
+        true
     }
 
     /// The product in plain Rust (each output summed over inputs in order,
@@ -479,29 +561,44 @@ fn attention_into_with(
     } else {
         F32Kernels::Reference
     };
-    // One task per sequence: its rows of the output are contiguous.
+    // One task per sequence, or, when there are fewer sequences than
+    // threads to keep busy, per run of a long sequence's queries (each task
+    // then reads all of the sequence's keys and values): every task's rows
+    // of the output are contiguous.
+    let threads = rayon::current_num_threads().max(1);
+    let pieces = |len: usize| match spans.len() >= 2 * threads {
+        true => 1,
+        false => (2 * threads).div_ceil(spans.len()).min(len / 64).max(1),
+    };
     let mut tasks = Vec::with_capacity(spans.len());
     let mut rest = out.as_mut_slice();
     let mut next = 0;
     for span in spans {
         assert_eq!(span.start, next, "spans must cover the tokens in order");
         next += span.len;
-        let (mine, tail) = rest.split_at_mut(span.len * hidden);
-        tasks.push((*span, mine));
-        rest = tail;
+        let per_piece = span.len.div_ceil(pieces(span.len)).next_multiple_of(4);
+        let mut first = 0;
+        while first < span.len {
+            let rows = per_piece.min(span.len - first);
+            let (mine, tail) = rest.split_at_mut(rows * hidden);
+            tasks.push((*span, first, mine));
+            rest = tail;
+            first += rows;
+        }
     }
-    tasks.into_par_iter().for_each(|(span, out)| {
+    tasks.into_par_iter().for_each(|(span, first, out)| {
         let rows = &qkv[span.start * 3 * hidden..(span.start + span.len) * 3 * hidden];
         match kernels {
-            F32Kernels::Avx512(t) => t.attend(rows, span.len, shape, out),
-            F32Kernels::Avx2(t) => t.attend(rows, span.len, shape, out),
-            F32Kernels::Reference => reference_attend(rows, span.len, shape, out),
+            F32Kernels::Avx512(t) => t.attend(rows, span.len, shape, first, out),
+            F32Kernels::Avx2(t) => t.attend(rows, span.len, shape, first, out),
+            F32Kernels::Reference => reference_attend(rows, span.len, shape, first, out),
         }
     });
 }
 
-/// One sequence's attention in plain Rust.
-fn reference_attend(qkv: &[f32], len: usize, shape: Heads, out: &mut [f32]) {
+/// One sequence's attention in plain Rust: the contexts of its queries
+/// `first..` into `out`'s rows.
+fn reference_attend(qkv: &[f32], len: usize, shape: Heads, first: usize, out: &mut [f32]) {
     let (hidden, hd) = (shape.hidden(), shape.head_dim);
     let scale = 1.0 / (hd as f32).sqrt();
     let at = |t: usize, part: usize, h: usize| {
@@ -510,7 +607,7 @@ fn reference_attend(qkv: &[f32], len: usize, shape: Heads, out: &mut [f32]) {
     };
     let mut scores = vec![0f32; len];
     for h in 0..shape.heads {
-        for i in 0..len {
+        for (row, i) in (first..first + out.len() / hidden).enumerate() {
             let q = at(i, 0, h);
             for (j, s) in scores.iter_mut().enumerate() {
                 *s = q.iter().zip(at(j, 1, h)).map(|(a, b)| a * b).sum::<f32>() * scale;
@@ -521,7 +618,7 @@ fn reference_attend(qkv: &[f32], len: usize, shape: Heads, out: &mut [f32]) {
                 *s = (*s - max).exp();
                 sum += *s;
             }
-            let ctx = &mut out[i * hidden + h * hd..i * hidden + (h + 1) * hd];
+            let ctx = &mut out[row * hidden + h * hd..row * hidden + (h + 1) * hd];
             ctx.fill(0.0);
             for (j, p) in scores.iter().enumerate() {
                 for (c, v) in ctx.iter_mut().zip(at(j, 2, h)) {
@@ -590,6 +687,11 @@ mod tests {
             (61, 1536, 384),
             // More rows per thread than one packed block (MC) holds.
             (203, 40, 300),
+            // A decoder step's few rows, shared by output panels.
+            (1, 384, 384),
+            (1, 1000, 40),
+            (3, 1000, 300),
+            (8, 130, 64),
         ] {
             let w = values(outputs * inputs, 1);
             let b = values(outputs, 2);
@@ -616,6 +718,28 @@ mod tests {
                 let e = relative_error(&linear.forward(&x, rows), &exact);
                 let name = kernels.name();
                 assert!(e < 1e-5, "{rows}x{outputs}x{inputs}: {name} {e:e}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_few_rows_give_the_same_bits_as_the_same_rows_among_many() {
+        // Split by output panels or by rows, each output sums its inputs in
+        // the same order: a token's result does not depend on its batch.
+        let (outputs, inputs) = (1000, 300);
+        let w = values(outputs * inputs, 5);
+        let b = values(outputs, 6);
+        let x = values(40 * inputs, 7);
+        for kernels in F32Kernels::all() {
+            let linear = PackedLinear::new_for(kernels, &w, outputs, inputs, Some(&b));
+            let many = linear.forward(&x, 40);
+            for rows in [1, 2, 5, 8] {
+                let few = linear.forward(&x[..rows * inputs], rows);
+                assert!(
+                    few == many[..rows * outputs],
+                    "{} {rows} rows",
+                    kernels.name()
+                );
             }
         }
     }
@@ -787,6 +911,7 @@ mod tests {
                 &qkv[span.start * 288..(span.start + span.len) * 288],
                 span.len,
                 shape,
+                0,
                 &mut plain[span.start * 96..(span.start + span.len) * 96],
             );
         }
@@ -797,6 +922,31 @@ mod tests {
             // A sequence of one token attends only to itself: its context is
             // its own values.
             assert_eq!(&fast[..96], &qkv[192..288], "{}", kernels.name());
+        }
+    }
+
+    #[test]
+    fn one_long_sequence_is_shared_among_threads_by_its_queries() {
+        // Fewer sequences than threads: the long one's queries are split
+        // into runs (not multiples of 4 long), each attending to every key.
+        let shape = Heads {
+            heads: 2,
+            head_dim: 32,
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap();
+        for len in [257usize, 130, 64] {
+            let qkv: Vec<f32> = values(len * 3 * 64, 9).iter().map(|v| v * 3.0).collect();
+            let mut plain = vec![0f32; len * 64];
+            reference_attend(&qkv, len, shape, 0, &mut plain);
+            let spans = [Span { start: 0, len }];
+            for kernels in F32Kernels::all() {
+                let fast = pool.install(|| attention_with(kernels, &qkv, &spans, shape));
+                let e = relative_error(&fast, &plain);
+                assert!(e < 1e-5, "{} len {len}: differs by {e:e}", kernels.name());
+            }
         }
     }
 

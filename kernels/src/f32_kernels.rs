@@ -21,15 +21,33 @@ const MAX_NR: usize = 32;
 /// sums its inputs in the same order whatever `MR` is.
 #[inline(always)]
 pub(crate) fn linear<S: Simd, const MR: usize>(s: S, w: &LinearPanels, x: &[f32], out: &mut [f32]) {
+    let panels = w.outputs.div_ceil(2 * S::LANES);
+    linear_panels::<S, MR>(s, w, 0..panels, x, out)
+}
+
+/// [`linear`] for the outputs of weight panels `panels` only: `out` is
+/// `[rows, those outputs]` (the layer's outputs from `panels.start * nr`
+/// to `panels.end * nr` or its last).
+#[inline(always)]
+pub(crate) fn linear_panels<S: Simd, const MR: usize>(
+    s: S,
+    w: &LinearPanels,
+    panels: std::ops::Range<usize>,
+    x: &[f32],
+    out: &mut [f32],
+) {
     let nr = 2 * S::LANES;
     assert_eq!(w.nr, nr, "weights packed for another vector width");
     assert!(nr <= MAX_NR);
     let (inputs, outputs) = (w.inputs, w.outputs);
+    assert!(panels.start < panels.end && panels.end <= outputs.div_ceil(nr));
+    let first_output = panels.start * nr;
+    // The row stride of `out`: the outputs of these panels.
+    let ld = outputs.min(panels.end * nr) - first_output;
     let rows = x.len() / inputs;
     assert_eq!(x.len(), rows * inputs);
-    assert_eq!(out.len(), rows * outputs);
-    let panels = outputs.div_ceil(nr);
-    let mut packed = vec![0f32; MC * KC];
+    assert_eq!(out.len(), rows * ld);
+    let mut packed = vec![0f32; MC.min(rows.next_multiple_of(MR)) * KC];
     let mut k0 = 0;
     while k0 < inputs {
         let kc = KC.min(inputs - k0);
@@ -39,7 +57,7 @@ pub(crate) fn linear<S: Simd, const MR: usize>(s: S, w: &LinearPanels, x: &[f32]
             let mc = MC.min(rows - i0);
             let row_panels = mc.div_ceil(MR);
             pack_rows::<MR>(x, inputs, i0, rows, k0, kc, row_panels, &mut packed);
-            for panel in 0..panels {
+            for panel in panels.clone() {
                 let b = &w.panels[(panel * inputs + k0) * nr..(panel * inputs + k0 + kc) * nr];
                 let bias = &w.bias[panel * nr..(panel + 1) * nr];
                 let cols = nr.min(outputs - panel * nr);
@@ -47,21 +65,21 @@ pub(crate) fn linear<S: Simd, const MR: usize>(s: S, w: &LinearPanels, x: &[f32]
                     let r0 = i0 + p * MR;
                     let tile_rows = MR.min(rows - r0);
                     let a = &packed[p * kc * MR..(p + 1) * kc * MR];
-                    let at = r0 * outputs + panel * nr;
+                    let at = r0 * ld + panel * nr - first_output;
                     if tile_rows == MR && cols == nr {
-                        let c = &mut out[at..at + (MR - 1) * outputs + nr];
-                        tile::<S, MR>(s, a, b, c, outputs, first, bias);
+                        let c = &mut out[at..at + (MR - 1) * ld + nr];
+                        tile::<S, MR>(s, a, b, c, ld, first, bias);
                     } else {
                         // An edge tile: run the full tile on a copy.
                         let mut c = [[0f32; MAX_NR]; MR];
                         let c = c.as_flattened_mut();
                         for r in 0..tile_rows {
-                            let src = &out[at + r * outputs..at + r * outputs + cols];
+                            let src = &out[at + r * ld..at + r * ld + cols];
                             c[r * nr..r * nr + cols].copy_from_slice(src);
                         }
                         tile::<S, MR>(s, a, b, &mut c[..MR * nr], nr, first, bias);
                         for r in 0..tile_rows {
-                            let dst = &mut out[at + r * outputs..at + r * outputs + cols];
+                            let dst = &mut out[at + r * ld..at + r * ld + cols];
                             dst.copy_from_slice(&c[r * nr..r * nr + cols]);
                         }
                     }
@@ -142,15 +160,24 @@ fn tile<S: Simd, const MR: usize>(
     }
 }
 
-/// One sequence's attention over its `len` rows of `qkv`, into `out`
-/// (`[len, hidden]`). `head_dim` must be a multiple of 32.
+/// One sequence's attention over its `len` rows of `qkv`: the contexts of
+/// its queries `first..first + rows` into `out` (`[rows, hidden]`; every
+/// key of the sequence is attended to). `head_dim` must be a multiple of 32.
 #[inline(always)]
-pub(crate) fn attend<S: Simd>(s: S, qkv: &[f32], len: usize, shape: Heads, out: &mut [f32]) {
+pub(crate) fn attend<S: Simd>(
+    s: S,
+    qkv: &[f32],
+    len: usize,
+    shape: Heads,
+    first: usize,
+    out: &mut [f32],
+) {
     let (hidden, hd) = (shape.hidden(), shape.head_dim);
     let kb = 2 * S::LANES;
     assert!(hd.is_multiple_of(32));
     assert_eq!(qkv.len(), len * 3 * hidden);
-    assert_eq!(out.len(), len * hidden);
+    let end = first + out.len() / hidden;
+    assert!(out.len().is_multiple_of(hidden) && end <= len);
     // Per head: keys in blocks of two vectors (`kb`), dimension-major
     // (`[block][d][kb]`, zeros past the end, masked out of the softmax) and
     // pre-scaled by `1 / sqrt(head_dim)`; values row-major. All heads are
@@ -184,8 +211,8 @@ pub(crate) fn attend<S: Simd>(s: S, qkv: &[f32], len: usize, shape: Heads, out: 
     for h in 0..shape.heads {
         let k = &k_heads[h * lk * hd..(h + 1) * lk * hd];
         let v = &v_heads[h * len * hd..(h + 1) * len * hd];
-        for i0 in (0..len).step_by(4) {
-            let q: [&[f32]; 4] = std::array::from_fn(|r| match i0 + r < len {
+        for i0 in (first..end).step_by(4) {
+            let q: [&[f32]; 4] = std::array::from_fn(|r| match i0 + r < end {
                 true => &qkv[(i0 + r) * 3 * hidden + h * hd..][..hd],
                 false => &zeros[..],
             });
@@ -199,9 +226,11 @@ pub(crate) fn attend<S: Simd>(s: S, qkv: &[f32], len: usize, shape: Heads, out: 
             // Context rows in groups of `R`, `R x 32 / LANES` accumulators
             // (8: as many FMAs in flight as two ports of 4 cycles take).
             if S::LANES >= 16 {
-                context_rows::<S, 4>(s, &scores, lk, len, i0, &inv_sums, v, hd, out, hidden, h);
+                let at = (i0 - first, end - i0);
+                context_rows::<S, 4>(s, &scores, lk, len, at, &inv_sums, v, hd, out, hidden, h);
             } else {
-                context_rows::<S, 2>(s, &scores, lk, len, i0, &inv_sums, v, hd, out, hidden, h);
+                let at = (i0 - first, end - i0);
+                context_rows::<S, 2>(s, &scores, lk, len, at, &inv_sums, v, hd, out, hidden, h);
             }
         }
     }
@@ -259,8 +288,8 @@ fn softmax_unnormalized<S: Simd>(s: S, row: &mut [f32]) -> f32 {
     sum
 }
 
-/// The context rows of one block of 4 queries (rows `i0..` of head `h`,
-/// those before `len`), `R` at a time.
+/// The context rows of one block of 4 queries of head `h`, `R` at a time:
+/// `at` is (the block's first row in `out`, the rows left from it).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn context_rows<S: Simd, const R: usize>(
@@ -268,7 +297,7 @@ fn context_rows<S: Simd, const R: usize>(
     scores: &[f32],
     lk: usize,
     len: usize,
-    i0: usize,
+    at: (usize, usize),
     inv_sums: &[f32; 4],
     v: &[f32],
     hd: usize,
@@ -278,14 +307,15 @@ fn context_rows<S: Simd, const R: usize>(
 ) {
     for group in 0..4 / R {
         let r0 = group * R;
-        let rows = len.saturating_sub(i0 + r0).min(R);
+        let (row0, left) = at;
+        let rows = left.saturating_sub(r0).min(R);
         if rows == 0 {
             break;
         }
         let probs: [&[f32]; R] =
             std::array::from_fn(|r| &scores[(r0 + r) * lk..(r0 + r) * lk + len]);
         let inv_sum: [f32; R] = std::array::from_fn(|r| inv_sums[r0 + r]);
-        let at = (i0 + r0) * hidden + h * hd;
+        let at = (row0 + r0) * hidden + h * hd;
         let dst = &mut out[at..at + (rows - 1) * hidden + hd];
         weighted_values::<S, R>(s, probs, v, hd, inv_sum, dst, hidden, rows);
     }

@@ -18,7 +18,11 @@ impl Avx512 {
         match self {}
     }
 
-    pub fn attend(self, _: &[f32], _: usize, _: Heads, _: &mut [f32]) {
+    pub fn linear_few(self, _: &LinearPanels, _: std::ops::Range<usize>, _: &[f32], _: &mut [f32]) {
+        match self {}
+    }
+
+    pub fn attend(self, _: &[f32], _: usize, _: Heads, _: usize, _: &mut [f32]) {
         match self {}
     }
 

@@ -33,10 +33,23 @@ impl Avx2 {
         unsafe { encoder::linear(self, w, x, out) }
     }
 
-    /// One sequence's attention (see `encoder::attention`).
-    pub fn attend(self, qkv: &[f32], len: usize, shape: Heads, out: &mut [f32]) {
+    /// `out = x W^T + b` for a few rows of `x` and the outputs of weight
+    /// panels `panels` (see `PackedLinear::forward_into`).
+    pub fn linear_few(
+        self,
+        w: &LinearPanels,
+        panels: std::ops::Range<usize>,
+        x: &[f32],
+        out: &mut [f32],
+    ) {
         // SAFETY: as in `linear`.
-        unsafe { encoder::attend(self, qkv, len, shape, out) }
+        unsafe { encoder::linear_few(self, w, panels, x, out) }
+    }
+
+    /// One sequence's attention (see `encoder::attention`).
+    pub fn attend(self, qkv: &[f32], len: usize, shape: Heads, first: usize, out: &mut [f32]) {
+        // SAFETY: as in `linear`.
+        unsafe { encoder::attend(self, qkv, len, shape, first, out) }
     }
 
     /// GELU in place.
@@ -111,8 +124,19 @@ mod encoder {
     }
 
     #[target_feature(enable = "avx2,fma")]
-    pub fn attend(s: Avx2, qkv: &[f32], len: usize, shape: Heads, out: &mut [f32]) {
-        f32_kernels::attend(s, qkv, len, shape, out)
+    pub fn linear_few(
+        s: Avx2,
+        w: &LinearPanels,
+        panels: std::ops::Range<usize>,
+        x: &[f32],
+        out: &mut [f32],
+    ) {
+        f32_kernels::linear_panels::<_, 4>(s, w, panels, x, out)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub fn attend(s: Avx2, qkv: &[f32], len: usize, shape: Heads, first: usize, out: &mut [f32]) {
+        f32_kernels::attend(s, qkv, len, shape, first, out)
     }
 
     #[target_feature(enable = "avx2,fma")]

@@ -41,10 +41,23 @@ impl Avx512 {
         unsafe { linear(self, w, x, out) }
     }
 
-    /// One sequence's attention (see `encoder::attention`).
-    pub fn attend(self, qkv: &[f32], len: usize, shape: Heads, out: &mut [f32]) {
+    /// `out = x W^T + b` for a few rows of `x` and the outputs of weight
+    /// panels `panels` (see `PackedLinear::forward_into`).
+    pub fn linear_few(
+        self,
+        w: &LinearPanels,
+        panels: std::ops::Range<usize>,
+        x: &[f32],
+        out: &mut [f32],
+    ) {
         // SAFETY: as in `linear`.
-        unsafe { attend(self, qkv, len, shape, out) }
+        unsafe { linear_few(self, w, panels, x, out) }
+    }
+
+    /// One sequence's attention (see `encoder::attention`).
+    pub fn attend(self, qkv: &[f32], len: usize, shape: Heads, first: usize, out: &mut [f32]) {
+        // SAFETY: as in `linear`.
+        unsafe { attend(self, qkv, len, shape, first, out) }
     }
 
     /// GELU in place.
@@ -98,8 +111,19 @@ fn linear(s: Avx512, w: &LinearPanels, x: &[f32], out: &mut [f32]) {
 }
 
 #[target_feature(enable = "avx512f,avx2,fma")]
-fn attend(s: Avx512, qkv: &[f32], len: usize, shape: Heads, out: &mut [f32]) {
-    f32_kernels::attend(s, qkv, len, shape, out)
+fn linear_few(
+    s: Avx512,
+    w: &LinearPanels,
+    panels: std::ops::Range<usize>,
+    x: &[f32],
+    out: &mut [f32],
+) {
+    f32_kernels::linear_panels::<_, 4>(s, w, panels, x, out)
+}
+
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn attend(s: Avx512, qkv: &[f32], len: usize, shape: Heads, first: usize, out: &mut [f32]) {
+    f32_kernels::attend(s, qkv, len, shape, first, out)
 }
 
 #[target_feature(enable = "avx512f,avx2,fma")]
