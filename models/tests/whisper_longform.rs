@@ -17,8 +17,12 @@ mod common;
 
 use serde::Deserialize;
 use sluice_models::audio::decode_file;
-use sluice_models::audio::features::FeatureExtractor;
-use sluice_models::whisper::transcribe::{Options, Segment, transcribe};
+use sluice_models::audio::features::{FeatureExtractor, WINDOW_FRAMES};
+use sluice_models::whisper::transcribe::{
+    Decoded, Options, Recording, Segment, WindowDecoding, decode_step, decode_window,
+    timestamp_prompt,
+};
+use sluice_models::whisper::transcriptions::transcribe;
 use sluice_models::whisper::{GenerationSettings, WhisperConfig, WhisperModel, WhisperTask};
 
 #[derive(Deserialize)]
@@ -206,4 +210,106 @@ fn tiny_en_transcribes_a_long_recording_window_by_window_as_transformers_does() 
 #[test]
 fn tiny_en_transcribes_ten_minutes_with_segments_that_cover_it() {
     tiny_en_as_transformers(&reference().ten_minutes, "tiny.en, 10 minutes");
+}
+
+/// Windows of several recordings decoded in the same decoder steps (the
+/// transcription thread's batching), ending at different steps: each gets
+/// the tokens, log-probability and no-speech probability it gets decoded
+/// alone, to the bit, on the real model (SIMD attention) and a random one
+/// (the plain-Rust attention of its 8-wide heads).
+#[test]
+fn windows_sharing_decoder_steps_decode_as_each_alone() {
+    let speech = decode_file(&common::repo_root().join(&reference().speech.file), 600.0)
+        .unwrap()
+        .unwrap()
+        .samples;
+    let noise: Vec<f32> = common::fixture_signal(7, 16_000 * 12)
+        .into_iter()
+        .map(|s| s as f32 / 32768.0)
+        .collect();
+    let twice = [&speech[..], &vec![0.0; 8_000], &speech[..]].concat();
+    let late = [&vec![0.0; 16_000 * 9][..], &speech[..]].concat();
+    let recordings = [&speech[..], &noise, &twice, &late, &speech[..16_000 * 3]];
+    // Random weights never end a window: each its own room.
+    let room = |i: usize| Some(24 + 9 * i);
+    for dir in [
+        common::models_dir().join("whisper-tiny-en"),
+        common::repo_root().join("tests/fixtures/whisper/whisper-80-mels"),
+    ] {
+        let (model, settings, extractor) = load(&dir);
+        let rules = sluice_models::whisper::transcribe::rules(&settings).unwrap();
+        let language = settings.is_multilingual.then_some("en");
+        let prompt = timestamp_prompt(&settings, language, WhisperTask::Transcribe).unwrap();
+        let audio: Vec<_> = recordings
+            .iter()
+            .map(|samples| {
+                let window = Recording::new(&extractor, samples).next_window().unwrap();
+                model.encode(&window.features, WINDOW_FRAMES).unwrap()
+            })
+            .collect();
+        let alone: Vec<Decoded> = audio
+            .iter()
+            .enumerate()
+            .map(|(i, a)| decode_window(&model, &settings, &rules, a, &prompt, room(i)).unwrap())
+            .collect();
+        let mut windows: Vec<(usize, WindowDecoding)> = audio
+            .iter()
+            .enumerate()
+            .map(|(i, a)| {
+                (
+                    i,
+                    WindowDecoding::start(&model, a, &prompt, room(i)).unwrap(),
+                )
+            })
+            .collect();
+        let mut together: Vec<Option<Decoded>> = (0..audio.len()).map(|_| None).collect();
+        let mut steps = 0;
+        while !windows.is_empty() {
+            let mut sharing: Vec<&mut WindowDecoding> =
+                windows.iter_mut().map(|(_, w)| w).collect();
+            let ended = decode_step(&model, &settings, &rules, &mut sharing).unwrap();
+            let mut still = Vec::new();
+            for ((i, w), ended) in windows.drain(..).zip(ended) {
+                match ended {
+                    Some(decoded) => together[i] = Some(decoded),
+                    None => still.push((i, w)),
+                }
+            }
+            windows = still;
+            steps += 1;
+        }
+        let lengths: Vec<usize> = alone.iter().map(|d| d.tokens.len()).collect();
+        eprintln!(
+            "{}: {} windows of {lengths:?} tokens in {steps} shared steps",
+            dir.display(),
+            audio.len()
+        );
+        assert!(
+            lengths
+                .iter()
+                .collect::<std::collections::BTreeSet<_>>()
+                .len()
+                > 1,
+            "the windows end at different steps"
+        );
+        for (i, (alone, together)) in alone.iter().zip(&together).enumerate() {
+            let together = together.as_ref().unwrap();
+            assert_eq!(
+                together.tokens,
+                alone.tokens,
+                "{} window {i}",
+                dir.display()
+            );
+            assert_eq!(
+                together.avg_logprob.to_bits(),
+                alone.avg_logprob.to_bits(),
+                "window {i}"
+            );
+            assert_eq!(
+                together.no_speech_prob.to_bits(),
+                alone.no_speech_prob.to_bits(),
+                "window {i}"
+            );
+        }
+    }
 }

@@ -7,8 +7,8 @@
 //!       writes OUT_DIR/long.wav (the speech said 68 times with 1 s after
 //!       each: about 10 minutes) and OUT_DIR/short.wav (10 times: 89 s)
 //!   bench-transcribe run MODEL_DIR AUDIO_FILE COPIES
-//!       transcribes COPIES of the file at once (one thread taking a window
-//!       of each in turn, as the consumer's transcription thread does) and
+//!       transcribes COPIES of the file at once (their windows sharing the
+//!       decoder's steps, as the consumer's transcription thread runs them) and
 //!       prints one JSON line: audio seconds, wall seconds, segments, the
 //!       first copy's text
 
@@ -17,8 +17,8 @@ use std::time::Instant;
 
 use anyhow::Context;
 use sluice_models::audio::decode_file;
-use sluice_models::audio::features::WINDOW_FRAMES;
-use sluice_models::whisper::transcribe::{Recording, decode_window, timestamp_prompt};
+use sluice_models::whisper::transcribe::{Options, Recording};
+use sluice_models::whisper::transcriptions::Transcriptions;
 use sluice_models::whisper::{Whisper, WhisperTask};
 
 fn wav(samples: &[f32]) -> Vec<u8> {
@@ -62,8 +62,6 @@ fn make(speech: &Path, out: &Path) -> anyhow::Result<()> {
 
 fn run(dir: &Path, audio: &Path, copies: usize) -> anyhow::Result<()> {
     let whisper = Whisper::load(dir)?;
-    let prompt = timestamp_prompt(&whisper.settings, None, WhisperTask::Transcribe)
-        .map_err(anyhow::Error::msg)?;
     let started = Instant::now();
     let mut recordings = Vec::with_capacity(copies);
     let mut seconds = 0.0;
@@ -74,45 +72,35 @@ fn run(dir: &Path, audio: &Path, copies: usize) -> anyhow::Result<()> {
         recordings.push(recording);
     }
     let input_s = started.elapsed().as_secs_f64();
-    let (mut encode_s, mut decode_s, mut windows) = (0.0, 0.0, 0);
-    while recordings.iter().any(|r| !r.is_done()) {
-        for recording in recordings.iter_mut().filter(|r| !r.is_done()) {
-            let Some(window) = recording.next_window() else {
-                continue;
-            };
-            let t = Instant::now();
-            let states = whisper.model.encode(&window.features, WINDOW_FRAMES)?;
-            let encoded = Instant::now();
-            let decoded = decode_window(
-                &whisper.model,
-                &whisper.settings,
-                &whisper.rules,
-                &states,
-                &prompt,
-                None,
-            )?;
-            decode_s += encoded.elapsed().as_secs_f64();
-            encode_s += (encoded - t).as_secs_f64();
-            windows += 1;
-            recording.accept(&window, &decoded, &whisper.rules);
+    let options = Options {
+        language: None,
+        task: WhisperTask::Transcribe,
+        max_new_tokens: None,
+    };
+    let mut all = Transcriptions::new(&whisper.model, &whisper.settings, &whisper.rules);
+    for (i, recording) in recordings.into_iter().enumerate() {
+        all.add(i, recording, options.clone());
+    }
+    let mut done = Vec::new();
+    while !all.is_empty() {
+        for (i, transcribed) in all.step() {
+            done.push((i, transcribed.map_err(|e| anyhow::anyhow!("{e}"))?));
         }
     }
+    done.sort_by_key(|(i, _)| *i);
+    let windows: u64 = done.iter().map(|(_, t)| t.windows).sum();
     let total_s = started.elapsed().as_secs_f64();
-    let first = recordings.into_iter().next().context("no copies")?;
-    let segments = first.segments().len();
-    let tokens: Vec<u32> = first
-        .into_segments()
-        .into_iter()
-        .flat_map(|s| s.tokens)
-        .collect();
+    let (_, first) = done.into_iter().next().context("no copies")?;
+    let segments = first.segments.len();
+    let tokens: Vec<u32> = first.segments.into_iter().flat_map(|s| s.tokens).collect();
     println!(
         "{}",
         serde_json::json!({
             "audio_s": seconds,
             "total_s": total_s,
             "input_s": input_s,
-            "encode_s": encode_s,
-            "decode_s": decode_s,
+            "encode_s": all.encode_seconds,
+            "decode_s": all.decode_seconds,
             "windows": windows,
             "segments": segments,
             "text": whisper.text(&tokens).trim(),

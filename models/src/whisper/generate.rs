@@ -7,7 +7,7 @@
 //! `<|endoftext|>` or the token limit.
 
 use super::config::GenerationSettings;
-use super::model::WhisperModel;
+use super::model::{AudioStates, WhisperModel};
 use crate::error::ModelError;
 
 /// What to transcribe into.
@@ -62,7 +62,7 @@ pub fn prompt(
 pub fn greedy(
     model: &WhisperModel,
     settings: &GenerationSettings,
-    audio: &candle_core::Tensor,
+    audio: &AudioStates,
     prompt: &[u32],
     max_new_tokens: usize,
 ) -> Result<Vec<u32>, ModelError> {

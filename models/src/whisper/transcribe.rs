@@ -19,7 +19,7 @@
 
 use super::config::GenerationSettings;
 use super::generate::{WhisperTask, prompt};
-use super::model::WhisperModel;
+use super::model::{AudioStates, DecoderState, WhisperModel};
 use super::timestamps::{TIME_PRECISION, TimestampRules, log_softmax};
 use crate::audio::features::{FeatureExtractor, HOP, LogMel, SAMPLE_RATE, WINDOW_FRAMES};
 use crate::error::ModelError;
@@ -258,7 +258,7 @@ pub fn timestamp_prompt(
 pub fn detect_language(
     model: &WhisperModel,
     settings: &GenerationSettings,
-    audio: &candle_core::Tensor,
+    audio: &AudioStates,
 ) -> Result<String, ModelError> {
     let mut state = model.start(audio)?;
     let logits = model.step(&mut state, &[settings.decoder_start_token_id])?;
@@ -283,32 +283,85 @@ pub fn decode_window(
     model: &WhisperModel,
     settings: &GenerationSettings,
     rules: &TimestampRules,
-    audio: &candle_core::Tensor,
+    audio: &AudioStates,
     prompt: &[u32],
     max_new_tokens: Option<usize>,
 ) -> Result<Decoded, ModelError> {
-    let mut state = model.start(audio)?;
-    // The start of transcript alone first: `<|nospeech|>`'s probability is
-    // read after it.
-    let first = model.step(&mut state, &prompt[..1])?;
-    let no_speech = rules.no_timestamps.saturating_sub(1) as usize;
-    let no_speech_prob = log_softmax(&first)
-        .get(no_speech)
-        .map_or(0.0, |l| f64::from(l.exp()));
-    let mut logits = if prompt.len() > 1 {
-        model.step(&mut state, &prompt[1..])?
-    } else {
-        first
-    };
-    let room = model
-        .config
-        .max_target_positions
-        .saturating_sub(prompt.len())
-        .min(max_new_tokens.unwrap_or(usize::MAX));
-    let mut tokens = Vec::new();
-    let mut sum_logprob = 0f64;
+    let mut window = WindowDecoding::start(model, audio, prompt, max_new_tokens)?;
     loop {
-        if tokens.is_empty() {
+        if let Some(decoded) = decode_step(model, settings, rules, &mut [&mut window])?
+            .pop()
+            .flatten()
+        {
+            return Ok(decoded);
+        }
+    }
+}
+
+/// One window's greedy decoding, a decoder step at a time, so that the
+/// windows of several recordings share each step ([`decode_step`]): the
+/// prompt's start of transcript alone (`<|nospeech|>`'s probability is read
+/// after it), the rest of the prompt, then a token a step.
+pub struct WindowDecoding {
+    state: DecoderState,
+    /// What the next step reads.
+    input: Vec<u32>,
+    /// The rest of the prompt, read by the second step.
+    prompt_rest: Vec<u32>,
+    tokens: Vec<u32>,
+    sum_logprob: f64,
+    no_speech_prob: Option<f64>,
+    /// The most tokens it may generate.
+    room: usize,
+}
+
+impl WindowDecoding {
+    /// A window's decoding after `prompt` (not empty).
+    pub fn start(
+        model: &WhisperModel,
+        audio: &AudioStates,
+        prompt: &[u32],
+        max_new_tokens: Option<usize>,
+    ) -> Result<WindowDecoding, ModelError> {
+        let Some((first, rest)) = prompt.split_first() else {
+            return Err(ModelError::Failed("an empty decoder prompt".into()));
+        };
+        Ok(WindowDecoding {
+            state: model.start(audio)?,
+            input: vec![*first],
+            prompt_rest: rest.to_vec(),
+            tokens: Vec::new(),
+            sum_logprob: 0.0,
+            no_speech_prob: None,
+            room: model
+                .config
+                .max_target_positions
+                .saturating_sub(prompt.len())
+                .min(max_new_tokens.unwrap_or(usize::MAX)),
+        })
+    }
+
+    /// Takes the logits of the step that read `input`; the window's
+    /// decoding once it is over.
+    fn advance(
+        &mut self,
+        settings: &GenerationSettings,
+        rules: &TimestampRules,
+        mut logits: Vec<f32>,
+    ) -> Option<Decoded> {
+        if self.no_speech_prob.is_none() {
+            let no_speech = rules.no_timestamps.saturating_sub(1) as usize;
+            self.no_speech_prob = Some(
+                log_softmax(&logits)
+                    .get(no_speech)
+                    .map_or(0.0, |l| f64::from(l.exp())),
+            );
+            if !self.prompt_rest.is_empty() {
+                self.input = std::mem::take(&mut self.prompt_rest);
+                return None;
+            }
+        }
+        if self.tokens.is_empty() {
             for &t in &settings.begin_suppress_tokens {
                 if let Some(l) = logits.get_mut(t as usize) {
                     *l = f32::NEG_INFINITY;
@@ -320,69 +373,44 @@ pub fn decode_window(
                 *l = f32::NEG_INFINITY;
             }
         }
-        rules.apply(&tokens, &mut logits);
+        rules.apply(&self.tokens, &mut logits);
         let next = WhisperModel::argmax(&logits);
-        sum_logprob += f64::from(log_softmax(&logits)[next as usize]);
-        tokens.push(next);
-        if next == rules.eos || tokens.len() >= room {
-            break;
+        self.sum_logprob += f64::from(log_softmax(&logits)[next as usize]);
+        self.tokens.push(next);
+        if next != rules.eos && self.tokens.len() < self.room {
+            self.input = vec![next];
+            return None;
         }
-        logits = model.step(&mut state, &[next])?;
+        let mut tokens = std::mem::take(&mut self.tokens);
+        let avg_logprob = self.sum_logprob / tokens.len() as f64;
+        if tokens.last() == Some(&rules.eos) {
+            tokens.pop();
+        }
+        Some(Decoded {
+            tokens,
+            avg_logprob,
+            no_speech_prob: self.no_speech_prob.unwrap_or(0.0),
+        })
     }
-    let avg_logprob = sum_logprob / tokens.len() as f64;
-    if tokens.last() == Some(&rules.eos) {
-        tokens.pop();
-    }
-    Ok(Decoded {
-        tokens,
-        avg_logprob,
-        no_speech_prob,
-    })
 }
 
-/// Transcribes a whole recording on one thread, window after window; the
-/// language detected (or given) and the segments. `keep_going` is asked
-/// before each window (a cancel stops between windows).
-pub fn transcribe(
+/// One decoder step shared by `windows` (none of them over): each reads
+/// its next input; for each, its decoding if this step ended it.
+pub fn decode_step(
     model: &WhisperModel,
     settings: &GenerationSettings,
-    extractor: &FeatureExtractor,
-    samples: &[f32],
-    options: &Options,
-    keep_going: &dyn Fn() -> bool,
-) -> Result<(Option<String>, Vec<Segment>), ModelError> {
-    let rules = rules(settings).ok_or_else(|| {
-        ModelError::Failed("the model's generation config has no <|notimestamps|> token".into())
-    })?;
-    let mut recording = Recording::new(extractor, samples);
-    let mut language = options.language.clone();
-    let mut forced: Option<Vec<u32>> = None;
-    while let Some(window) = recording.next_window() {
-        if !keep_going() {
-            return Err(ModelError::Failed("cancelled".into()));
-        }
-        let audio = model.encode(&window.features, WINDOW_FRAMES)?;
-        if forced.is_none() {
-            if settings.is_multilingual && language.is_none() {
-                language = Some(detect_language(model, settings, &audio)?);
-            }
-            forced = Some(
-                timestamp_prompt(settings, language.as_deref(), options.task)
-                    .map_err(ModelError::Failed)?,
-            );
-        }
-        let prompt = forced.as_deref().unwrap_or_default();
-        let decoded = decode_window(
-            model,
-            settings,
-            &rules,
-            &audio,
-            prompt,
-            options.max_new_tokens,
-        )?;
-        recording.accept(&window, &decoded, &rules);
-    }
-    Ok((language, recording.into_segments()))
+    rules: &TimestampRules,
+    windows: &mut [&mut WindowDecoding],
+) -> Result<Vec<Option<Decoded>>, ModelError> {
+    let inputs: Vec<Vec<u32>> = windows.iter().map(|w| w.input.clone()).collect();
+    let token_lists: Vec<&[u32]> = inputs.iter().map(Vec::as_slice).collect();
+    let mut states: Vec<&mut DecoderState> = windows.iter_mut().map(|w| &mut w.state).collect();
+    let logits = model.step_many(&mut states, &token_lists)?;
+    Ok(windows
+        .iter_mut()
+        .zip(logits)
+        .map(|(w, logits)| w.advance(settings, rules, logits))
+        .collect())
 }
 
 #[cfg(test)]

@@ -3,8 +3,9 @@
 //! decodes each on the blocking pool (symphonia, resampled to 16 kHz mono;
 //! an unreadable file is `input_invalid` naming what it saw), computes its
 //! features and shrinks the reservation to its real length; run hands the
-//! recordings to the transcription thread (`executor`), which takes their
-//! 30 s windows in turn, and turns each one's segments into a
+//! recordings to the transcription thread (`executor`), which decodes
+//! their 30 s windows alongside other jobs', and turns each one's segments
+//! into a
 //! [`Transcript`]; `output` writes them.
 
 mod executor;
@@ -69,7 +70,9 @@ pub fn start(config: &Config) -> anyhow::Result<Started> {
             max_units: config.max_audio_seconds,
             units_beyond_bytes: None,
             bytes_per_unit: bytes_per_second(n_mels),
-            bytes_per_item: 4096,
+            // Its window's decoding state, held while the window is decoded
+            // in the same steps as the other recordings'.
+            bytes_per_item: 4096 + whisper.model.decoding_state_bytes(),
             input_copies: 1,
         },
     };
@@ -242,7 +245,11 @@ impl TranscribeEngine {
     }
 
     /// The wire's transcript of a recording the model transcribed.
-    fn transcript(&self, seconds: f64, done: executor::Transcribed) -> Transcript {
+    fn transcript(
+        &self,
+        seconds: f64,
+        done: sluice_models::whisper::transcriptions::Transcribed,
+    ) -> Transcript {
         let all: Vec<u32> = done
             .segments
             .iter()
