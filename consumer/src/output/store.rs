@@ -100,6 +100,26 @@ impl OutputStore {
         bytes <= self.inline_max_bytes && !options.always_s3()
     }
 
+    /// A task's items as JSON: inline in the result (`inline` makes the
+    /// output of them) when small (unless the job asked for S3), else one
+    /// JSON line per item, in item order, in S3. `what` names an item in an
+    /// error.
+    pub async fn put_lines<T: serde::Serialize>(
+        &self,
+        of: OutputOf<'_>,
+        items: Vec<T>,
+        what: &str,
+        inline: impl FnOnce(Vec<T>) -> Output,
+        options: &OutputOptions,
+    ) -> Result<Output, JobError> {
+        let object = OutputObject::jsonl(&items, what)?;
+        if self.fits_inline(object.body.len() as u64, options) {
+            return Ok(inline(items));
+        }
+        drop(items);
+        self.put(of, object, options).await
+    }
+
     /// Writes this delivery's output object and describes it (with a
     /// presigned GET where the job asked for one).
     pub async fn put(

@@ -7,9 +7,9 @@
 use std::time::Instant;
 
 use sluice_schemas::task::classify;
-use sluice_schemas::{ErrorCode, Item, Task};
+use sluice_schemas::{ErrorCode, Item, Output, Task};
 
-use super::output::{store_classifications, store_embeddings, store_scores};
+use super::output::{store_embeddings, store_scores};
 use super::{EncoderEngine, EncoderInputs, Prepared, l2_normalize};
 use crate::error::JobError;
 use crate::task::engine::{JobRun, Ran, TaskEngine};
@@ -86,7 +86,15 @@ impl TaskEngine for EncoderEngine {
                             classify::ranked(labels, &logits, parameters.top_k)
                         })
                         .collect();
-                    store_classifications(run.outputs, run.of, classifications, &job.output).await?
+                    run.outputs
+                        .put_lines(
+                            run.of,
+                            classifications,
+                            "a text's labels",
+                            Output::classifications,
+                            &job.output,
+                        )
+                        .await?
                 }
             };
             run.written(started, &output);

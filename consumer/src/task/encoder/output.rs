@@ -1,8 +1,9 @@
-//! The encoder tasks' outputs: embed's vectors, rerank's scores and
-//! classify's labels, inline when small, else one object in S3 (`.npy` of
-//! `[items, dim]` vectors or `[items]` scores; JSONL of each text's labels).
+//! The encoder tasks' numeric outputs: embed's vectors and rerank's
+//! scores, inline when small, else one `.npy` in S3 (`[items, dim]`
+//! vectors or `[items]` scores). classify's labels are JSON lines
+//! (`OutputStore::put_lines`).
 
-use sluice_schemas::{LabelScore, Output, OutputOptions, npy};
+use sluice_schemas::{Output, OutputOptions, npy};
 
 use crate::error::JobError;
 use crate::output::OutputStore;
@@ -43,22 +44,6 @@ pub async fn store_scores(
     let body = npy::encode_f32_vector(&scores);
     drop(scores);
     store.put(of, npy_object(body, vec![items]), options).await
-}
-
-/// Puts each text's labels inline when their JSON is small (unless the job
-/// asked for S3), else into S3 as JSONL, one text's labels per line.
-pub async fn store_classifications(
-    store: &OutputStore,
-    of: OutputOf<'_>,
-    classifications: Vec<Vec<LabelScore>>,
-    options: &OutputOptions,
-) -> Result<Output, JobError> {
-    let object = OutputObject::jsonl(&classifications, "a text's labels")?;
-    if store.fits_inline(object.body.len() as u64, options) {
-        return Ok(Output::classifications(classifications));
-    }
-    drop(classifications);
-    store.put(of, object, options).await
 }
 
 fn npy_object(body: Vec<u8>, shape: Vec<u64>) -> OutputObject {

@@ -7,11 +7,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use opentelemetry::KeyValue;
-use sluice_schemas::{Item, Task, Usage};
+use sluice_schemas::{Item, Output, Task, Usage};
 use tokio::sync::mpsc;
 
 use super::GenerateEngine;
-use super::output::store_generations;
 use super::stream::JobStream;
 use crate::task::engine::{JobRun, Ran, TaskEngine};
 
@@ -86,7 +85,16 @@ impl TaskEngine for GenerateEngine {
                 },
             };
             let started = Instant::now();
-            let output = store_generations(run.outputs, run.of, generations, &job.output).await?;
+            let output = run
+                .outputs
+                .put_lines(
+                    run.of,
+                    generations,
+                    "a generation",
+                    Output::generations,
+                    &job.output,
+                )
+                .await?;
             run.written(started, &output);
             // A job's tokens count to its tenant once it is done.
             run.stats

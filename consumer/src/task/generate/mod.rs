@@ -12,7 +12,6 @@
 pub mod executor;
 mod job;
 pub(crate) mod logprobs;
-mod output;
 pub mod stream;
 
 use std::path::{Path, PathBuf};

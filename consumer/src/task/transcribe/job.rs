@@ -5,10 +5,9 @@
 use std::time::Instant;
 
 use opentelemetry::KeyValue;
-use sluice_schemas::{ErrorCode, InputFormat, Item, Task, Usage};
+use sluice_schemas::{ErrorCode, InputFormat, Item, Output, Task, Usage};
 
 use super::TranscribeEngine;
-use super::output::store_transcripts;
 use crate::error::JobError;
 use crate::fetch::{FetchedItems, InputBody};
 use crate::task::engine::{JobRun, Ran, TaskEngine};
@@ -104,7 +103,16 @@ impl TaskEngine for TranscribeEngine {
                 audio_ms: (seconds * 1000.0).round() as u64,
             };
             let started = Instant::now();
-            let output = store_transcripts(run.outputs, run.of, transcripts, &job.output).await?;
+            let output = run
+                .outputs
+                .put_lines(
+                    run.of,
+                    transcripts,
+                    "a transcript",
+                    Output::transcripts,
+                    &job.output,
+                )
+                .await?;
             let mut run = run;
             run.written(started, &output);
             Ok((output, usage))

@@ -10,7 +10,6 @@
 
 mod executor;
 mod job;
-mod output;
 
 use std::sync::Arc;
 
