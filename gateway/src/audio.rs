@@ -132,8 +132,11 @@ async fn handle(
         .param("model")
         .code("model_not_found"));
     }
-    let lifetime =
-        std::time::Duration::from_secs_f64(deadline_secs) + crate::driver::PRESIGN_PAST_DEADLINE;
+    // Read by its consumer once it starts (by the deadline), and again by
+    // another if that one dies mid-file.
+    let lifetime = std::time::Duration::from_secs_f64(deadline_secs)
+        + std::time::Duration::from_secs(state.config.online_transcribe_secs)
+        + crate::driver::PRESIGN_PAST_DEADLINE;
     let presigned = state
         .s3
         .get_object()
@@ -167,7 +170,12 @@ async fn handle(
         submitted_at: Some(time::OffsetDateTime::now_utc()),
         output: OutputOptions::default(),
     };
-    let (outputs, _usage) = run_to_output(&state, &tenant, &trace, job, deadline_secs).await?;
+    let running = (
+        state.config.online_transcribe_secs,
+        "--online-transcribe-secs",
+    );
+    let (outputs, _usage) =
+        run_to_output(&state, &tenant, &trace, job, deadline_secs, running).await?;
     drop(stored);
     let Share::Lines(lines) = outputs.all() else {
         return Err(ApiError::unavailable(anyhow::anyhow!(

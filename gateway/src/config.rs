@@ -130,6 +130,14 @@ pub struct Config {
     /// started just before it, in seconds.
     #[arg(long, env = "SLUICE_ONLINE_GRACE_SECS", default_value_t = 30)]
     pub online_grace_secs: u64,
+    /// Online transcriptions (`/v1/audio/transcriptions`, `translations`):
+    /// how long past its deadline a request waits for a job that started by
+    /// it, in seconds (a recording's time to transcribe grows with its
+    /// length, which the gateway does not know; the default is the OpenAI
+    /// SDKs' own request timeout). Past it the job is cancelled and the
+    /// request answered 504.
+    #[arg(long, env = "SLUICE_ONLINE_TRANSCRIBE_SECS", default_value_t = 600)]
+    pub online_transcribe_secs: u64,
     /// Online requests: refuse a request whose job has not started after
     /// this many seconds in the queue with 429 and `Retry-After` (its job
     /// cancelled, never run), instead of letting it wait out its deadline.

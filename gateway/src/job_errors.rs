@@ -8,16 +8,28 @@
 //! id finds the cause in the consumers' and the gateway's logs, where the
 //! gateway writes the consumer's message). A mistake that is the caller's
 //! (a parameter, an item too long, too many items, a model it named) keeps
-//! the consumer's message, which is about the caller's own request.
+//! the consumer's message, which is about the caller's own request; so
+//! does an input that could not be read when it is the caller's own URL (a
+//! batch transcription line's `https://` recording).
 
 use std::borrow::Cow;
 
 use sluice_schemas::ErrorCode;
 
 /// The message the client is told for a job `job_id` that failed with
-/// `code` and the consumer's `message`.
-pub fn for_client<'a>(job_id: &str, code: ErrorCode, message: &'a str) -> Cow<'a, str> {
-    let Some(ours) = stable_message(code) else {
+/// `code` and the consumer's `message`; `callers_input`: the job's input is
+/// a URL the caller gave, not one the gateway made.
+pub fn for_client<'a>(
+    job_id: &str,
+    code: ErrorCode,
+    message: &'a str,
+    callers_input: bool,
+) -> Cow<'a, str> {
+    let input_error = matches!(
+        code,
+        ErrorCode::InputNotAllowed | ErrorCode::InputUnavailable | ErrorCode::InputFetchFailed
+    );
+    let Some(ours) = stable_message(code).filter(|_| !(callers_input && input_error)) else {
         return Cow::Borrowed(message);
     };
     tracing::warn!(
@@ -43,8 +55,9 @@ fn stable_message(code: ErrorCode) -> Option<&'static str> {
         | ErrorCode::TooManyItems
         | ErrorCode::DeadlineExceeded
         | ErrorCode::Cancelled => None,
-        // The gateway makes every input of its jobs (inline, or an object
-        // of its own in S3): one that cannot be read is a failure of ours.
+        // The gateway makes the inputs of its jobs (inline, or an object of
+        // its own in S3; but for a batch line's own URL, see `for_client`):
+        // one that cannot be read is a failure of ours.
         ErrorCode::InputNotAllowed | ErrorCode::InputUnavailable | ErrorCode::InputFetchFailed => {
             Some("The job's input, stored by the gateway, could not be read; try again.")
         }
@@ -98,7 +111,7 @@ mod tests {
             (ErrorCode::Internal, false),
         ];
         for (code, relayed) in table {
-            let told = for_client("job-1", code, detail);
+            let told = for_client("job-1", code, detail, false);
             if relayed {
                 assert_eq!(told, detail, "{code:?}");
             } else {
@@ -108,5 +121,24 @@ mod tests {
                 assert!(told.ends_with("have the cause)"), "{code:?}: {told}");
             }
         }
+    }
+
+    #[test]
+    fn why_the_callers_own_url_could_not_be_read_is_the_callers() {
+        let detail = "GET https://audio.example/talk.mp3 answered 404 Not Found";
+        for code in [
+            ErrorCode::InputNotAllowed,
+            ErrorCode::InputUnavailable,
+            ErrorCode::InputFetchFailed,
+        ] {
+            assert_eq!(for_client("job-1", code, detail, true), detail, "{code:?}");
+            assert!(
+                for_client("job-1", code, detail, false)
+                    .starts_with("The job's input, stored by the gateway")
+            );
+        }
+        // Not an input error: still ours to hide.
+        let told = for_client("job-1", ErrorCode::StorageUnavailable, detail, true);
+        assert!(!told.contains("audio.example"), "{told}");
     }
 }

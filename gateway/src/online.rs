@@ -137,6 +137,10 @@ struct StartBy {
     secs: f64,
     /// The queue limit, not the request's deadline, set `at`.
     by_queue_limit: bool,
+    /// How long past `at` a job that started by then is waited for, and the
+    /// knob that says so (`--online-grace-secs`; a transcription's
+    /// `--online-transcribe-secs`).
+    running: (Duration, &'static str),
 }
 
 /// One online request as its route, headers and body ask, checked against
@@ -282,16 +286,22 @@ pub async fn answer(
 /// When a request's job must start: by its deadline, or by the queue
 /// limit (`--max-queue-wait-secs`) where that is nearer.
 fn start_by(state: &AppState, asked: tokio::time::Instant, deadline_secs: f64) -> StartBy {
+    let running = (
+        Duration::from_secs(state.config.online_grace_secs),
+        "--online-grace-secs",
+    );
     match state.config.max_queue_wait_secs {
         Some(limit) if limit < deadline_secs => StartBy {
             at: asked + Duration::from_secs_f64(limit),
             secs: limit,
             by_queue_limit: true,
+            running,
         },
         _ => StartBy {
             at: asked + Duration::from_secs_f64(deadline_secs),
             secs: deadline_secs,
             by_queue_limit: false,
+            running,
         },
     }
 }
@@ -354,17 +364,20 @@ async fn publish_and_wait(
 
 /// Runs `job` for an online request that waits for its whole answer (no
 /// stream): its result's output, read back wherever it is, and usage; an
-/// error result as the request's error. The job is cancelled if the
-/// request goes away before it is answered.
+/// error result as the request's error. A job that started by its deadline
+/// is waited for `running` more (seconds, and the knob that sets it). The
+/// job is cancelled if the request goes away before it is answered.
 pub(crate) async fn run_to_output(
     state: &AppState,
     tenant: &str,
     trace: &RequestTrace,
     mut job: Job,
     deadline_secs: f64,
+    running: (u64, &'static str),
 ) -> Result<(Outputs, sluice_schemas::Usage), ApiError> {
     let asked = tokio::time::Instant::now();
-    let start_by = start_by(state, asked, deadline_secs);
+    let mut start_by = start_by(state, asked, deadline_secs);
+    start_by.running = (Duration::from_secs(running.0), running.1);
     job.deadline = Some(time::OffsetDateTime::now_utc() + Duration::from_secs_f64(start_by.secs));
     let (first, _, mut guard) =
         publish_and_wait(state, tenant, trace, &job, &start_by, false).await?;
@@ -430,13 +443,13 @@ async fn first_message(
     if stopped {
         return Err(not_started(job_id, start_by));
     }
-    let grace = start_by.at + Duration::from_secs(state.config.online_grace_secs);
+    let grace = start_by.at + start_by.running.0;
     match tokio::time::timeout_at(grace, messages.next()).await {
         Ok(Some(m)) => Ok(m),
         Ok(None) => Err(closed()),
         Err(_) => {
             let _ = state.statuses.cancel(job_id).await;
-            Err(deadline_passed(job_id, start_by.secs, false))
+            Err(ran_too_long(job_id, start_by))
         }
     }
 }
@@ -444,7 +457,7 @@ async fn first_message(
 /// The answer to a request whose job did not start in time.
 fn not_started(job_id: &str, start_by: &StartBy) -> ApiError {
     if !start_by.by_queue_limit {
-        return deadline_passed(job_id, start_by.secs, true);
+        return deadline_passed(job_id, start_by.secs);
     }
     let retry = start_by.secs.ceil().max(1.0) as u64;
     let mut error = ApiError::new(
@@ -473,7 +486,7 @@ fn job_error(job_id: &str, start_by: &StartBy, error: &sluice_schemas::ErrorInfo
     } else {
         "invalid_request_error"
     };
-    let message = crate::job_errors::for_client(job_id, error.code, &error.message);
+    let message = crate::job_errors::for_client(job_id, error.code, &error.message, false);
     ApiError::new(status, kind, message).code(error.code.as_str())
 }
 
@@ -873,17 +886,28 @@ fn named_event(body: &Value) -> Event {
     Event::default().event(name).data(body.to_string())
 }
 
-fn deadline_passed(job_id: &str, secs: f64, stopped: bool) -> ApiError {
+fn deadline_passed(job_id: &str, secs: f64) -> ApiError {
     ApiError::new(
         StatusCode::GATEWAY_TIMEOUT,
         "timeout",
         format!(
-            "the request waited its whole deadline ({secs} s) in the queue; its job {job_id} {}",
-            if stopped {
-                "was cancelled and will not run"
-            } else {
-                "had already started"
-            }
+            "the request waited its whole deadline ({secs} s) in the queue; its job {job_id} was cancelled and will not run"
+        ),
+    )
+    .code("deadline_exceeded")
+}
+
+/// The answer to a request whose job started by its deadline but was not
+/// done in the time the request waits for a started job.
+fn ran_too_long(job_id: &str, start_by: &StartBy) -> ApiError {
+    let (running, knob) = start_by.running;
+    ApiError::new(
+        StatusCode::GATEWAY_TIMEOUT,
+        "timeout",
+        format!(
+            "job {job_id} started within the request's deadline ({} s) but was not done {} s after it ({knob}); it was cancelled",
+            start_by.secs,
+            running.as_secs()
         ),
     )
     .code("deadline_exceeded")

@@ -22,28 +22,7 @@ use sluice_models::whisper::transcriptions::Transcriptions;
 use sluice_models::whisper::{Whisper, WhisperTask};
 
 fn wav(samples: &[f32]) -> Vec<u8> {
-    let data = samples.len() as u32 * 2;
-    let mut out = Vec::with_capacity(44 + data as usize);
-    for part in [
-        &b"RIFF"[..],
-        &(36 + data).to_le_bytes(),
-        b"WAVEfmt ",
-        &16u32.to_le_bytes(),
-        &1u16.to_le_bytes(),
-        &1u16.to_le_bytes(),
-        &16_000u32.to_le_bytes(),
-        &32_000u32.to_le_bytes(),
-        &2u16.to_le_bytes(),
-        &16u16.to_le_bytes(),
-        b"data",
-        &data.to_le_bytes(),
-    ] {
-        out.extend_from_slice(part);
-    }
-    for s in samples {
-        out.extend_from_slice(&((s * 32768.0).round() as i16).to_le_bytes());
-    }
-    out
+    sluice_models::audio::wav::pcm16(16_000, 1, &sluice_models::audio::wav::to_pcm16(samples))
 }
 
 fn make(speech: &Path, out: &Path) -> anyhow::Result<()> {

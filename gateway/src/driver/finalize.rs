@@ -183,10 +183,12 @@ async fn write_files(state: &AppState, batch: &BatchRecord, ending: Ending) -> R
                     .map_or((ErrorCode::Internal, "the job failed".to_string()), |e| {
                         (e.code, e.message)
                     });
+                let callers_url = request.audio.as_ref().is_some_and(|a| a.callers_url);
+                let message = crate::job_errors::for_client(&job_id, code, &message, callers_url);
                 let error = RequestError {
                     status: openai::http_status(code),
                     code: code.as_str(),
-                    message: crate::job_errors::for_client(&job_id, code, &message).into_owned(),
+                    message: message.into_owned(),
                     param: None,
                 };
                 let line = openai::output_line(&request_id, &custom_id, error.status, error.body());

@@ -54,6 +54,10 @@ pub struct Fields {
 pub struct Answering {
     pub format: ResponseFormat,
     pub translate: bool,
+    /// The recording is the caller's own URL (a batch line's `https://`
+    /// one), not an object the gateway stored: why it could not be read is
+    /// the caller's to know.
+    pub callers_url: bool,
 }
 
 impl Default for Answering {
@@ -61,6 +65,7 @@ impl Default for Answering {
         Answering {
             format: ResponseFormat::Json,
             translate: false,
+            callers_url: false,
         }
     }
 }
@@ -121,6 +126,7 @@ pub fn batch_item(
         },
     };
     let asked = read_fields(fields)?;
+    let callers_url = source.get("audio_url").is_some();
     let mut item = source;
     if let Some(language) = asked.language {
         item["language"] = json!(language);
@@ -133,6 +139,7 @@ pub fn batch_item(
         Answering {
             format: asked.format,
             translate,
+            callers_url,
         },
     ))
 }

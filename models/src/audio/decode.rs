@@ -258,26 +258,8 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
-    /// A 16-bit PCM WAV of `channels` interleaved channels.
-    pub(crate) fn wav(rate: u32, channels: u16, samples: &[i16]) -> Vec<u8> {
-        let data = (samples.len() * 2) as u32;
-        let mut out = Vec::new();
-        out.extend_from_slice(b"RIFF");
-        out.extend_from_slice(&(36 + data).to_le_bytes());
-        out.extend_from_slice(b"WAVEfmt ");
-        out.extend_from_slice(&16u32.to_le_bytes());
-        out.extend_from_slice(&1u16.to_le_bytes());
-        out.extend_from_slice(&channels.to_le_bytes());
-        out.extend_from_slice(&rate.to_le_bytes());
-        out.extend_from_slice(&(rate * u32::from(channels) * 2).to_le_bytes());
-        out.extend_from_slice(&(channels * 2).to_le_bytes());
-        out.extend_from_slice(&16u16.to_le_bytes());
-        out.extend_from_slice(b"data");
-        out.extend_from_slice(&data.to_le_bytes());
-        for s in samples {
-            out.extend_from_slice(&s.to_le_bytes());
-        }
-        out
+    fn wav(rate: u32, channels: u16, samples: &[i16]) -> Vec<u8> {
+        crate::audio::wav::pcm16(rate, channels, samples)
     }
 
     /// Stereo 44.1 kHz, the left channel a tone and the right its

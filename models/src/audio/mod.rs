@@ -6,6 +6,7 @@
 pub mod decode;
 pub mod features;
 pub mod resample;
+pub mod wav;
 
 pub use decode::{Audio, AudioError, decode_bytes, decode_file};
 pub use features::{FeatureExtractor, LogMel};

@@ -62,24 +62,7 @@ fn reference() -> Speech {
 
 /// 16-bit mono PCM as a WAV file.
 fn wav(samples: &[i16], rate: u32) -> Vec<u8> {
-    let data = samples.len() as u32 * 2;
-    let mut out = Vec::with_capacity(44 + data as usize);
-    out.extend_from_slice(b"RIFF");
-    out.extend_from_slice(&(36 + data).to_le_bytes());
-    out.extend_from_slice(b"WAVEfmt ");
-    out.extend_from_slice(&16u32.to_le_bytes());
-    out.extend_from_slice(&1u16.to_le_bytes());
-    out.extend_from_slice(&1u16.to_le_bytes());
-    out.extend_from_slice(&rate.to_le_bytes());
-    out.extend_from_slice(&(rate * 2).to_le_bytes());
-    out.extend_from_slice(&2u16.to_le_bytes());
-    out.extend_from_slice(&16u16.to_le_bytes());
-    out.extend_from_slice(b"data");
-    out.extend_from_slice(&data.to_le_bytes());
-    for s in samples {
-        out.extend_from_slice(&s.to_le_bytes());
-    }
-    out
+    sluice_models::audio::wav::pcm16(rate, 1, samples)
 }
 
 fn transcript(outcome: &Outcome, id: &str) -> Transcript {
@@ -504,6 +487,8 @@ lines = [
     line("no-such-file", {"file": "file-0123456789abcdef0123456789abcdef"}),
     line("warm", {"file": speech_id, "temperature": 0.7}),
     line("translate", {"file": speech_id}, url="/v1/audio/translations"),
+    # The caller's own URL, which the consumers refuse to fetch: why is theirs to know.
+    line("their-url", {"file": "https://127.0.0.1:9/talk.mp3"}),
 ]
 body = "".join(json.dumps(l) + "\n" for l in lines).encode()
 batch_input = client.files.create(file=("lines.jsonl", io.BytesIO(body)), purpose="batch")
@@ -524,7 +509,8 @@ print(json.dumps({"batch": batch.model_dump(), "output": read(batch.output_file_
 /// model lacks, a file that does not exist, a temperature and a
 /// translation on an English-only model each fail alone, and so does the
 /// attack: a line naming another tenant's uploaded recording by its id
-/// (refused before any URL to it is made).
+/// (refused before any URL to it is made); a line naming its own URL that
+/// the consumers refuse to fetch is told the consumer's reason.
 #[tokio::test]
 async fn a_batch_of_transcription_lines_answers_every_line() {
     let d = Deployment::start().await.unwrap();
@@ -554,7 +540,7 @@ async fn a_batch_of_transcription_lines_answers_every_line() {
     assert_eq!(batch["status"], "completed", "{got}");
     assert_eq!(
         batch["request_counts"],
-        json!({"total": 9, "completed": 4, "failed": 5}),
+        json!({"total": 10, "completed": 4, "failed": 6}),
         "{got}"
     );
     let by_id = |lines: &Value| -> HashMap<String, Value> {
@@ -567,7 +553,7 @@ async fn a_batch_of_transcription_lines_answers_every_line() {
     };
     let output = by_id(&got["output"]);
     let errors = by_id(&got["errors"]);
-    assert_eq!(output.len() + errors.len(), 9, "each line once: {got}");
+    assert_eq!(output.len() + errors.len(), 10, "each line once: {got}");
     let body = |id: &str| output[id]["response"]["body"].clone();
     let text = body("speech-json")["text"].as_str().unwrap().to_string();
     assert!(text.contains("dog.") && text.contains("memory"), "{text}");
@@ -586,6 +572,8 @@ async fn a_batch_of_transcription_lines_answers_every_line() {
         ("no-such-file", "not one of your files"),
         ("warm", "temperature"),
         ("translate", "cannot translate"),
+        // Not "stored by the gateway": the consumer's own reason.
+        ("their-url", "127.0.0.1 is a loopback address"),
     ] {
         let line = &errors[id];
         let message = line["response"]["body"]["error"]["message"]
@@ -595,4 +583,108 @@ async fn a_batch_of_transcription_lines_answers_every_line() {
         assert!(message.contains(says), "{id}: {line}");
     }
     gateway.stop();
+}
+
+/// `POST /v1/audio/transcriptions` of a body built by hand: the recording
+/// as `file`, the model, the response format.
+async fn post_transcription(base: &str, audio: &[u8]) -> (u16, serde_json::Value) {
+    const BOUNDARY: &str = "sluice-test-boundary";
+    let mut body = Vec::new();
+    for (name, value) in [("model", "whisper-tiny-en"), ("response_format", "json")] {
+        body.extend_from_slice(
+            format!(
+                "--{BOUNDARY}\r\ncontent-disposition: form-data; name=\"{name}\"\r\n\r\n{value}\r\n"
+            )
+            .as_bytes(),
+        );
+    }
+    body.extend_from_slice(
+        format!(
+            "--{BOUNDARY}\r\ncontent-disposition: form-data; name=\"file\"; filename=\"talk.wav\"\r\ncontent-type: audio/wav\r\n\r\n"
+        )
+        .as_bytes(),
+    );
+    body.extend_from_slice(audio);
+    body.extend_from_slice(format!("\r\n--{BOUNDARY}--\r\n").as_bytes());
+    let response = reqwest::Client::new()
+        .post(format!("{base}/audio/transcriptions"))
+        .bearer_auth(KEY)
+        .header(
+            "content-type",
+            format!("multipart/form-data; boundary={BOUNDARY}"),
+        )
+        .body(body)
+        .timeout(Duration::from_secs(300))
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let body = response.text().await.unwrap();
+    (status, serde_json::from_str(&body).unwrap_or(json!({"raw": body})))
+}
+
+/// A recording's time to transcribe grows with its length, which the
+/// gateway does not know: an online transcription that started by its
+/// deadline is waited for `--online-transcribe-secs` (600 by default), not
+/// the seconds other requests get past theirs (`--online-grace-secs`).
+/// Before, a recording that took longer than the deadline and that grace
+/// was cancelled mid-file and answered 504. Past `--online-transcribe-secs`
+/// the request is answered 504 naming it, and its job cancelled.
+#[tokio::test]
+async fn an_online_transcription_is_waited_for_as_long_as_a_recording_takes() {
+    let d = Deployment::start().await.unwrap();
+    let consumer = transcriber(&d).await;
+    // About 4.5 minutes of speech: several seconds to transcribe here,
+    // more than the deadline and the grace below together.
+    let mut speech = reference();
+    speech.repeats = 30;
+    let audio = wav(&long_recording(&speech), 16_000);
+    let short = ["--online-deadline-secs=1", "--online-grace-secs=1"];
+    let gateway = d.start_gateway(KEYS, &short).await.unwrap();
+    let base = format!("http://{}/v1", gateway.addr);
+    let started = std::time::Instant::now();
+    let (status, body) = post_transcription(&base, &audio).await;
+    let took = started.elapsed().as_secs_f64();
+    eprintln!("answered {status} in {took:.1} s");
+    assert_eq!(status, 200, "{body}");
+    let text = body["text"].as_str().unwrap();
+    assert_eq!(text.matches("memory").count(), 30, "{text}");
+    assert!(
+        took > 2.0,
+        "the transcription took {took:.1} s: too quick to show the wait"
+    );
+
+    let strict = [
+        "--online-deadline-secs=1",
+        "--online-grace-secs=1",
+        "--online-transcribe-secs=1",
+    ];
+    let gateway = d.start_gateway(KEYS, &strict).await.unwrap();
+    let base = format!("http://{}/v1", gateway.addr);
+    let (status, body) = post_transcription(&base, &audio).await;
+    assert_eq!(status, 504, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("was not done 1 s after it (--online-transcribe-secs); it was cancelled"),
+        "{message}"
+    );
+    assert_eq!(body["error"]["code"], "deadline_exceeded", "{body}");
+    // The job was cancelled, not lost: recorded so, nothing left in the
+    // stream, nothing dead-lettered.
+    let job = message.split_whitespace().nth(1).unwrap();
+    let record = d.producer.status(job).await.unwrap().unwrap();
+    assert_eq!(
+        record.state,
+        sluice_schemas::JobState::Cancelled,
+        "{record:?}"
+    );
+    assert_eq!(d.jobs_in_stream_settled(0).await, 0);
+    assert_eq!(d.dead_letters().await, 0);
+    assert_eq!(
+        consumer
+            .stats
+            .jobs_ok
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
 }
