@@ -675,6 +675,16 @@ impl GatewayProcess {
 }
 
 /// A consumer running as a child process; killed on drop.
+/// What [`ConsumerProcess::sample_memory`] saw: the most reserved of the
+/// job budget, that budget, the peak RSS, and how many samples.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct MemorySamples {
+    pub max_reserved: u64,
+    pub budget: u64,
+    pub max_rss: u64,
+    pub samples: u64,
+}
+
 pub struct ConsumerProcess {
     process: Owned,
     log: PathBuf,
@@ -736,6 +746,40 @@ impl ConsumerProcess {
     /// Resident memory of the process, in bytes.
     pub fn resident_bytes(&self) -> Option<u64> {
         crate::resident_bytes_of(self.pid()?)
+    }
+
+    /// Samples the process's reserved budget (`/debug/memory`, asserting
+    /// it never passes the budget) and its RSS every 50 ms until `stop`.
+    pub fn sample_memory(
+        &self,
+        stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    ) -> tokio::task::JoinHandle<MemorySamples> {
+        let url = format!("{}/debug/memory", self.http());
+        let pid = self.pid();
+        tokio::spawn(async move {
+            let mut seen = MemorySamples::default();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let read = async { reqwest::get(&url).await.ok()?.text().await.ok() };
+                if let Some(v) = read
+                    .await
+                    .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+                {
+                    let reserved = v["reserved_bytes"].as_u64().unwrap_or(0);
+                    seen.budget = v["budget_bytes"].as_u64().unwrap_or(0);
+                    assert!(
+                        reserved <= seen.budget,
+                        "reserved {reserved} over budget {}",
+                        seen.budget
+                    );
+                    seen.max_reserved = seen.max_reserved.max(reserved);
+                    seen.samples += 1;
+                }
+                let rss = pid.and_then(crate::resident_bytes_of).unwrap_or(0);
+                seen.max_rss = seen.max_rss.max(rss);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            seen
+        })
     }
 
     /// SIGTERM, then wait up to `grace`; returns whether it exited by itself.

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use sluice_schemas::{Input, Outcome};
-use sluice_tests::deploy::{ConsumerProcess, Deployment};
+use sluice_tests::deploy::Deployment;
 
 use sluice_tests::results::wait_results;
 
@@ -80,38 +80,6 @@ async fn assert_drained(d: &Deployment) {
     assert_eq!(info.num_pending, 0, "undelivered jobs left");
 }
 
-/// Samples a consumer process's reserved budget and RSS until stopped.
-fn sample_memory(
-    c: &ConsumerProcess,
-    stop: Arc<AtomicBool>,
-) -> tokio::task::JoinHandle<(u64, u64, u64, u64)> {
-    let url = format!("{}/debug/memory", c.http());
-    let pid = c.pid().unwrap();
-    tokio::spawn(async move {
-        let (mut max_reserved, mut budget, mut max_rss, mut samples) = (0u64, 0u64, 0u64, 0u64);
-        while !stop.load(Ordering::Relaxed) {
-            if let Some(v) = get_json(&url).await {
-                let reserved = v["reserved_bytes"].as_u64().unwrap();
-                budget = v["budget_bytes"].as_u64().unwrap();
-                assert!(
-                    reserved <= budget,
-                    "reserved {reserved} over budget {budget}"
-                );
-                max_reserved = max_reserved.max(reserved);
-                samples += 1;
-            }
-            max_rss = max_rss.max(sluice_tests::resident_bytes_of(pid).unwrap_or(0));
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        (max_reserved, budget, max_rss, samples)
-    })
-}
-
-async fn get_json(url: &str) -> Option<serde_json::Value> {
-    let text = reqwest::get(url).await.ok()?.text().await.ok()?;
-    serde_json::from_str(&text).ok()
-}
-
 #[tokio::test]
 async fn flood_of_20000_jobs_stays_in_budget_and_completes_each_once() {
     // SLUICE_FLOOD_JOBS shrinks the flood for a quick local run.
@@ -135,12 +103,14 @@ async fn flood_of_20000_jobs_stays_in_budget_and_completes_each_once() {
         .await
         .unwrap();
     let stop = Arc::new(AtomicBool::new(false));
-    let sampler = sample_memory(&consumer, Arc::clone(&stop));
+    let sampler = consumer.sample_memory(Arc::clone(&stop));
     let t1 = Instant::now();
     let got = wait_results(&mut results, n, Duration::from_secs(900)).await;
     let secs = t1.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
-    let (max_reserved, job_budget, max_rss, samples) = sampler.await.unwrap();
+    let seen = sampler.await.unwrap();
+    let (max_reserved, job_budget, max_rss, samples) =
+        (seen.max_reserved, seen.budget, seen.max_rss, seen.samples);
     exactly_once(&got, "flood", n);
     assert_drained(&d).await;
 

@@ -620,7 +620,10 @@ async fn post_transcription(base: &str, audio: &[u8]) -> (u16, serde_json::Value
         .unwrap();
     let status = response.status().as_u16();
     let body = response.text().await.unwrap();
-    (status, serde_json::from_str(&body).unwrap_or(json!({"raw": body})))
+    (
+        status,
+        serde_json::from_str(&body).unwrap_or(json!({"raw": body})),
+    )
 }
 
 /// A recording's time to transcribe grows with its length, which the
@@ -687,4 +690,92 @@ async fn an_online_transcription_is_waited_for_as_long_as_a_recording_takes() {
             .load(std::sync::atomic::Ordering::Relaxed),
         1
     );
+}
+
+/// A flood of recordings at a small budget: the consumer pulls only what
+/// its budget holds at each job's worst (`--max-audio-seconds` and
+/// `--max-input-bytes`, and its window's decoding state), shrinks each to
+/// its real length once decoded, and decodes the windows it holds in
+/// shared steps; every job answered once with the reference's transcript,
+/// the reservation never past the budget, and the RSS within the budget
+/// plus the model (its f16 file widened to f32) plus an allowance.
+#[tokio::test]
+async fn a_flood_of_recordings_at_a_small_budget_keeps_memory_flat() {
+    const JOBS: usize = 12;
+    const BUDGET: u64 = 400 << 20;
+    let d = Deployment::start().await.unwrap();
+    let speech = reference();
+    let input = d
+        .producer
+        .upload_input_as(
+            "flood.wav",
+            wav(&long_recording(&speech), 16_000),
+            InputFormat::Audio,
+            None,
+        )
+        .await
+        .unwrap();
+    let mut results = d.producer.subscribe_results().await.unwrap();
+    let ids: Vec<String> = (0..JOBS).map(|i| format!("flood-{i}")).collect();
+    for id in &ids {
+        let mut job = d.producer.job(Task::Transcribe, id, vec![input.clone()]);
+        job.model = Task::Transcribe.default_model().into();
+        d.producer.submit(&job).await.unwrap();
+    }
+    let mut consumer = d
+        .spawn_consumer(&[
+            "--task=transcribe",
+            &format!("--memory-budget={BUDGET}"),
+            "--max-audio-seconds=600",
+            "--max-input-bytes=33554432",
+        ])
+        .await
+        .unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = consumer.sample_memory(std::sync::Arc::clone(&stop));
+    let started = std::time::Instant::now();
+    let got = wait_results(&mut results, JOBS, Duration::from_secs(600)).await;
+    let secs = started.elapsed().as_secs_f64();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let seen = sampler.await.unwrap();
+    let mut answered: HashMap<String, usize> = HashMap::new();
+    for r in &got {
+        let id = r.job_id.clone().unwrap_or_default();
+        let t = transcript(&r.outcome, &id);
+        assert_eq!(t.text, speech.text, "{id}");
+        *answered.entry(id).or_default() += 1;
+    }
+    assert_eq!(answered.len(), JOBS, "every job answered: {answered:?}");
+    assert!(
+        answered.values().all(|&n| n == 1),
+        "each once: {answered:?}"
+    );
+    let model =
+        std::fs::metadata(sluice_tests::models_dir().join("whisper-tiny-en/model.safetensors"))
+            .unwrap()
+            .len();
+    const ALLOWANCE: u64 = 256 << 20;
+    eprintln!(
+        "{JOBS} recordings of {:.0} s in {secs:.1} s; {} samples; reserved peak {} MiB of {} MiB; \
+         RSS peak {} MiB (limit: budget {} + model in f32 {} + allowance {} MiB)",
+        speech.repeats as f64 * 8.94,
+        seen.samples,
+        seen.max_reserved >> 20,
+        seen.budget >> 20,
+        seen.max_rss >> 20,
+        BUDGET >> 20,
+        (2 * model) >> 20,
+        ALLOWANCE >> 20
+    );
+    assert!(seen.samples > 10, "too few memory samples");
+    assert!(seen.max_reserved > 0, "the budget was never used");
+    assert!(
+        seen.max_rss <= BUDGET + 2 * model + ALLOWANCE,
+        "RSS {} MiB past the budget, the model and the allowance",
+        seen.max_rss >> 20
+    );
+    assert_eq!(d.dead_letters().await, 0);
+    assert_eq!(d.jobs_in_stream_settled(0).await, 0);
+    let status = consumer.terminate(Duration::from_secs(30));
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
 }
