@@ -68,12 +68,13 @@ fn kubernetes_manifests_validate_strictly() {
         "deploy/kubernetes/init-job.yaml",
         "deploy/kubernetes/deployment.yaml",
         "deploy/kubernetes/deployment-generate.yaml",
+        "deploy/kubernetes/deployment-transcribe.yaml",
         "deploy/kubernetes/deployment-gpu.yaml",
         "deploy/kubernetes/gateway.yaml",
     ];
     let (ok, out) = run(&validate, &[&["--strict"][..], &manifests[..]].concat());
     assert!(ok, "{out}");
-    assert_eq!(out.matches("passed for resource").count(), 11, "{out}");
+    assert_eq!(out.matches("passed for resource").count(), 12, "{out}");
     let dir = tempfile::tempdir().unwrap();
     let bad = typo_copy(
         dir.path(),
@@ -96,6 +97,7 @@ fn keda_scaled_object_validates_against_its_schema() {
             schema,
             "deploy/kubernetes/scaledobject.yaml",
             "deploy/kubernetes/scaledobject-generate.yaml",
+            "deploy/kubernetes/scaledobject-transcribe.yaml",
         ],
     );
     assert!(ok, "{out}");
@@ -126,7 +128,11 @@ fn init_job_settings() -> sluice_producer::provision::Settings {
 /// Each ScaledObject of scaledobject*.yaml: (its target, the durables its
 /// triggers read).
 fn scaled_objects() -> Vec<(String, Vec<String>)> {
-    let text: String = ["scaledobject.yaml", "scaledobject-generate.yaml"]
+    let text: String = [
+        "scaledobject.yaml",
+        "scaledobject-generate.yaml",
+        "scaledobject-transcribe.yaml",
+    ]
         .iter()
         .map(|f| std::fs::read_to_string(repo_root().join("deploy/kubernetes").join(f)).unwrap())
         .collect();
@@ -170,7 +176,11 @@ fn every_deployed_model_scales_on_its_own_durables() {
         want.sort();
         assert_eq!(have, want, "{} scales on the wrong durables", m.key());
         // Its target runs the model's task and model.
-        let deployment = ["deployment.yaml", "deployment-generate.yaml"]
+        let deployment = [
+            "deployment.yaml",
+            "deployment-generate.yaml",
+            "deployment-transcribe.yaml",
+        ]
             .iter()
             .map(|f| {
                 std::fs::read_to_string(repo_root().join("deploy/kubernetes").join(f)).unwrap()
