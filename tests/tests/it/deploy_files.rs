@@ -133,9 +133,9 @@ fn scaled_objects() -> Vec<(String, Vec<String>)> {
         "scaledobject-generate.yaml",
         "scaledobject-transcribe.yaml",
     ]
-        .iter()
-        .map(|f| std::fs::read_to_string(repo_root().join("deploy/kubernetes").join(f)).unwrap())
-        .collect();
+    .iter()
+    .map(|f| std::fs::read_to_string(repo_root().join("deploy/kubernetes").join(f)).unwrap())
+    .collect();
     text.split("kind: ScaledObject")
         .skip(1)
         .map(|doc| {
@@ -181,12 +181,10 @@ fn every_deployed_model_scales_on_its_own_durables() {
             "deployment-generate.yaml",
             "deployment-transcribe.yaml",
         ]
-            .iter()
-            .map(|f| {
-                std::fs::read_to_string(repo_root().join("deploy/kubernetes").join(f)).unwrap()
-            })
-            .find(|d| d.contains(&format!("  name: {target}\n")))
-            .unwrap_or_else(|| panic!("no Deployment {target}"));
+        .iter()
+        .map(|f| std::fs::read_to_string(repo_root().join("deploy/kubernetes").join(f)).unwrap())
+        .find(|d| d.contains(&format!("  name: {target}\n")))
+        .unwrap_or_else(|| panic!("no Deployment {target}"));
         let env = |name: &str| {
             deployment
                 .lines()
