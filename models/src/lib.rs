@@ -15,6 +15,7 @@ pub mod audio;
 pub mod decoder;
 pub mod encoder;
 mod error;
+pub mod image;
 pub mod tokenizer;
 pub mod whisper;
 
