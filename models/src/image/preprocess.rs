@@ -19,8 +19,17 @@ use crate::error::LoadError;
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
 #[serde(untagged)]
 pub enum Size {
-    ShortestEdge { shortest_edge: usize },
-    HeightWidth { height: usize, width: usize },
+    ShortestEdge {
+        shortest_edge: usize,
+    },
+    HeightWidth {
+        height: usize,
+        width: usize,
+    },
+    /// A plain number, as older configs write it (openai's CLIP
+    /// directories): what it means depends on the processor
+    /// ([`ImageProcessor::settled`]).
+    Number(usize),
 }
 
 /// What `preprocessor_config.json` says, of what sluice runs.
@@ -43,6 +52,9 @@ pub struct ImageProcessor {
     pub do_normalize: bool,
     pub image_mean: Option<[f64; 3]>,
     pub image_std: Option<[f64; 3]>,
+    /// `CLIPImageProcessor`, `SiglipImageProcessor`, ...
+    #[serde(default)]
+    pub image_processor_type: Option<String>,
 }
 
 fn yes() -> bool {
@@ -93,11 +105,39 @@ impl ImageProcessor {
             })?;
         let settings = value.get("image_processor").cloned().unwrap_or(value);
         let processor: ImageProcessor = serde_json::from_value(settings)
+            .map(ImageProcessor::settled)
             .map_err(|e| LoadError::Unsupported(format!("{}: {e}", path.display())))?;
         processor
             .check()
             .map_err(|m| LoadError::Unsupported(format!("{}: {m}", path.display())))?;
         Ok(processor)
+    }
+
+    /// Plain-number sizes read as transformers reads them
+    /// (`get_size_dict`): `size` is the shortest edge for CLIP's processor
+    /// (`default_to_square=False`), a square for the others; `crop_size`
+    /// always a square.
+    pub fn settled(mut self) -> ImageProcessor {
+        let clip = self
+            .image_processor_type
+            .as_deref()
+            .is_some_and(|t| t.starts_with("CLIPImageProcessor"));
+        if let Size::Number(n) = self.size {
+            self.size = match clip {
+                true => Size::ShortestEdge { shortest_edge: n },
+                false => Size::HeightWidth {
+                    height: n,
+                    width: n,
+                },
+            };
+        }
+        if let Some(Size::Number(n)) = self.crop_size {
+            self.crop_size = Some(Size::HeightWidth {
+                height: n,
+                width: n,
+            });
+        }
+        self
     }
 
     /// Why sluice cannot run these settings, if it cannot.
@@ -122,6 +162,8 @@ impl ImageProcessor {
     pub fn resized_size(&self, width: usize, height: usize) -> (usize, usize) {
         match self.size {
             Size::HeightWidth { height, width } => (width, height),
+            // Not settled: a square, as transformers' default.
+            Size::Number(n) => (n, n),
             Size::ShortestEdge { shortest_edge } => {
                 let (short, long) = if width <= height {
                     (width, height)
@@ -235,6 +277,32 @@ mod tests {
         assert_eq!(clip.resized_size(300, 200), (336, 224));
         assert_eq!(clip.resized_size(303, 200), (339, 224));
         assert_eq!(clip.resized_size(200, 1000), (224, 1120));
+        // Older configs' plain numbers, as transformers reads them.
+        let numbers = |kind: &str| -> ImageProcessor {
+            serde_json::from_value::<ImageProcessor>(serde_json::json!({
+                "image_processor_type": kind, "size": 224, "crop_size": 224,
+                "do_center_crop": true, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]
+            }))
+            .unwrap()
+            .settled()
+        };
+        let old_clip = numbers("CLIPImageProcessor");
+        assert_eq!(old_clip.size, Size::ShortestEdge { shortest_edge: 224 });
+        assert_eq!(
+            old_clip.crop_size,
+            Some(Size::HeightWidth {
+                height: 224,
+                width: 224
+            })
+        );
+        assert!(old_clip.check().is_ok());
+        assert_eq!(
+            numbers("SiglipImageProcessor").size,
+            Size::HeightWidth {
+                height: 224,
+                width: 224
+            }
+        );
         let image = Rgb8 {
             width: 5,
             height: 1,
