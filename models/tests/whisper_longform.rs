@@ -15,12 +15,13 @@
 
 mod common;
 
+use common::{RefSegment, same_segments};
+
 use serde::Deserialize;
 use sluice_models::audio::decode_file;
 use sluice_models::audio::features::{FeatureExtractor, WINDOW_FRAMES};
 use sluice_models::whisper::transcribe::{
-    Decoded, Options, Recording, Segment, WindowDecoding, decode_step, decode_window,
-    timestamp_prompt,
+    Decoded, Options, Recording, WindowDecoding, decode_step, decode_window, timestamp_prompt,
 };
 use sluice_models::whisper::transcriptions::transcribe;
 use sluice_models::whisper::{GenerationSettings, WhisperConfig, WhisperModel, WhisperTask};
@@ -53,13 +54,6 @@ struct SpeechCase {
     text: String,
 }
 
-#[derive(Deserialize, Debug)]
-struct RefSegment {
-    start: f64,
-    end: f64,
-    tokens: Vec<u32>,
-}
-
 fn load(dir: &std::path::Path) -> (WhisperModel, GenerationSettings, FeatureExtractor) {
     let config = WhisperConfig::load(dir).unwrap();
     let mels = config.num_mel_bins;
@@ -68,34 +62,6 @@ fn load(dir: &std::path::Path) -> (WhisperModel, GenerationSettings, FeatureExtr
         GenerationSettings::load(dir).unwrap(),
         FeatureExtractor::new(mels),
     )
-}
-
-fn same_segments(what: &str, got: &[Segment], want: &[RefSegment]) {
-    let brief = |s: &[Segment]| {
-        s.iter()
-            .map(|s| (s.start, s.end, s.tokens.len()))
-            .collect::<Vec<_>>()
-    };
-    assert_eq!(
-        got.len(),
-        want.len(),
-        "{what}: {:?} against {:?}",
-        brief(got),
-        want.iter()
-            .map(|s| (s.start, s.end, s.tokens.len()))
-            .collect::<Vec<_>>()
-    );
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert_eq!(g.tokens, w.tokens, "{what}: segment {i}");
-        assert!(
-            (g.start - w.start).abs() < 1e-3 && (g.end - w.end).abs() < 1e-3,
-            "{what}: segment {i} at {}..{}, the reference's {}..{}",
-            g.start,
-            g.end,
-            w.start,
-            w.end
-        );
-    }
 }
 
 fn reference() -> Reference {

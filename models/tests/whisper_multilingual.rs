@@ -14,6 +14,8 @@
 
 mod common;
 
+use common::{RefSegment, same_segments};
+
 use serde::Deserialize;
 use sluice_models::audio::decode_file;
 use sluice_models::audio::features::WINDOW_FRAMES;
@@ -33,47 +35,6 @@ struct Case {
     transcribed: Vec<RefSegment>,
     transcribed_text: String,
     translated: Vec<RefSegment>,
-}
-
-#[derive(Deserialize)]
-struct RefSegment {
-    start: f64,
-    end: f64,
-    tokens: Vec<u32>,
-}
-
-fn same_segments(
-    what: &str,
-    got: &[sluice_models::whisper::transcribe::Segment],
-    want: &[RefSegment],
-) {
-    let brief = |s: &[(f64, f64, usize)]| format!("{s:?}");
-    let got_brief: Vec<_> = got
-        .iter()
-        .map(|s| (s.start, s.end, s.tokens.len()))
-        .collect();
-    let want_brief: Vec<_> = want
-        .iter()
-        .map(|s| (s.start, s.end, s.tokens.len()))
-        .collect();
-    assert_eq!(
-        got.len(),
-        want.len(),
-        "{what}: {} against {}",
-        brief(&got_brief),
-        brief(&want_brief)
-    );
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert_eq!(g.tokens, w.tokens, "{what}: segment {i}");
-        assert!(
-            (g.start - w.start).abs() < 1e-3 && (g.end - w.end).abs() < 1e-3,
-            "{what}: segment {i} at {}..{}, the reference's {}..{}",
-            g.start,
-            g.end,
-            w.start,
-            w.end
-        );
-    }
 }
 
 #[test]

@@ -148,3 +148,47 @@ pub fn fixture_signal(seed: u32, n: usize) -> Vec<i64> {
         })
         .collect()
 }
+
+/// A transcript segment as the Whisper fixtures write it (transformers'
+/// `generate(return_segments=True)`).
+#[derive(Deserialize, Debug)]
+pub struct RefSegment {
+    pub start: f64,
+    pub end: f64,
+    pub tokens: Vec<u32>,
+}
+
+/// `got` is `want` segment for segment: tokens equal, times within 1e-3 s.
+pub fn same_segments(
+    what: &str,
+    got: &[sluice_models::whisper::transcribe::Segment],
+    want: &[RefSegment],
+) {
+    let brief = |s: Vec<(f64, f64, usize)>| format!("{s:?}");
+    assert_eq!(
+        got.len(),
+        want.len(),
+        "{what}: {} against {}",
+        brief(
+            got.iter()
+                .map(|s| (s.start, s.end, s.tokens.len()))
+                .collect()
+        ),
+        brief(
+            want.iter()
+                .map(|s| (s.start, s.end, s.tokens.len()))
+                .collect()
+        )
+    );
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.tokens, w.tokens, "{what}: segment {i}");
+        assert!(
+            (g.start - w.start).abs() < 1e-3 && (g.end - w.end).abs() < 1e-3,
+            "{what}: segment {i} at {}..{}, the reference's {}..{}",
+            g.start,
+            g.end,
+            w.start,
+            w.end
+        );
+    }
+}
