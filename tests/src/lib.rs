@@ -62,7 +62,8 @@ fn find_binary(name: &str) -> Result<PathBuf> {
 }
 
 /// A port that was free a moment ago on 127.0.0.1, from outside the
-/// kernel's ephemeral range where one exists.
+/// kernel's ephemeral range where one exists, and held for this process
+/// until it ends.
 ///
 /// A server that is killed and restarted must get its port back (a cluster
 /// node's peers know it by it). A port from the ephemeral range can be
@@ -70,16 +71,22 @@ fn find_binary(name: &str) -> Result<PathBuf> {
 /// once failed so: "bind: address already in use" on restart); ports below
 /// the range are only taken by servers that bind them. Picked at random
 /// (the suite's test processes pick at once) and checked by binding.
+///
+/// Binding only shows the port free *now*: while a soak's node was down
+/// another test process picked its cluster port, and the node could not
+/// come back (CI, stop 67). So each pick is also reserved across the
+/// suite's processes by a lock on a file named for it ([`reserve_port`]),
+/// which the kernel releases when this process ends, however it ends.
 pub fn free_port() -> u16 {
     static PICKS: AtomicU32 = AtomicU32::new(0);
     let (low, high) = outside_ephemeral_ports();
     if low < high {
-        for _ in 0..64 {
+        for _ in 0..256 {
             let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
             hasher.write_u32(std::process::id());
             hasher.write_u32(PICKS.fetch_add(1, Ordering::Relaxed));
             let port = low + (hasher.finish() % u64::from(high - low)) as u16;
-            if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            if TcpListener::bind(("127.0.0.1", port)).is_ok() && reserve_port(port) {
                 return port;
             }
         }
@@ -88,6 +95,34 @@ pub fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("bind an ephemeral loopback port")
+}
+
+/// Takes `port` for this process: an exclusive lock on
+/// `$TMPDIR/sluice-test-ports/<port>`, kept open until the process exits.
+/// False when another process (or this one) holds it. Where the lock
+/// directory cannot be made the reservation is skipped (true): the bind
+/// check still stands.
+fn reserve_port(port: u16) -> bool {
+    static HELD: std::sync::Mutex<Vec<File>> = std::sync::Mutex::new(Vec::new());
+    let dir = std::env::temp_dir().join("sluice-test-ports");
+    if std::fs::create_dir_all(&dir).is_err() {
+        return true;
+    }
+    let Ok(file) = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(port.to_string()))
+    else {
+        return true;
+    };
+    match file.try_lock() {
+        Ok(()) => {
+            HELD.lock().unwrap_or_else(|e| e.into_inner()).push(file);
+            true
+        }
+        Err(_) => false,
+    }
 }
 
 /// The ports below the kernel's ephemeral range, down to 10000 (Linux's
@@ -776,4 +811,25 @@ pub async fn offline_vectors(texts: &[&str]) -> Vec<Vec<f32>> {
             .expect("an npy file");
     assert_eq!(rows, texts.len());
     values.chunks(dim).map(<[f32]>::to_vec).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn a_picked_port_stays_reserved_while_its_server_is_down() {
+        // Nothing listens on the port after the pick (the server is
+        // down), yet no later pick, here or in another process, takes it:
+        // the lock is on an open file description, as another process's
+        // would be.
+        let port = free_port();
+        assert!(TcpListener::bind(("127.0.0.1", port)).is_ok());
+        if outside_ephemeral_ports().0 < outside_ephemeral_ports().1 {
+            assert!(!reserve_port(port), "port {port} handed out twice");
+            let later: Vec<u16> = (0..200).map(|_| free_port()).collect();
+            assert!(!later.contains(&port));
+        }
+    }
 }
