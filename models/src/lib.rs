@@ -16,6 +16,7 @@ pub mod decoder;
 pub mod encoder;
 mod error;
 pub mod image;
+mod packed_layers;
 pub mod tokenizer;
 pub mod whisper;
 

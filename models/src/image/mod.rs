@@ -8,7 +8,9 @@
 pub mod decode;
 pub mod preprocess;
 pub mod resample;
+pub mod tower;
 
 pub use decode::{ImageError, decode};
 pub use preprocess::{ImageProcessor, PixelValues};
 pub use resample::{Filter, Rgb8};
+pub use tower::{Family, VisionTower};

@@ -9,84 +9,15 @@
 //! computed once per window, every product of a step's few tokens shared
 //! among the threads by output panels, the vocabulary projection included.
 
-use candle_core::Tensor;
 use candle_nn::VarBuilder;
 use sluice_kernels::decoder::{AttentionRule, DecoderHeads, SequenceAttention, causal_attention};
 
 use super::config::WhisperConfig;
 use crate::encoder_kernels::{self as kernels, Activation, Heads, PackedLinear, Span};
+use crate::packed_layers::{Norm, add, linear, stacked, values};
 
+/// Whisper's layer norms (every one of them).
 const LAYER_NORM_EPS: f32 = 1e-5;
-
-fn values(t: Tensor) -> candle_core::Result<Vec<f32>> {
-    t.flatten_all()?.to_vec1::<f32>()
-}
-
-struct Norm {
-    weight: Vec<f32>,
-    bias: Vec<f32>,
-}
-
-impl Norm {
-    fn load(vb: &VarBuilder, name: &str, width: usize) -> candle_core::Result<Norm> {
-        let vb = vb.pp(name);
-        Ok(Norm {
-            weight: values(vb.get(width, "weight")?)?,
-            bias: values(vb.get(width, "bias")?)?,
-        })
-    }
-
-    /// `out = norm(x)` per row.
-    fn apply(&self, x: &[f32], out: &mut Vec<f32>) {
-        out.clear();
-        out.extend_from_slice(x);
-        kernels::layer_norm(out, None, &self.weight, &self.bias, LAYER_NORM_EPS);
-    }
-}
-
-/// A linear layer `name` (`outputs x inputs`), with its bias or zeros.
-fn linear(
-    vb: &VarBuilder,
-    name: &str,
-    inputs: usize,
-    outputs: usize,
-    bias: bool,
-) -> candle_core::Result<PackedLinear> {
-    let (w, b) = weight_and_bias(vb, name, inputs, outputs, bias)?;
-    Ok(PackedLinear::new(&w, outputs, inputs, Some(&b)))
-}
-
-fn weight_and_bias(
-    vb: &VarBuilder,
-    name: &str,
-    inputs: usize,
-    outputs: usize,
-    bias: bool,
-) -> candle_core::Result<(Vec<f32>, Vec<f32>)> {
-    let vb = vb.pp(name);
-    let w = values(vb.get((outputs, inputs), "weight")?)?;
-    let b = match bias {
-        true => values(vb.get(outputs, "bias")?)?,
-        false => vec![0.0; outputs],
-    };
-    Ok((w, b))
-}
-
-/// Linear layers `names` of one input width stacked into one product (their
-/// outputs side by side, in order).
-fn stacked(
-    vb: &VarBuilder,
-    names: &[(&str, bool)],
-    width: usize,
-) -> candle_core::Result<PackedLinear> {
-    let (mut w, mut b) = (Vec::new(), Vec::new());
-    for (name, bias) in names {
-        let (wi, bi) = weight_and_bias(vb, name, width, width, *bias)?;
-        w.extend(wi);
-        b.extend(bi);
-    }
-    Ok(PackedLinear::new(&w, names.len() * width, width, Some(&b)))
-}
 
 /// A convolution of kernel 3 and padding 1 (`[out, in, 3]`) as a product
 /// over unfolded inputs (`in x 3` values per output position).
@@ -178,12 +109,6 @@ fn scatter_heads(
     }
 }
 
-fn add(x: &mut [f32], y: &[f32]) {
-    for (a, b) in x.iter_mut().zip(y) {
-        *a += b;
-    }
-}
-
 impl PackedWhisper {
     pub(super) fn load(vb: &VarBuilder, c: &WhisperConfig) -> candle_core::Result<PackedWhisper> {
         let d = c.d_model;
@@ -194,14 +119,14 @@ impl PackedWhisper {
                 let vb = enc.pp(format!("layers.{i}"));
                 let attn = vb.pp("self_attn");
                 Ok(EncoderLayer {
-                    attn_norm: Norm::load(&vb, "self_attn_layer_norm", d)?,
+                    attn_norm: Norm::load(&vb, LAYER_NORM_EPS, "self_attn_layer_norm", d)?,
                     qkv: stacked(
                         &attn,
                         &[("q_proj", true), ("k_proj", false), ("v_proj", true)],
                         d,
                     )?,
                     attn_out: linear(&attn, "out_proj", d, d, true)?,
-                    mlp_norm: Norm::load(&vb, "final_layer_norm", d)?,
+                    mlp_norm: Norm::load(&vb, LAYER_NORM_EPS, "final_layer_norm", d)?,
                     fc1: linear(&vb, "fc1", d, c.encoder_ffn_dim, true)?,
                     fc2: linear(&vb, "fc2", c.encoder_ffn_dim, d, true)?,
                 })
@@ -213,18 +138,18 @@ impl PackedWhisper {
                 let attn = vb.pp("self_attn");
                 let cross = vb.pp("encoder_attn");
                 Ok(DecoderLayer {
-                    self_norm: Norm::load(&vb, "self_attn_layer_norm", d)?,
+                    self_norm: Norm::load(&vb, LAYER_NORM_EPS, "self_attn_layer_norm", d)?,
                     self_qkv: stacked(
                         &attn,
                         &[("q_proj", true), ("k_proj", false), ("v_proj", true)],
                         d,
                     )?,
                     self_out: linear(&attn, "out_proj", d, d, true)?,
-                    cross_norm: Norm::load(&vb, "encoder_attn_layer_norm", d)?,
+                    cross_norm: Norm::load(&vb, LAYER_NORM_EPS, "encoder_attn_layer_norm", d)?,
                     cross_q: linear(&cross, "q_proj", d, d, true)?,
                     cross_kv: stacked(&cross, &[("k_proj", false), ("v_proj", true)], d)?,
                     cross_out: linear(&cross, "out_proj", d, d, true)?,
-                    mlp_norm: Norm::load(&vb, "final_layer_norm", d)?,
+                    mlp_norm: Norm::load(&vb, LAYER_NORM_EPS, "final_layer_norm", d)?,
                     fc1: linear(&vb, "fc1", d, c.decoder_ffn_dim, true)?,
                     fc2: linear(&vb, "fc2", c.decoder_ffn_dim, d, true)?,
                 })
@@ -246,7 +171,7 @@ impl PackedWhisper {
                 heads: c.encoder_attention_heads,
                 head_dim: d / c.encoder_attention_heads,
             },
-            encoder_norm: Norm::load(&enc, "layer_norm", d)?,
+            encoder_norm: Norm::load(&enc, LAYER_NORM_EPS, "layer_norm", d)?,
             vocab_projection: PackedLinear::new(&embed, c.vocab_size, d, None),
             decoder_positions: values(
                 dec.get((c.max_target_positions, d), "embed_positions.weight")?,
@@ -257,7 +182,7 @@ impl PackedWhisper {
                 kv_heads: c.decoder_attention_heads,
                 head_dim: d / c.decoder_attention_heads,
             },
-            decoder_norm: Norm::load(&dec, "layer_norm", d)?,
+            decoder_norm: Norm::load(&dec, LAYER_NORM_EPS, "layer_norm", d)?,
         })
     }
 
