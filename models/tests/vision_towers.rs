@@ -17,7 +17,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
-use sluice_models::image::{Family, ImageProcessor, VisionTower, decode};
+use sluice_models::image::{Family, ImageEmbedder, ImageProcessor, VisionTower, decode};
 
 #[derive(Deserialize)]
 struct Reference {
@@ -120,4 +120,77 @@ fn a_vision_config_sluice_would_answer_differently_is_refused_naming_it() {
     config["model_type"] = "blip".into();
     let e = refused(&config);
     assert!(e.contains("model_type \"blip\""), "{e}");
+}
+
+#[test]
+fn an_embedder_embeds_image_objects_and_a_bad_one_fails_alone() {
+    let reference: Reference = common::fixture("vision/embeddings.json").unwrap();
+    let want = &reference.models["clip-quick-gelu"];
+    let dir = common::repo_root().join("tests/fixtures/vision/clip-quick-gelu");
+    let embedder = ImageEmbedder::load(&dir).unwrap();
+    let files: Vec<Vec<u8>> = want
+        .images
+        .iter()
+        .map(|image| {
+            std::fs::read(common::repo_root().join(format!("tests/fixtures/images/{image}.png")))
+                .unwrap()
+        })
+        .collect();
+    let pdf = b"%PDF-1.7 not an image".to_vec();
+    let objects: Vec<&[u8]> = vec![&files[0], &pdf, &files[1], &files[2], &files[3]];
+    let got = embedder.embed(&objects, 100_000_000);
+    assert_eq!(got.len(), 5);
+    let e = got[1].as_ref().unwrap_err().to_string();
+    assert!(e.contains("not an image: a PDF document"), "{e}");
+    let embedded: Vec<&Vec<f32>> = got.iter().filter_map(|r| r.as_ref().ok()).collect();
+    for (row, expected) in embedded.iter().zip(&want.embeddings) {
+        let scale = expected.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let diff = row
+            .iter()
+            .zip(expected)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(diff <= 1e-5 * scale, "off by {diff}");
+    }
+    // Past the pixel cap: refused, the batch of none embedded.
+    let got = embedder.embed(&objects[..2], 1000);
+    let e = got[0].as_ref().unwrap_err().to_string();
+    assert!(e.contains("--max-image-pixels"), "{e}");
+    assert!(got[1].is_err());
+}
+
+#[test]
+fn a_processor_that_does_not_make_the_towers_input_is_refused_at_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = common::repo_root().join("tests/fixtures/vision/clip-quick-gelu");
+    for file in ["config.json", "model.safetensors"] {
+        std::fs::copy(source.join(file), dir.path().join(file)).unwrap();
+    }
+    let mut processor: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(source.join("preprocessor_config.json")).unwrap())
+            .unwrap();
+    processor["crop_size"] = serde_json::json!({"height": 48, "width": 48});
+    std::fs::write(
+        dir.path().join("preprocessor_config.json"),
+        serde_json::to_vec(&processor).unwrap(),
+    )
+    .unwrap();
+    let e = match ImageEmbedder::load(dir.path()) {
+        Ok(_) => panic!("loaded a 48 x 48 processor for a 32 x 32 tower"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        e.contains("makes 48 x 48 pixel values, its vision tower takes 32 x 32"),
+        "{e}"
+    );
+    processor["do_center_crop"] = false.into();
+    std::fs::write(
+        dir.path().join("preprocessor_config.json"),
+        serde_json::to_vec(&processor).unwrap(),
+    )
+    .unwrap();
+    let e = match ImageEmbedder::load(dir.path()) {
+        Ok(_) => panic!("loaded a shortest-edge processor without a crop"),
+        Err(e) => e.to_string(),
+    };
+    assert!(e.contains("a size that follows each image's own"), "{e}");
 }

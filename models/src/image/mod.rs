@@ -6,11 +6,13 @@
 //! `models/tests/image_preprocess.rs`.
 
 pub mod decode;
+pub mod embedder;
 pub mod preprocess;
 pub mod resample;
 pub mod tower;
 
 pub use decode::{ImageError, decode};
+pub use embedder::ImageEmbedder;
 pub use preprocess::{ImageProcessor, PixelValues};
 pub use resample::{Filter, Rgb8};
 pub use tower::{Family, VisionTower};
