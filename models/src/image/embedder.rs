@@ -8,8 +8,9 @@ use std::path::Path;
 
 use crate::LoadError;
 
+use super::decode::{ImageError, decode};
 use super::preprocess::{ImageProcessor, Size};
-use super::{ImageError, VisionTower, decode};
+use super::tower::VisionTower;
 
 /// A directory's processor and tower, loaded together.
 pub struct ImageEmbedder {
