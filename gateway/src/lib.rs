@@ -198,6 +198,7 @@ pub async fn start(config: Config) -> Result<Gateway> {
     let js = async_nats::jetstream::new(nats);
     let gateway_kv = open_bucket(&js, &topology.gateway_bucket).await?;
     let status_kv = open_bucket(&js, &topology.status_bucket).await?;
+    require_tenant_subjects(&js, &topology).await?;
     // A batch's window must end a margin before its chunks' status records
     // can age out of this bucket (see `lifecycle`).
     let status_max_age = sluice_connect::lookup::look_up(
@@ -287,6 +288,42 @@ async fn open_bucket(
             "run `sluice init` first",
         )
     })
+}
+
+/// Refuses a job stream without the tenants' subjects (one created by a
+/// sluice from before tenants, not yet upgraded by `sluice init`): the
+/// gateway publishes every job as its API key's tenant, and reads its
+/// status in that tenant's scope (`sluice_status::StatusStore`), which a
+/// job that fell back to a plain subject would not be in.
+async fn require_tenant_subjects(
+    js: &async_nats::jetstream::Context,
+    topology: &sluice_schemas::Topology,
+) -> Result<()> {
+    let name = &topology.job_stream;
+    let mut stream =
+        sluice_connect::lookup::look_up(&format!("stream {name}"), || js.get_stream(name))
+            .await
+            .map_err(|e| e.for_start_up(&format!("stream {name}"), "run `sluice init` first"))?;
+    let subjects = &stream
+        .info()
+        .await
+        .with_context(|| format!("cannot read the stream {name}"))?
+        .config
+        .subjects;
+    let missing: Vec<String> = sluice_schemas::Task::ALL
+        .iter()
+        .flat_map(|t| {
+            sluice_schemas::Priority::ALL.map(|p| topology.tenant_subjects(t.as_str(), p))
+        })
+        .filter(|s| !subjects.contains(s))
+        .collect();
+    if !missing.is_empty() {
+        anyhow::bail!(
+            "the job stream {name} has no subjects for tenants' jobs ({}, ...: created by an older sluice): run `sluice init` to add them in place",
+            missing[0]
+        );
+    }
+    Ok(())
 }
 
 /// `start`, then serve until SIGTERM or SIGINT.

@@ -89,7 +89,8 @@ pub async fn models(State(state): State<AppState>, _tenant: Tenant) -> Json<Valu
 /// request's future (or its response stream) is dropped when its client
 /// disconnects. A running job stops too: nobody will read its answer.
 struct CancelOnDrop {
-    state: AppState,
+    /// The job's tenant's records.
+    statuses: sluice_status::StatusStore,
     job_id: Option<String>,
 }
 
@@ -102,7 +103,7 @@ impl CancelOnDrop {
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
         if let Some(job_id) = self.job_id.take() {
-            let statuses = self.state.statuses.clone();
+            let statuses = self.statuses.clone();
             tokio::spawn(async move {
                 match statuses.cancel(&job_id).await {
                     Ok(true) => tracing::info!(job = %job_id, "client went away: job cancelled"),
@@ -354,11 +355,12 @@ async fn publish_and_wait(
         Some(&trace.0),
     ))
     .await?;
+    let statuses = state.statuses_of(tenant);
     let guard = CancelOnDrop {
-        state: state.clone(),
+        statuses: statuses.clone(),
         job_id: Some(job.id.clone()),
     };
-    let first = first_message(state, &job.id, &mut messages, start_by).await?;
+    let first = first_message(&statuses, &job.id, &mut messages, start_by).await?;
     Ok((first, messages, guard))
 }
 
@@ -420,9 +422,9 @@ fn charge_tokens(state: &AppState, tenant: &str, usage: &sluice_schemas::Usage) 
 /// The first answer to a request: its result, or (streaming) its first
 /// stream message. A job that has not started by its start-by time is
 /// cancelled and the request refused; one that started just in time gets
-/// `--online-grace-secs` more.
+/// `--online-grace-secs` more. `statuses`: the job's tenant's records.
 async fn first_message(
-    state: &AppState,
+    statuses: &sluice_status::StatusStore,
     job_id: &str,
     messages: &mut Messages,
     start_by: &StartBy,
@@ -435,9 +437,9 @@ async fn first_message(
     }
     // Cancelled now, or already expired (its queued record reads past the
     // deadline): either way it will not run.
-    let stopped = state.statuses.cancel_queued(job_id).await.unwrap_or(false)
+    let stopped = statuses.cancel_queued(job_id).await.unwrap_or(false)
         || matches!(
-            state.statuses.view(job_id).await,
+            statuses.view(job_id).await,
             Ok(Some(r)) if matches!(r.state, JobState::Expired | JobState::Cancelled)
         );
     if stopped {
@@ -448,7 +450,7 @@ async fn first_message(
         Ok(Some(m)) => Ok(m),
         Ok(None) => Err(closed()),
         Err(_) => {
-            let _ = state.statuses.cancel(job_id).await;
+            let _ = statuses.cancel(job_id).await;
             Err(ran_too_long(job_id, start_by))
         }
     }

@@ -62,6 +62,13 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// The status records of `tenant`'s jobs: the gateway publishes every
+    /// job as its API key's tenant, on the tenant's subjects, so each job's
+    /// record is in that tenant's scope (`sluice_status::StatusStore`).
+    pub fn statuses_of(&self, tenant: &str) -> StatusStore {
+        self.statuses.scoped(Some(tenant))
+    }
+
     pub fn bucket(&self) -> &str {
         &self.config.bucket
     }

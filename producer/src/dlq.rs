@@ -164,7 +164,18 @@ impl Producer {
         };
         let mut replays = 1;
         if let Some(id) = &letter.job_id {
-            match self.statuses().await?.replay(id).await? {
+            // Its record is in its original subject's tenant's scope.
+            let scope = self
+                .topology
+                .route_of(&letter.original_subject)
+                .and_then(|r| r.tenant);
+            match self
+                .statuses()
+                .await?
+                .scoped(scope.as_deref())
+                .replay(id)
+                .await?
+            {
                 Replay::Queued { replays: n } => replays = n,
                 Replay::AlreadyDone(record) => bail!(
                     "job {id} is done (its status says so since {}): dead letter {dlq_seq} is stale, and replaying it would run the job twice",
@@ -210,7 +221,13 @@ impl Producer {
     /// later answers `cancelled` without running it. Returns false when the
     /// job had already finished (or is unknown).
     pub async fn cancel(&self, job_id: &str) -> Result<bool> {
+        self.cancel_in(None, job_id).await
+    }
+
+    /// [`Producer::cancel`] of a job published on `tenant`'s subjects
+    /// (`None`: on a plain subject).
+    pub async fn cancel_in(&self, tenant: Option<&str>, job_id: &str) -> Result<bool> {
         // Compare-and-swap in the status store: a finish in between wins.
-        Ok(self.statuses().await?.cancel(job_id).await?)
+        Ok(self.statuses().await?.scoped(tenant).cancel(job_id).await?)
     }
 }

@@ -412,8 +412,19 @@ impl Producer {
     /// read now (a `queued` record past its deadline reads `expired`: see
     /// [`StatusRecord::as_of`]).
     pub async fn status(&self, job_id: &str) -> Result<Option<StatusRecord>> {
+        self.status_in(None, job_id).await
+    }
+
+    /// [`Producer::status`] of a job published on `tenant`'s subjects
+    /// (`None`: on a plain subject): its record is in that tenant's scope
+    /// (see `sluice_status::StatusStore`).
+    pub async fn status_in(
+        &self,
+        tenant: Option<&str>,
+        job_id: &str,
+    ) -> Result<Option<StatusRecord>> {
         let store = self.status_store().await?;
-        let Some(bytes) = store.get(job_id).await? else {
+        let Some(bytes) = store.get(sluice_status::record_key(tenant, job_id)).await? else {
             return Ok(None);
         };
         let now = time::OffsetDateTime::now_utc();
@@ -431,6 +442,7 @@ impl Producer {
             && let Some(expired) = self
                 .statuses()
                 .await?
+                .scoped(tenant)
                 .expire_orphan(job_id, sequence)
                 .await?
         {
@@ -547,7 +559,6 @@ pub async fn publish(
         );
     }
     let mut h = HeaderMap::new();
-    h.insert(headers::MSG_ID, job.id.as_str());
     h.insert(headers::REPLY_TO, reply_to);
     if let Some(tp) = traceparent {
         h.insert(headers::TRACEPARENT, tp);
@@ -568,8 +579,15 @@ pub async fn publish(
         }
     };
     // With its deadline as its TTL, unless the stream does not allow one.
-    let store_job = |subject: String| {
-        let h = h.clone();
+    // Its message id is its status record's key: the stream's duplicate
+    // window is one for all tenants, and one tenant's job must not be
+    // dropped as a duplicate of another's that has the same id.
+    let store_job = |subject: String, scope: Option<&str>| {
+        let mut h = h.clone();
+        h.insert(
+            headers::MSG_ID,
+            sluice_status::record_key(scope, &job.id).as_str(),
+        );
         async move {
             match ttl {
                 Some(ttl) => {
@@ -591,21 +609,25 @@ pub async fn publish(
         tenant: None,
         ..route.clone()
     });
-    let ack = match store_job(subject.clone()).await {
+    // The job's status record is in its subject's tenant's scope (see
+    // `sluice_status::StatusStore`): the tenant's, or the plain subjects'
+    // when the job went to a plain one.
+    let (ack, scope) = match store_job(subject.clone(), tenant).await {
         // A stream from before tenants has no tenant subjects: the job goes
         // to its level's plain subject (the default tenant's share, its
         // header still naming its tenant) until `sluice init` adds them.
         Err(e) if subject != plain && is_stream_not_found(&e) => {
             warn_no_tenant_subjects(&topology.job_stream);
-            store_job(plain).await?
+            (store_job(plain, None).await?, None)
         }
-        other => other?,
+        other => (other?, tenant),
     };
     // Also on a duplicate: the first publish may have been stored with its
     // ack lost (a leader change), so this retry is the first to hear of it
     // and nothing has recorded it yet. `queue` only creates, so a record a
     // consumer or an earlier try wrote stays as it is.
     statuses
+        .scoped(scope)
         .queue(&job.id, ack.sequence, job.deadline)
         .await
         .with_context(|| format!("cannot record job {} as queued", job.id))?;

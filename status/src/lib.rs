@@ -56,6 +56,15 @@ pub enum StatusError {
     Contention { job_id: String },
 }
 
+/// The key of `job_id`'s record for a job on `tenant`'s subjects (`None`:
+/// a plain subject): see [`StatusStore`].
+pub fn record_key(tenant: Option<&str>, job_id: &str) -> String {
+    match tenant {
+        Some(tenant) => format!("{tenant}.{job_id}"),
+        None => job_id.to_string(),
+    }
+}
+
 /// What [`StatusStore::start`] found.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Start {
@@ -75,21 +84,53 @@ pub enum Replay {
     AlreadyDone(Box<StatusRecord>),
 }
 
+/// The status records of one scope: the jobs of one tenant's subjects, or
+/// those of the plain subjects.
+///
+/// A job published on a tenant's subject (`sluice.jobs.<task>.<level>.<tenant>`)
+/// has its record under `<tenant>.<job id>`; a job on a plain subject under
+/// `<job id>` (job ids have no dots, so the two never meet). The scope comes
+/// from the subject, which NATS checks against the publisher's permissions,
+/// never from the job's body or headers: a publisher allowed only
+/// `sluice.jobs.*.*.acme` and `$KV.sluice-status.acme.>` reads and writes
+/// the records of acme's jobs and no others, and no job it publishes makes
+/// a consumer write another tenant's record (`deploy/nats/permissions.conf`).
 #[derive(Clone)]
 pub struct StatusStore {
     kv: kv::Store,
+    scope: Option<String>,
 }
 
 impl StatusStore {
+    /// The plain subjects' records.
     pub fn new(kv: kv::Store) -> StatusStore {
-        StatusStore { kv }
+        StatusStore { kv, scope: None }
+    }
+
+    /// The records of the jobs on `tenant`'s subjects (`None`: the plain
+    /// subjects').
+    pub fn scoped(&self, tenant: Option<&str>) -> StatusStore {
+        StatusStore {
+            kv: self.kv.clone(),
+            scope: tenant.map(str::to_string),
+        }
+    }
+
+    /// Which tenant's records these are (`None`: the plain subjects').
+    pub fn scope(&self) -> Option<&str> {
+        self.scope.as_deref()
+    }
+
+    /// The key of `job_id`'s record in this scope.
+    pub fn key(&self, job_id: &str) -> String {
+        record_key(self.scope.as_deref(), job_id)
     }
 
     /// The core NATS subject every write of `job_id`'s record is published
     /// on (`$KV.<bucket>.<job id>`): a subscriber there sees each new
     /// revision as it is stored, with no consumer on the server.
     pub fn record_subject(&self, job_id: &str) -> String {
-        format!("{}{job_id}", self.kv.prefix)
+        format!("{}{}", self.kv.prefix, self.key(job_id))
     }
 
     /// Whether a message on [`StatusStore::record_subject`] stored a
@@ -100,10 +141,14 @@ impl StatusStore {
     }
 
     pub async fn get(&self, job_id: &str) -> Result<Option<StatusRecord>, StatusError> {
-        let entry = self.kv.get(job_id).await.map_err(|e| StatusError::Read {
-            job_id: job_id.to_string(),
-            source: Box::new(e),
-        })?;
+        let entry = self
+            .kv
+            .get(self.key(job_id))
+            .await
+            .map_err(|e| StatusError::Read {
+                job_id: job_id.to_string(),
+                source: Box::new(e),
+            })?;
         Ok(entry.and_then(|bytes| serde_json::from_slice(&bytes).ok()))
     }
 
@@ -142,14 +187,18 @@ impl StatusStore {
             deadline,
             answered: Vec::new(),
         };
-        // One round trip (submit's hot path): create, or find one there.
+        // One round trip (submit's hot path): written only if the key has
+        // no revision yet, with no read. (`kv::Store::create` reads the key
+        // back when one is there, to tell a deleted key from a live one;
+        // status records are never deleted, and a tenant's publisher may
+        // write its own records but read none: see `StatusStore`.)
         let payload = serde_json::to_vec(&record).map_err(|e| StatusError::Write {
             job_id: job_id.to_string(),
             source: Box::new(e),
         })?;
-        match self.kv.create(job_id, payload.into()).await {
+        match self.kv.update(self.key(job_id), payload.into(), 0).await {
             Ok(_) => Ok(true),
-            Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => Ok(false),
+            Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(false),
             Err(e) => Err(StatusError::Write {
                 job_id: job_id.to_string(),
                 source: Box::new(e),
@@ -460,10 +509,14 @@ impl StatusStore {
             source: e,
         };
         for _ in 0..16 {
-            let entry = self.kv.entry(job_id).await.map_err(|e| StatusError::Read {
-                job_id: job_id.to_string(),
-                source: Box::new(e),
-            })?;
+            let entry = self
+                .kv
+                .entry(self.key(job_id))
+                .await
+                .map_err(|e| StatusError::Read {
+                    job_id: job_id.to_string(),
+                    source: Box::new(e),
+                })?;
             let live = entry.as_ref().filter(|e| e.operation == kv::Operation::Put);
             let current = live.and_then(|e| serde_json::from_slice::<StatusRecord>(&e.value).ok());
             let Some(next) = decide(current.as_ref()) else {
@@ -473,7 +526,7 @@ impl StatusStore {
             let written = match live {
                 Some(e) => self
                     .kv
-                    .update(job_id, payload.into(), e.revision)
+                    .update(self.key(job_id), payload.into(), e.revision)
                     .await
                     .map(|_| ())
                     .map_err(|e| {
@@ -484,7 +537,7 @@ impl StatusStore {
                     }),
                 None => self
                     .kv
-                    .create(job_id, payload.into())
+                    .create(self.key(job_id), payload.into())
                     .await
                     .map(|_| ())
                     .map_err(|e| {

@@ -201,6 +201,37 @@ pub fn shipped_permissions() -> String {
         })
 }
 
+/// [`shipped_permissions`] with a publisher of each of `tenants`, rendered
+/// by `deploy/nats/render-tenant-publishers` and put in the users list
+/// where its comment says (user `publisher-<tenant>`, password
+/// [`ROLE_PASSWORD`]).
+pub fn shipped_permissions_with_tenants(tenants: &[&str]) -> String {
+    let rendered = Command::new(repo_root().join("deploy/nats/render-tenant-publishers"))
+        .args(tenants)
+        .output()
+        .expect("run deploy/nats/render-tenant-publishers");
+    assert!(
+        rendered.status.success(),
+        "render-tenant-publishers: {}",
+        String::from_utf8_lossy(&rendered.stderr)
+    );
+    let mut users = String::from_utf8(rendered.stdout).expect("UTF-8");
+    for tenant in tenants {
+        let variable = format!(
+            "$SLUICE_NATS_TENANT_{}_PASSWORD",
+            tenant.to_uppercase().replace('-', "_")
+        );
+        users = users.replace(&variable, &format!("{ROLE_PASSWORD:?}"));
+    }
+    let text = shipped_permissions();
+    let anchor = "render-tenant-publishers <tenant>...` here.\n";
+    let at = text
+        .find(anchor)
+        .expect("the users list's place for tenants")
+        + anchor.len();
+    format!("{}{users}{}", &text[..at], &text[at..])
+}
+
 /// The environment variable the shipped permissions read `role`'s password
 /// from.
 pub fn role_password_variable(role: &str) -> String {
@@ -728,6 +759,17 @@ impl Servers {
     /// ([`S3Server::start_with_roles`]).
     pub async fn start_shipped() -> Result<Servers> {
         let permissions = shipped_permissions();
+        let (nats, s3) = tokio::try_join!(
+            NatsServer::start_with_config(Some(&permissions)),
+            S3Server::start_with_roles()
+        )?;
+        Ok(Servers { nats, s3 })
+    }
+
+    /// [`Servers::start_shipped`] with a publisher user of each of
+    /// `tenants` ([`shipped_permissions_with_tenants`]).
+    pub async fn start_shipped_with_tenants(tenants: &[&str]) -> Result<Servers> {
+        let permissions = shipped_permissions_with_tenants(tenants);
         let (nats, s3) = tokio::try_join!(
             NatsServer::start_with_config(Some(&permissions)),
             S3Server::start_with_roles()

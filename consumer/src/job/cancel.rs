@@ -16,11 +16,12 @@ pub struct CancelWatch {
 }
 
 impl CancelWatch {
-    /// Watches `job_id`'s status record. When the subscription cannot be
-    /// made the job runs without the watch (a cancel then takes effect at
-    /// its end, as the status compare-and-swap decides), with a warning.
-    pub async fn subscribe(shared: &Shared, job_id: &str) -> CancelWatch {
-        let subject = shared.status.record_subject(job_id);
+    /// Watches `job_id`'s status record (in `statuses`' scope). When the
+    /// subscription cannot be made the job runs without the watch (a cancel
+    /// then takes effect at its end, as the status compare-and-swap
+    /// decides), with a warning.
+    pub async fn subscribe(shared: &Shared, statuses: &StatusStore, job_id: &str) -> CancelWatch {
+        let subject = statuses.record_subject(job_id);
         match shared.js.client().subscribe(subject).await {
             Ok(subscription) => CancelWatch {
                 subscription: Some(subscription),

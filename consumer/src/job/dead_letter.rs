@@ -19,7 +19,7 @@ use sluice_schemas::{
 };
 use time::OffsetDateTime;
 
-use super::delivery::{Delivery, job_id_of, route, status};
+use super::delivery::{Delivery, job_id_of, route, status, status_scope};
 use crate::error::JobError;
 use crate::shared::Shared;
 
@@ -93,7 +93,7 @@ pub async fn give_up(
     let timings_total = timings.total.unwrap_or(0.0);
     if let Some(id) = &job_id
         && dead_letter
-        && let Ok(Some(record)) = shared.status.get(id).await
+        && let Ok(Some(record)) = d.statuses(&shared.status).get(id).await
         && record.state.is_final()
         && record.stream_sequence == Some(d.stream_sequence)
     {
@@ -162,7 +162,7 @@ pub async fn give_up(
         };
         let mut record = status(job_id, state, d);
         record.error = Some(error.info());
-        match shared.status.finish(&record).await {
+        match d.statuses(&shared.status).finish(&record).await {
             Ok(true) => {}
             // Final already: a delivery of this message that finished it
             // answered; otherwise (a cancel, another message under the same
@@ -246,8 +246,8 @@ pub async fn give_up(
 /// delivery of the message answered or claimed it (counted as an answer
 /// already given). An error leaves the message for redelivery.
 async fn claim_answer(shared: &Shared, job_id: &str, d: &Delivery) -> Result<bool, JobError> {
-    match shared
-        .status
+    match d
+        .statuses(&shared.status)
         .claim_answer(job_id, d.stream_sequence, d.attempt)
         .await
     {
@@ -302,6 +302,7 @@ pub async fn dead_letter_exhausted(
         trace_id: "-".into(),
         priority,
         tenant,
+        status_scope: status_scope(&shared.topology, &msg.subject),
     };
     let error = JobError::new(
         ErrorCode::MaxDeliveriesExceeded,

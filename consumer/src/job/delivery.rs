@@ -28,6 +28,24 @@ pub struct Delivery {
     /// `Sluice-Tenant` header on a plain subject; `default` without one).
     pub priority: sluice_schemas::Priority,
     pub tenant: String,
+    /// The tenant whose status records the job's is among: its subject's
+    /// (`None` on a plain subject, whatever the header says; see
+    /// [`sluice_status::StatusStore`]).
+    pub status_scope: Option<String>,
+}
+
+impl Delivery {
+    /// The status records of this delivery's scope.
+    pub fn statuses(&self, all: &sluice_status::StatusStore) -> sluice_status::StatusStore {
+        all.scoped(self.status_scope.as_deref())
+    }
+}
+
+/// The tenant a job subject names (`None` for a plain subject): the scope
+/// of its job's status record. Only the subject: NATS checks it against the
+/// publisher's permissions, not a header.
+pub fn status_scope(topology: &sluice_schemas::Topology, subject: &str) -> Option<String> {
+    topology.route_of(subject).and_then(|r| r.tenant)
 }
 
 /// A job subject's priority and tenant; on a plain subject the tenant the
@@ -69,14 +87,18 @@ pub fn status(job_id: &str, state: JobState, d: &Delivery) -> StatusRecord {
 
 /// The id a job message is answered under, even when the message is not a
 /// valid job: the body's `id` when the body is JSON with a valid id, else the
-/// `Nats-Msg-Id` header when that is a valid id (the contract makes it the
-/// job id), else none.
+/// `Nats-Msg-Id` header's when that is a valid id (the contract makes it the
+/// job id, or `<tenant>.<job id>` on a tenant's subject), else none.
 pub fn job_id_of(payload: &[u8], nats_msg_id: Option<&str>) -> Option<String> {
     let valid = |id: &str| sluice_schemas::names::is_valid_job_id(id).then(|| id.to_string());
     serde_json::from_slice::<serde_json::Value>(payload)
         .ok()
         .and_then(|body| body.get("id")?.as_str().and_then(valid))
-        .or_else(|| nats_msg_id.and_then(valid))
+        .or_else(|| {
+            nats_msg_id
+                .and_then(|m| m.rsplit('.').next())
+                .and_then(valid)
+        })
 }
 
 /// Resolves once `abort` turns true; never if its sender goes away.
@@ -178,6 +200,12 @@ mod tests {
             br#"{"id":"a b/c"}"#,
         ] {
             assert_eq!(id(body, Some("job-2")), Some("job-2".into()), "{body:?}");
+            // A tenant's job's message id is its status key.
+            assert_eq!(
+                id(body, Some("acme.job-2")),
+                Some("job-2".into()),
+                "{body:?}"
+            );
             assert_eq!(id(body, None), None, "{body:?}");
         }
         // A header the schema would refuse as an id is not used either.

@@ -17,6 +17,7 @@ use tokio::sync::watch;
 use super::cancel::CancelWatch;
 use super::delivery::{
     Delivery, KeepAlive, aborted, header, job_id_of, ms_between, nak_now, route, status,
+    status_scope,
 };
 use super::settle::{Done, Finished, settle};
 use crate::budget::Reservation;
@@ -58,6 +59,7 @@ pub async fn handle(
             trace_id: "-".into(),
             priority,
             tenant,
+            status_scope: status_scope(&shared.topology, &msg.subject),
         },
         Err(e) => {
             tracing::error!(error = %e, subject = %msg.subject, "bug: a pulled message has no JetStream metadata; leaving it to redelivery");
@@ -178,7 +180,7 @@ async fn process(
     // A job of a task that runs long watches for a cancel from before it is
     // marked running, so one stored after that is seen.
     let mut cancel = if shared.engine.cancellable() {
-        CancelWatch::subscribe(shared, &job.id).await
+        CancelWatch::subscribe(shared, &delivery.statuses(&shared.status), &job.id).await
     } else {
         CancelWatch::none()
     };
@@ -188,7 +190,7 @@ async fn process(
         deadline: job.deadline,
         ..status(&job.id, JobState::Running, delivery)
     };
-    match shared.status.start(&running).await {
+    match delivery.statuses(&shared.status).start(&running).await {
         Ok(Start::Final(record)) if record.state == JobState::Cancelled => {
             return Err(JobError::new(
                 ErrorCode::Cancelled,

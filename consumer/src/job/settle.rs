@@ -102,7 +102,7 @@ pub async fn settle(
             // Status first: it is durable (a JetStream write), and a redelivery
             // that finds it final only acks, so a result is never published twice.
             let publish_started = Instant::now();
-            match shared.status.finish(&record).await {
+            match d.statuses(&shared.status).finish(&record).await {
                 // The outcome is durable: count it before anyone can read the
                 // result, so a client that has its answer sees it in /metrics.
                 Ok(true) => shared
@@ -113,7 +113,7 @@ pub async fn settle(
                     // answered as cancelled (by one delivery: give_up claims
                     // the answer); its output is not delivered. Otherwise
                     // another delivery finished it and answered.
-                    let now = shared.status.get(&job_id).await;
+                    let now = d.statuses(&shared.status).get(&job_id).await;
                     // This delivery's object is not the answered one: it
                     // goes (the record names another delivery's, or none).
                     if let Output::S3(ours) = &done.output {
@@ -213,8 +213,8 @@ pub async fn settle(
             // passes first, the stream drops it and it reads `expired`
             // (a `running` record would say so forever).
             if let Some(job_id) = &d.job_id
-                && let Err(e) = shared
-                    .status
+                && let Err(e) = d
+                    .statuses(&shared.status)
                     .requeue(job_id, d.stream_sequence, d.attempt)
                     .await
             {

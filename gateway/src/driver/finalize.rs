@@ -250,7 +250,7 @@ impl LineJobs {
             if chunk.state != ChunkState::Split {
                 self.statuses.clear();
             }
-            let record = state.statuses.view(&job_id).await?;
+            let record = state.statuses_of(&batch.tenant).view(&job_id).await?;
             self.statuses.insert(job_id.clone(), record);
         }
         let record = self.statuses.get(&job_id).cloned().flatten();

@@ -91,7 +91,7 @@ async fn follow(
     chunk: &Chunk,
     stopping: Stopping,
 ) -> Result<ChunkState> {
-    let record = state.statuses.view(&chunk.job_id).await?;
+    let record = state.statuses_of(&batch.tenant).view(&chunk.job_id).await?;
     Ok(match record.as_ref().map(|r| r.state) {
         Some(JobState::Done) => ChunkState::Done,
         Some(JobState::Failed)
@@ -109,7 +109,7 @@ async fn follow(
                 // publishing): publish it again.
                 publish(state, batch, chunk, &chunk.job_id).await?;
             }
-            if stop(state, &chunk.job_id, stopping).await? {
+            if stop(state, batch, &chunk.job_id, stopping).await? {
                 ChunkState::NotRun
             } else {
                 ChunkState::Pending
@@ -128,11 +128,11 @@ async fn follow_lines(
 ) -> Result<()> {
     for (line, _, _) in runnable_lines(state, batch, chunk.first_line, chunk.last_line).await? {
         let job_id = line_job(&chunk.job_id, line);
-        let mut record = state.statuses.view(&job_id).await?;
+        let mut record = state.statuses_of(&batch.tenant).view(&job_id).await?;
         if record.as_ref().is_none_or(|r| !r.state.is_final())
-            && stop(state, &job_id, stopping).await?
+            && stop(state, batch, &job_id, stopping).await?
         {
-            record = state.statuses.view(&job_id).await?;
+            record = state.statuses_of(&batch.tenant).view(&job_id).await?;
         }
         match record.map(|r| r.state) {
             Some(JobState::Done) => tally.completed += 1,
@@ -154,11 +154,17 @@ fn is_line_failure(record: &StatusRecord) -> bool {
 
 /// Stops a job that has not finished: any such job once the window ended,
 /// only a queued one on cancel (a running one finishes). Whether it stopped.
-async fn stop(state: &AppState, job_id: &str, stopping: Stopping) -> Result<bool> {
+async fn stop(
+    state: &AppState,
+    batch: &BatchRecord,
+    job_id: &str,
+    stopping: Stopping,
+) -> Result<bool> {
+    let statuses = state.statuses_of(&batch.tenant);
     Ok(if stopping.expired {
-        state.statuses.cancel(job_id).await?
+        statuses.cancel(job_id).await?
     } else if stopping.cancelling {
-        state.statuses.cancel_queued(job_id).await?
+        statuses.cancel_queued(job_id).await?
     } else {
         false
     })

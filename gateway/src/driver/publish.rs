@@ -51,7 +51,12 @@ pub async fn split(state: &AppState, batch: &BatchRecord, chunk: &Chunk) -> Resu
         runnable_lines(state, batch, chunk.first_line, chunk.last_line).await?
     {
         let job_id = chunks::line_job(&chunk.job_id, line);
-        if state.statuses.get(&job_id).await?.is_some() {
+        if state
+            .statuses_of(&batch.tenant)
+            .get(&job_id)
+            .await?
+            .is_some()
+        {
             continue;
         }
         let mut body = Vec::new();
@@ -92,7 +97,12 @@ pub async fn publish(
     chunk: &Chunk,
     job_id: &str,
 ) -> Result<()> {
-    if state.statuses.get(job_id).await?.is_some() {
+    if state
+        .statuses_of(&batch.tenant)
+        .get(job_id)
+        .await?
+        .is_some()
+    {
         return Ok(());
     }
     let task = chunks::chunk_task(&chunk.job_id);
@@ -121,7 +131,7 @@ pub async fn publish(
             Err(refused) => {
                 // Never published: the job fails as the consumer would
                 // fail it, and the line gets the error.
-                fail_unpublished(state, job_id, deadline, refused).await?;
+                fail_unpublished(state, batch, job_id, deadline, refused).await?;
                 return Ok(());
             }
         }
@@ -248,12 +258,13 @@ async fn audio_input(
 /// Records job `job_id` failed with `error` without publishing it.
 async fn fail_unpublished(
     state: &AppState,
+    batch: &BatchRecord,
     job_id: &str,
     deadline: Option<time::OffsetDateTime>,
     error: ErrorInfo,
 ) -> Result<()> {
     state
-        .statuses
+        .statuses_of(&batch.tenant)
         .finish(&sluice_schemas::StatusRecord {
             version: VERSION,
             job_id: job_id.to_string(),

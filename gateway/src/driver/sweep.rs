@@ -180,7 +180,12 @@ pub async fn remove_chunk_objects(state: &AppState, batch: &BatchRecord) -> Resu
             jobs.extend((chunk.first_line..=chunk.last_line).map(|n| line_job(&chunk.job_id, n)));
         }
         for job in jobs {
-            if let Some(output) = state.statuses.view(&job).await?.and_then(|r| r.output) {
+            if let Some(output) = state
+                .statuses_of(&batch.tenant)
+                .view(&job)
+                .await?
+                .and_then(|r| r.output)
+            {
                 if crate::outputs::is_job_output(state, &job, &output) {
                     objects::delete(&state.s3, &output.bucket, &output.key).await?;
                 } else {

@@ -542,16 +542,11 @@ async fn the_shipped_permissions_let_each_role_do_its_job_and_no_more() {
     );
     generator.shutdown(Duration::from_secs(10)).await.unwrap();
     consumer.shutdown(Duration::from_secs(10)).await.unwrap();
-    let got = tokio::time::timeout(
-        Duration::from_secs(1),
-        futures::StreamExt::next(&mut overheard),
+    hears_nothing(
+        &mut overheard,
+        "another publisher read the job's streamed text",
     )
     .await;
-    assert!(
-        !matches!(got, Ok(Some(_))),
-        "another publisher read the job's streamed text: {:?}",
-        got.ok().flatten().map(|m| m.subject)
-    );
     // A job waiting in the stream (no consumer runs now), its input's
     // presigned URL in its body: the spy asks the stream for it.
     let waiting = d.producer.job(
@@ -627,4 +622,210 @@ async fn s3_reach(d: &Deployment, role: &str, key: &str, read: bool, write: bool
             .await
             .unwrap();
     }
+}
+
+/// Tenants sharing a fleet, each with its own publisher user from
+/// `deploy/nats/render-tenant-publishers` on the shipped permissions: the
+/// attack is team B's publisher going after team A's job: its status record
+/// (read, forged), its answers (A's inbox), its subjects, and a job of B's
+/// own under A's job id, which used to find A's record final and was
+/// answered from it instead of run.
+#[tokio::test]
+async fn a_tenants_publisher_reaches_only_its_own_jobs_records_and_answers() {
+    let servers = Servers::start_shipped_with_tenants(&["team-a", "team-b"])
+        .await
+        .unwrap();
+    let admin = NatsAuth {
+        nats_user: Some("admin".into()),
+        nats_password: Some(Secret::new(sluice_tests::ROLE_PASSWORD)),
+        ..NatsAuth::default()
+    };
+    let d = Deployment::start_named(servers, Vec::new(), admin, Settings::default(), "")
+        .await
+        .unwrap();
+    let as_consumer = role_args("consumer");
+    let as_consumer: Vec<&str> = as_consumer.iter().map(String::as_str).collect();
+    let consumer = d.start_consumer(&as_consumer).await.unwrap();
+    let tenant_env = |tenant: &str| {
+        let mut env = d.role_env("publisher");
+        env.retain(|(k, _)| !matches!(*k, "NATS_USER" | "NATS_INBOX_PREFIX"));
+        env.extend([
+            ("NATS_USER", format!("publisher-{tenant}")),
+            ("NATS_INBOX_PREFIX", format!("_INBOX_publisher.{tenant}")),
+            ("SLUICE_TENANT", tenant.to_string()),
+        ]);
+        env
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let submit = |tenant: &'static str, lines: Vec<String>| {
+        let input = dir.path().join(format!("{tenant}.jsonl"));
+        std::fs::write(&input, jsonl(&lines)).unwrap();
+        let env = tenant_env(tenant);
+        async move {
+            run_cli(
+                &env,
+                &[
+                    "submit",
+                    "--wait",
+                    "--json",
+                    "--inline",
+                    "--id",
+                    "shared-1",
+                    input.to_str().unwrap(),
+                ],
+                None,
+                T,
+            )
+            .await
+        }
+    };
+    let run = submit("team-a", vec!["team A's private text".to_string()]).await;
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert!(run.stdout.contains("\"status\":\"ok\""), "{run:?}");
+    let a_record = d
+        .producer
+        .status_in(Some("team-a"), "shared-1")
+        .await
+        .unwrap()
+        .expect("team A's record, in its scope");
+    assert_eq!(a_record.state, sluice_schemas::JobState::Done);
+
+    // Team B's publisher, by hand.
+    let spy = sluice_connect::connect_nats(
+        &d.servers.nats.url(),
+        &NatsAuth {
+            nats_user: Some("publisher-team-b".into()),
+            nats_password: Some(Secret::new(sluice_tests::ROLE_PASSWORD)),
+            nats_inbox_prefix: Some("_INBOX_publisher.team-b".into()),
+            ..NatsAuth::default()
+        },
+        "spy",
+        false,
+        Duration::from_secs(10),
+    )
+    .await
+    .unwrap();
+    // Forge A's record (cancelled, and done with an output of B's
+    // choosing) under its key and the plain one.
+    let forged = serde_json::json!({
+        "version": 1, "job_id": "shared-1", "state": "done",
+        "updated_at": "2026-01-01T00:00:00Z", "attempts": 1,
+        "output": {"bucket": d.bucket, "key": "gateway/files/file-team-a", "bytes": 1}
+    })
+    .to_string();
+    for subject in [
+        "$KV.sluice-status.team-a.shared-1",
+        "$KV.sluice-status.shared-1",
+    ] {
+        spy.publish(subject, forged.clone().into()).await.unwrap();
+    }
+    // Read it, by key and by sequence.
+    for request in [
+        r#"{"last_by_subj":"$KV.sluice-status.team-a.shared-1"}"#,
+        r#"{"seq":1}"#,
+    ] {
+        let read = tokio::time::timeout(
+            Duration::from_secs(3),
+            spy.request("$JS.API.STREAM.MSG.GET.KV_sluice-status", request.into()),
+        )
+        .await;
+        assert!(
+            !matches!(&read, Ok(Ok(m)) if String::from_utf8_lossy(&m.payload).contains("\"message\"")),
+            "team B read a status record: {read:?}"
+        );
+    }
+    // Listen on A's answers, and publish a job as A.
+    let mut overheard = spy.subscribe("_INBOX_publisher.team-a.>").await.unwrap();
+    let as_a = async_nats::jetstream::new(spy.clone())
+        .publish("sluice.jobs.embed.normal.team-a", "{}".into())
+        .await;
+    let stored = match as_a {
+        Ok(ack) => tokio::time::timeout(Duration::from_secs(3), ack).await.ok(),
+        Err(_) => None,
+    };
+    assert!(
+        !matches!(stored, Some(Ok(_))),
+        "team B published on team A's subject: {stored:?}"
+    );
+    spy.flush().await.unwrap();
+
+    // B's own job under A's id: run for B, answered with B's two vectors.
+    let run = submit(
+        "team-b",
+        vec!["one of B's".to_string(), "two of B's".to_string()],
+    )
+    .await;
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert!(
+        run.stdout.contains("\"status\":\"ok\"") && run.stdout.contains("\"items\":2"),
+        "team B's job ran for B: {run:?}"
+    );
+    hears_nothing(&mut overheard, "team B heard team A's answers").await;
+    consumer.shutdown(Duration::from_secs(10)).await.unwrap();
+
+    // A's record is as the consumer left it; B's is its own; nothing
+    // under the plain key.
+    let now = d
+        .producer
+        .status_in(Some("team-a"), "shared-1")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(now, a_record, "team A's record changed");
+    let b = d
+        .producer
+        .status_in(Some("team-b"), "shared-1")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(b.state, sluice_schemas::JobState::Done);
+    assert_eq!(b.usage.map(|u| u.items), Some(2));
+    assert_eq!(d.producer.status("shared-1").await.unwrap(), None);
+
+    // Every refusal is one of the spy's; the tenants' and the consumer's
+    // own work is refused nothing.
+    drop((overheard, spy));
+    let all = d.servers.nats.permission_violations();
+    let spied = [
+        "$KV.sluice-status.team-a.shared-1",
+        "$KV.sluice-status.shared-1",
+        "$JS.API.STREAM.MSG.GET.KV_sluice-status",
+        "_INBOX_publisher.team-a.>",
+        "sluice.jobs.embed.normal.team-a",
+    ];
+    for attempt in spied {
+        assert!(
+            all.iter().any(|l| l.contains(&format!("\"{attempt}\""))),
+            "{attempt} was not refused:\n{}",
+            all.join("\n")
+        );
+    }
+    let refused: Vec<&String> = all
+        .iter()
+        .filter(|l| !spied.iter().any(|s| l.contains(&format!("\"{s}\""))))
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "the permissions refused a tenant or the consumer its own work:\n{}",
+        refused
+            .iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+/// Fails with `what` (and the subject heard) if `subscription` receives a
+/// message within a second.
+async fn hears_nothing(subscription: &mut async_nats::Subscriber, what: &str) {
+    let got = tokio::time::timeout(
+        Duration::from_secs(1),
+        futures::StreamExt::next(subscription),
+    )
+    .await;
+    assert!(
+        !matches!(got, Ok(Some(_))),
+        "{what}: {:?}",
+        got.ok().flatten().map(|m| m.subject)
+    );
 }

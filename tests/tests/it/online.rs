@@ -253,7 +253,12 @@ async fn a_failure_of_ours_reaches_the_caller_without_its_internal_detail() {
         .nth(1)
         .and_then(|rest| rest.split(';').next())
         .unwrap();
-    let status = d.producer.status(job_id).await.unwrap().unwrap();
+    let status = d
+        .producer
+        .status_in(Some("team-a"), job_id)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(status.state, JobState::Failed);
     assert!(
         status.error.unwrap().message.contains(&d.bucket),
@@ -297,7 +302,12 @@ async fn an_online_request_past_its_deadline_gets_504_and_its_job_never_runs() {
         .and_then(|rest| rest.split(' ').next())
         .unwrap()
         .to_string();
-    let status = d.producer.status(&job_id).await.unwrap().unwrap();
+    let status = d
+        .producer
+        .status_in(Some("team-a"), &job_id)
+        .await
+        .unwrap()
+        .unwrap();
     assert!(
         matches!(status.state, JobState::Cancelled | JobState::Expired),
         "{status:?}"
@@ -312,7 +322,12 @@ async fn an_online_request_past_its_deadline_gets_504_and_its_job_never_runs() {
             .load(std::sync::atomic::Ordering::Relaxed),
         0
     );
-    let status = d.producer.status(&job_id).await.unwrap().unwrap();
+    let status = d
+        .producer
+        .status_in(Some("team-a"), &job_id)
+        .await
+        .unwrap()
+        .unwrap();
     assert!(
         matches!(status.state, JobState::Cancelled | JobState::Expired),
         "{status:?}"

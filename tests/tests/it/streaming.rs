@@ -285,7 +285,12 @@ async fn a_client_that_closes_its_stream_stops_its_generation() {
     )
     .await;
     assert_eq!(stopped, (1, 0), "(cancelled, running) sequences");
-    let record = d.producer.status(&job_id).await.unwrap().unwrap();
+    let record = d
+        .producer
+        .status_in(Some("team-a"), &job_id)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(record.state, JobState::Cancelled, "{record:?}");
 
     // Messages of this job after its cancelled record was stored.
@@ -545,7 +550,7 @@ async fn requests_behind_a_backlog_get_429_or_504_and_their_jobs_never_run() {
             .to_string()
     };
     for id in [job_of(&queued), job_of(&streamed)] {
-        let record = d.producer.status(&id).await.unwrap();
+        let record = d.producer.status_in(Some("team-a"), &id).await.unwrap();
         let state = record.map(|r| r.as_of(time::OffsetDateTime::now_utc()).state);
         assert!(
             matches!(state, Some(JobState::Cancelled | JobState::Expired)),

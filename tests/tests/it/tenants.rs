@@ -246,11 +246,26 @@ async fn a_tenants_job_on_a_stream_from_before_tenants_runs_on_the_plain_subject
     let tenants = consumer.stats.tenant_tokens();
     assert!(tokens_of(&tenants, "acme") > 0, "{tenants:?}");
 
+    // The gateway publishes every job as its key's tenant and reads its
+    // status in that tenant's scope: it refuses such a stream, naming the
+    // fix.
+    const KEYS: &str = "acme:sk-acme-0123456789";
+    let refused = match d.start_gateway(KEYS, &[]).await {
+        Ok(_) => panic!("a gateway started on a stream without tenants' subjects"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(
+        refused.contains("has no subjects for tenants' jobs")
+            && refused.contains("run `sluice init` to add them"),
+        "{refused}"
+    );
+
     let init = d.cli(&["init"], None, T).await;
     assert_eq!(init.code, Some(0), "{init:?}");
     assert!(init.stdout.contains("subjects"), "{init:?}");
     let info = stream.info().await.unwrap();
     assert_eq!(info.config.subjects, t.job_subjects());
+    d.start_gateway(KEYS, &[]).await.unwrap();
     consumer.shutdown(Duration::from_secs(5)).await.unwrap();
 }
 

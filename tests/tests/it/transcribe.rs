@@ -675,7 +675,12 @@ async fn an_online_transcription_is_waited_for_as_long_as_a_recording_takes() {
     // The job was cancelled, not lost: recorded so, nothing left in the
     // stream, nothing dead-lettered.
     let job = message.split_whitespace().nth(1).unwrap();
-    let record = d.producer.status(job).await.unwrap().unwrap();
+    let record = d
+        .producer
+        .status_in(Some("team-a"), job)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
         record.state,
         sluice_schemas::JobState::Cancelled,

@@ -147,7 +147,13 @@ pub(crate) enum Command {
         translate: bool,
     },
     /// Show a job's status record.
-    Status { id: String },
+    Status {
+        id: String,
+        /// The tenant the job was submitted as (`submit --tenant`): its
+        /// record is among that tenant's. Default: the plain subjects'.
+        #[arg(long, env = "SLUICE_TENANT", value_parser = parse_tenant)]
+        tenant: Option<String>,
+    },
     /// Live counts: jobs by state, the job stream and consumer, dead letters.
     Watch {
         /// Seconds between readings.
@@ -160,7 +166,12 @@ pub(crate) enum Command {
     /// Cancel a job that has not finished: a queued one is answered
     /// `cancelled` when pulled; a running generate job stops before its next
     /// decoding step (nothing is written for it).
-    Cancel { id: String },
+    Cancel {
+        id: String,
+        /// The tenant the job was submitted as (`submit --tenant`).
+        #[arg(long, env = "SLUICE_TENANT", value_parser = parse_tenant)]
+        tenant: Option<String>,
+    },
     /// Browse and replay the dead-letter stream.
     #[command(subcommand)]
     Dlq(DlqCommand),

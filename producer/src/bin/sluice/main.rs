@@ -65,9 +65,9 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Status { id } => {
+        Command::Status { id, tenant } => {
             let p = Producer::connect(&config).await?;
-            match p.status(&id).await? {
+            match p.status_in(tenant.as_deref(), &id).await? {
                 Some(record) => {
                     if cli.json {
                         println!("{}", serde_json::to_string(&record)?);
@@ -97,9 +97,9 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 }
             }
         }
-        Command::Cancel { id } => {
+        Command::Cancel { id, tenant } => {
             let p = Producer::connect(&config).await?;
-            let cancelled = p.cancel(&id).await?;
+            let cancelled = p.cancel_in(tenant.as_deref(), &id).await?;
             if cli.json {
                 println!(
                     "{}",
@@ -270,7 +270,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     traceparent,
                     deadline,
                     priority,
-                    tenant,
+                    tenant: tenant.clone(),
                     stream,
                     prompt_name,
                     top_k,
@@ -289,6 +289,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let waited = wait_for(
                 &p,
                 results,
+                tenant.as_deref(),
                 &ids,
                 Duration::from_secs(timeout_secs),
                 progress,
