@@ -20,6 +20,8 @@ use rayon::prelude::*;
 use crate::encoder::F32Kernels;
 use crate::scalar;
 pub use crate::scalar::Gate;
+/// One value of a gate's activation, `act(g)`, in plain Rust.
+pub use crate::scalar::gated as gate_scalar;
 use crate::team::{Team, parts_mut, take};
 
 /// `out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * weight` for each row `t` of

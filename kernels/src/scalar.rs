@@ -35,7 +35,7 @@ pub enum Gate {
 }
 
 /// `act(g)` in plain Rust: the references' and the vector tails'.
-pub(crate) fn gated(act: Gate, g: f32) -> f32 {
+pub fn gated(act: Gate, g: f32) -> f32 {
     let k = match act {
         Gate::Silu => g,
         Gate::GeluTanh => g * (2.0 * SQRT_2_OVER_PI + 2.0 * SQRT_2_OVER_PI * 0.044_715 * g * g),

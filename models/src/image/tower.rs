@@ -29,6 +29,7 @@ use serde::Deserialize;
 use crate::LoadError;
 use crate::encoder_kernels::{self as kernels, Activation, Heads, PackedLinear, Span};
 use crate::packed_layers::{Norm, add, linear, stacked, values};
+use sluice_kernels::decoder::{Gate, gate_scalar};
 
 /// Which family a directory holds (its `model_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,10 +72,8 @@ impl HiddenAct {
             }
             HiddenAct::GeluTanh => {
                 fc.forward_into(x, rows, out, Activation::None);
-                const SQRT_2_OVER_PI: f32 = 0.797_884_6;
                 for v in out.iter_mut() {
-                    let x = *v;
-                    *v = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x)).tanh());
+                    *v = gate_scalar(Gate::GeluTanh, *v);
                 }
             }
         }
